@@ -1,0 +1,322 @@
+//! [`Config`]: the whole effective configuration — global settings and every model.
+
+use std::fmt;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::kinds::{BackendKind, ModelType};
+use crate::model::ModelConfig;
+use crate::name::ModelName;
+use crate::secret::Secret;
+use crate::sections::Section;
+use crate::validate::{Problems, ValidationError, check_nested, join_path, parse_flat};
+
+/// Why a config directory could not be turned into a [`Config`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A config file is missing or unreadable.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A config file is not valid JSON, or not a JSON object.
+    #[error("{}:{line}:{column}: {message}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line of the error.
+        line: usize,
+        /// 1-based column of the error.
+        column: usize,
+        /// The parser's message.
+        message: String,
+    },
+    /// The merged config is valid JSON but breaks rules; every problem is listed.
+    #[error("{}", InvalidList(.0))]
+    Invalid(Vec<ValidationError>),
+}
+
+struct InvalidList<'a>(&'a [ValidationError]);
+
+impl fmt::Display for InvalidList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0.len();
+        write!(f, "{n} problem{} in config", if n == 1 { "" } else { "s" })?;
+        for e in self.0 {
+            write!(f, "\n  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The top-level keys of `settings.json`, as written.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct SettingsFields {
+    /// URL of a JSON Schema for editors; ignored by Hangar.
+    #[serde(rename = "$schema")]
+    pub(crate) schema: Option<String>,
+    /// Address the HTTP server listens on. Default 127.0.0.1.
+    pub(crate) host: Option<String>,
+    /// Port the HTTP server listens on. Default 8080.
+    pub(crate) port: Option<u16>,
+    /// Loaded-model slots per model type; a missing type gets 1.
+    pub(crate) max_loaded_models: Option<MaxLoadedModelsFields>,
+    /// Whether a request for an unloaded model loads it (per-model `auto_load` overrides).
+    /// Default false.
+    pub(crate) auto_load: Option<bool>,
+    /// Bearer key required by the admin API; open when unset.
+    pub(crate) admin_api_key: Option<Secret>,
+    /// Requests that may wait in one model's queue before `queue_full`. Default 64.
+    pub(crate) max_queue_depth: Option<u32>,
+    /// Largest accepted request body in bytes. Default 8 MiB.
+    pub(crate) max_request_body_bytes: Option<u64>,
+    /// The configured models, by name. A model set to `null` (e.g. in `local.json`) is
+    /// removed.
+    pub(crate) models: Option<Map<String, Value>>,
+}
+
+impl Section for SettingsFields {
+    const BACKENDS: &'static [BackendKind] = &[];
+
+    fn check(&self, p: &mut Problems<'_>) {
+        p.non_empty("host", self.host.as_deref());
+        p.at_least("max_queue_depth", self.max_queue_depth, 1);
+        p.at_least("max_request_body_bytes", self.max_request_body_bytes, 1);
+    }
+}
+
+/// `max_loaded_models` as written.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct MaxLoadedModelsFields {
+    /// Chat / completion models. Default 1.
+    llm: Option<u32>,
+    /// Embedding models. Default 1.
+    embedding: Option<u32>,
+    /// Reranking models. Default 1.
+    reranking: Option<u32>,
+}
+
+impl Section for MaxLoadedModelsFields {
+    const BACKENDS: &'static [BackendKind] = &[];
+
+    fn check(&self, p: &mut Problems<'_>) {
+        p.at_least("llm", self.llm, 1);
+        p.at_least("embedding", self.embedding, 1);
+        p.at_least("reranking", self.reranking, 1);
+    }
+}
+
+/// How many models of each type may be loaded at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MaxLoadedModels {
+    /// Chat / completion models.
+    pub llm: NonZeroU32,
+    /// Embedding models.
+    pub embedding: NonZeroU32,
+    /// Reranking models.
+    pub reranking: NonZeroU32,
+}
+
+impl Default for MaxLoadedModels {
+    fn default() -> Self {
+        Self { llm: NonZeroU32::MIN, embedding: NonZeroU32::MIN, reranking: NonZeroU32::MIN }
+    }
+}
+
+impl MaxLoadedModels {
+    /// The limit for one model type.
+    pub fn get(&self, ty: ModelType) -> NonZeroU32 {
+        match ty {
+            ModelType::Llm => self.llm,
+            ModelType::Embedding => self.embedding,
+            ModelType::Reranking => self.reranking,
+        }
+    }
+
+    /// Limits from the CLI form `LLMS [EMBEDDINGS [RERANKINGS]]`; missing types get 1.
+    ///
+    /// # Errors
+    /// When there are no counts or more than three, or a count is 0.
+    pub fn from_counts(counts: &[u32]) -> Result<Self, String> {
+        if counts.is_empty() || counts.len() > 3 {
+            return Err(format!(
+                "expected 1 to 3 counts (llm embedding reranking), got {}",
+                counts.len()
+            ));
+        }
+        let at = |i: usize| match counts.get(i) {
+            None => Ok(NonZeroU32::MIN),
+            Some(&n) => NonZeroU32::new(n)
+                .ok_or_else(|| format!("the {} limit must be >= 1", ModelType::ALL[i])),
+        };
+        Ok(Self { llm: at(0)?, embedding: at(1)?, reranking: at(2)? })
+    }
+}
+
+/// The effective configuration: `settings.json` merged with `local.json`, checked, with
+/// defaults applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Address the HTTP server listens on.
+    pub host: String,
+    /// Port the HTTP server listens on.
+    pub port: u16,
+    /// Loaded-model slots per model type.
+    pub max_loaded_models: MaxLoadedModels,
+    /// Whether requests for unloaded models load them (models may override).
+    pub auto_load: bool,
+    /// Bearer key for the admin API, if any.
+    pub admin_api_key: Option<Secret>,
+    /// Bound of each model's request queue.
+    pub max_queue_depth: NonZeroU32,
+    /// Largest accepted request body in bytes.
+    pub max_request_body_bytes: NonZeroU64,
+    /// Every configured model, in config order.
+    pub models: Vec<ModelConfig>,
+}
+
+/// Default HTTP port.
+pub const DEFAULT_PORT: u16 = 8080;
+/// Default per-model queue bound.
+pub const DEFAULT_MAX_QUEUE_DEPTH: u32 = 64;
+/// Default request body limit (8 MiB).
+pub const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 8 << 20;
+
+impl Config {
+    /// Reads, merges and checks the config in `dir` (`settings.json` + optional
+    /// `local.json`).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the file, position or JSON paths at fault.
+    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+        Self::from_value(&crate::read_merged(dir)?)
+    }
+
+    /// Checks an already merged config value.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] with every problem found.
+    pub fn from_value(value: &Value) -> Result<Self, ConfigError> {
+        let mut errors = Vec::new();
+        let settings = parse_flat::<SettingsFields>(
+            value,
+            "",
+            &[
+                ("models", |_, _, _| {}),
+                ("max_loaded_models", check_nested::<MaxLoadedModelsFields>),
+            ],
+            &mut errors,
+        );
+        // `models` is skipped above (only its type is checked there) and parsed here.
+        let mut models = Vec::new();
+        match value.get("models") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(entries)) => {
+                for (name, entry) in entries {
+                    if entry.is_null() {
+                        continue;
+                    }
+                    match ModelName::new(name.as_str()) {
+                        Err(e) => errors.push(ValidationError {
+                            path: join_path("models", name),
+                            message: format!("invalid model name: {e}"),
+                        }),
+                        Ok(name) => match ModelConfig::parse(&name, entry) {
+                            Ok(model) => models.push(model),
+                            Err(errs) => errors.extend(errs),
+                        },
+                    }
+                }
+            }
+            // Reported by the key check above.
+            Some(_) => {}
+        }
+        match settings {
+            Some(s) if errors.is_empty() => Ok(Self::resolve(s, models)),
+            _ => Err(ConfigError::Invalid(errors)),
+        }
+    }
+
+    fn resolve(s: SettingsFields, models: Vec<ModelConfig>) -> Self {
+        let max = s.max_loaded_models.unwrap_or_default();
+        let limit = |n: Option<u32>| n.and_then(NonZeroU32::new).unwrap_or(NonZeroU32::MIN);
+        Self {
+            host: s.host.unwrap_or_else(|| "127.0.0.1".into()),
+            port: s.port.unwrap_or(DEFAULT_PORT),
+            max_loaded_models: MaxLoadedModels {
+                llm: limit(max.llm),
+                embedding: limit(max.embedding),
+                reranking: limit(max.reranking),
+            },
+            auto_load: s.auto_load.unwrap_or(false),
+            admin_api_key: s.admin_api_key,
+            max_queue_depth: s
+                .max_queue_depth
+                .and_then(NonZeroU32::new)
+                .unwrap_or(NonZeroU32::new(DEFAULT_MAX_QUEUE_DEPTH).unwrap_or(NonZeroU32::MIN)),
+            max_request_body_bytes: s.max_request_body_bytes.and_then(NonZeroU64::new).unwrap_or(
+                NonZeroU64::new(DEFAULT_MAX_REQUEST_BODY_BYTES).unwrap_or(NonZeroU64::MIN),
+            ),
+            models,
+        }
+    }
+
+    /// The model called `name`, if configured.
+    pub fn model(&self, name: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.name.as_str() == name)
+    }
+
+    /// The effective config as JSON: every global setting with its default applied, and
+    /// each model's [`definition`](ModelConfig::definition). Secrets are redacted.
+    pub fn to_effective_json(&self) -> Value {
+        let models: Map<String, Value> = self
+            .models
+            .iter()
+            .map(|m| (m.name.to_string(), Value::Object(m.definition())))
+            .collect();
+        serde_json::json!({
+            "host": self.host,
+            "port": self.port,
+            "max_loaded_models": self.max_loaded_models,
+            "auto_load": self.auto_load,
+            "admin_api_key": self.admin_api_key,
+            "max_queue_depth": self.max_queue_depth,
+            "max_request_body_bytes": self.max_request_body_bytes,
+            "models": models,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pads_missing_types_with_one() {
+        let one = NonZeroU32::MIN;
+        let n = |v| NonZeroU32::new(v).unwrap();
+        assert_eq!(
+            MaxLoadedModels::from_counts(&[3]).unwrap(),
+            MaxLoadedModels { llm: n(3), embedding: one, reranking: one }
+        );
+        assert_eq!(
+            MaxLoadedModels::from_counts(&[5, 2, 4]).unwrap(),
+            MaxLoadedModels { llm: n(5), embedding: n(2), reranking: n(4) }
+        );
+        assert_eq!(MaxLoadedModels::default(), MaxLoadedModels::from_counts(&[1]).unwrap());
+        assert!(MaxLoadedModels::from_counts(&[]).is_err());
+        assert!(MaxLoadedModels::from_counts(&[1, 1, 1, 1]).is_err());
+        assert!(MaxLoadedModels::from_counts(&[2, 0]).unwrap_err().contains("embedding"));
+    }
+}

@@ -1,0 +1,58 @@
+//! Hangar's config vocabulary and the config merge.
+//!
+//! This crate owns everything a Hangar config *says*, and nothing that acts on it:
+//!
+//! - the vocabulary: [`ModelName`] (validated), [`ModelType`], [`Device`] (bitflags),
+//!   [`BackendKind`], [`PromptFormat`] and the small enums backend fields use;
+//! - the merge: `settings.json` (shipped defaults) deep-merged with `local.json`
+//!   (machine-specific) by [`merge`]: objects merge key by key, arrays and scalars replace,
+//!   an explicit `null` sets the value to `null`;
+//! - typed model definitions, [`ModelConfig`], with per-backend settings in
+//!   [`BackendSettings`], and the `definition` projection the admin API shows;
+//! - validation that reports every problem at once with its JSON path
+//!   (`models.qwen.gguf_n_ctx: must be >= 1`), unknown keys with a "did you mean", and
+//!   fields that belong to another backend;
+//! - the JSON Schema of the whole config ([`config_schema`]).
+//!
+//! It knows nothing of tokio, HTTP or engines.
+//!
+//! ```
+//! use hangar_config::{Config, ModelType};
+//!
+//! let config = Config::from_value(&serde_json::json!({
+//!     "models": {
+//!         "qwen": { "backend": "llama_cpp", "model_path": "/m/qwen.gguf", "gguf_n_ctx": 8192 },
+//!         "bge": { "backend": "stub", "labels": ["embedding"] }
+//!     }
+//! }))
+//! .unwrap();
+//! assert_eq!(config.model("bge").unwrap().model_type, ModelType::Embedding);
+//! assert_eq!(config.model("qwen").unwrap().definition()["gguf_n_ctx"], 8192);
+//! ```
+
+mod config;
+mod kinds;
+mod merge;
+mod model;
+mod name;
+mod schema;
+mod secret;
+mod sections;
+mod validate;
+
+pub use config::{
+    Config, ConfigError, DEFAULT_MAX_QUEUE_DEPTH, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT,
+    MaxLoadedModels,
+};
+pub use kinds::{BackendKind, Device, GgmlType, ModelType, PromptFormat, SpecType, Switch};
+pub use merge::{LOCAL_FILE, SETTINGS_FILE, merge, merged, read_json, read_merged};
+pub use model::{BackendSettings, ModelConfig};
+pub use name::{MAX_MODEL_NAME_LEN, ModelName, ModelNameError};
+pub use schema::config_schema;
+pub use secret::{REDACTED, Secret};
+pub use sections::{
+    BridgeSettings, Ct2Settings, ExllamaSettings, LLAMA_SERVER_MANAGED_ARGS, LlamaCppSettings,
+    LlamaServerSettings, OpenAiRemoteSettings, StubSettings, VllmServeSettings, VllmSettings,
+    parse_cache_quant,
+};
+pub use validate::ValidationError;

@@ -1,0 +1,368 @@
+//! [`ModelConfig`]: one configured model, parsed and checked, and its `definition`
+//! projection.
+
+use std::num::NonZeroU32;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::kinds::{BackendKind, Device, ModelType, PromptFormat};
+use crate::name::ModelName;
+use crate::sections::*;
+use crate::validate::{
+    MODEL_SECTIONS, Problems, ValidationError, check_nested, join_path, json_kind, unknown_field,
+};
+
+/// The fields every model has, whatever its backend, as written in config.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default)]
+pub(crate) struct ModelFields {
+    /// Path of the model artifact: a GGUF file, a model directory, or a model id.
+    pub(crate) model_path: Option<String>,
+    /// The engine that runs the model. Required.
+    pub(crate) backend: Option<BackendKind>,
+    /// Device(s) the model occupies; the backend's default when unset.
+    pub(crate) device: Option<Device>,
+    /// How chat messages become a prompt (llama_cpp).
+    pub(crate) prompt_format: Option<PromptFormat>,
+    /// Load this model when the server starts. Default false.
+    pub(crate) enabled: Option<bool>,
+    /// Runtimes (replicas) loaded for the model. Default 1.
+    pub(crate) replicas: Option<u32>,
+    /// Most replicas a load request may ask for. Default `replicas`.
+    pub(crate) replica_max: Option<u32>,
+    /// Requests in flight per replica before new ones queue. Default 1.
+    pub(crate) target_inflight: Option<u32>,
+    /// Free-form labels; `embedding` / `reranking` set the model type when `type` is unset.
+    pub(crate) labels: Option<Vec<String>>,
+    /// What the model serves: llm, embedding or reranking. From `labels` when unset.
+    #[serde(rename = "type")]
+    pub(crate) model_type: Option<ModelType>,
+    /// Load on first request instead of refusing; the global `auto_load` when unset.
+    pub(crate) auto_load: Option<bool>,
+}
+
+impl Section for ModelFields {
+    const BACKENDS: &'static [BackendKind] = &BackendKind::ALL;
+
+    fn check(&self, p: &mut Problems<'_>) {
+        p.at_least("replicas", self.replicas, 1);
+        p.at_least("target_inflight", self.target_inflight, 1);
+        p.at_least("replica_max", self.replica_max, 1);
+        if let (Some(max), Some(replicas)) = (self.replica_max, self.replicas)
+            && max >= 1
+            && max < replicas
+        {
+            p.push("replica_max", format!("must be >= replicas ({replicas})"));
+        }
+        p.non_empty("model_path", self.model_path.as_deref());
+        for (i, label) in self.labels.iter().flatten().enumerate() {
+            if label.trim().is_empty() {
+                p.nested("labels").push(&i.to_string(), "must not be empty");
+            }
+        }
+    }
+}
+
+/// The backend-specific settings of a model; the variant always matches its backend.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum BackendSettings {
+    /// In-process llama.cpp.
+    LlamaCpp(LlamaCppSettings),
+    /// `llama-server` subprocess.
+    LlamaServer(LlamaServerSettings),
+    /// vLLM in the Python bridge.
+    Vllm {
+        /// Engine settings.
+        engine: VllmSettings,
+        /// Worker process settings.
+        bridge: BridgeSettings,
+    },
+    /// `vllm serve` subprocess.
+    VllmServe {
+        /// Engine settings.
+        engine: VllmSettings,
+        /// Process settings.
+        serve: VllmServeSettings,
+    },
+    /// ExLlamaV3 in the Python bridge.
+    ExLlamaV3 {
+        /// Cache and generator settings.
+        exllama: ExllamaSettings,
+        /// Worker process settings.
+        bridge: BridgeSettings,
+    },
+    /// CTranslate2.
+    Ct2(Ct2Settings),
+    /// Remote OpenAI-compatible server.
+    OpenaiRemote(OpenAiRemoteSettings),
+    /// The test backend.
+    Stub(StubSettings),
+}
+
+impl BackendSettings {
+    /// The section values as JSON objects, for the `definition` projection.
+    fn to_json(&self) -> Vec<Value> {
+        fn to<T: Serialize>(section: &T) -> Value {
+            serde_json::to_value(section).unwrap_or_default()
+        }
+        match self {
+            Self::LlamaCpp(s) => vec![to(s)],
+            Self::LlamaServer(s) => vec![to(s)],
+            Self::Vllm { engine, bridge } => vec![to(engine), to(bridge)],
+            Self::VllmServe { engine, serve } => vec![to(engine), to(serve)],
+            Self::ExLlamaV3 { exllama, bridge } => vec![to(exllama), to(bridge)],
+            Self::Ct2(s) => vec![to(s)],
+            Self::OpenaiRemote(s) => vec![to(s)],
+            Self::Stub(s) => vec![serde_json::json!({ "stub": to(s) })],
+        }
+    }
+}
+
+/// One configured model: common fields with defaults applied, plus its backend's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// The model's name (its key under `models`).
+    pub name: ModelName,
+    /// The engine that runs it.
+    pub backend: BackendKind,
+    /// Path of the model artifact, when the backend uses one.
+    pub model_path: Option<String>,
+    /// Devices it occupies: `device` from config, else derived from the backend.
+    pub device: Device,
+    /// Prompt format, when configured.
+    pub prompt_format: Option<PromptFormat>,
+    /// Whether it loads when the server starts.
+    pub enabled: bool,
+    /// Configured replica count.
+    pub replicas: NonZeroU32,
+    /// Most replicas one load may ask for (at least `replicas`).
+    pub replica_max: NonZeroU32,
+    /// Requests in flight per replica.
+    pub target_inflight: NonZeroU32,
+    /// Labels, as configured.
+    pub labels: Vec<String>,
+    /// What it serves: explicit `type`, else from `labels`.
+    pub model_type: ModelType,
+    /// Per-model auto-load; `None` defers to the global setting.
+    pub auto_load: Option<bool>,
+    /// Backend-specific settings.
+    pub settings: BackendSettings,
+    raw: Map<String, Value>,
+}
+
+/// Backends that cannot load anything without `model_path`.
+const NEEDS_MODEL_PATH: &[BackendKind] = &[
+    BackendKind::LlamaCpp,
+    BackendKind::LlamaServer,
+    BackendKind::Vllm,
+    BackendKind::ExLlamaV3,
+    BackendKind::Ct2,
+];
+
+impl ModelConfig {
+    /// Parses and checks one model's object, reporting problems under `models.<name>`.
+    ///
+    /// # Errors
+    /// Every problem found, each with its JSON path.
+    pub fn parse(name: &ModelName, value: &Value) -> Result<Self, Vec<ValidationError>> {
+        let mut errors = Vec::new();
+        let path = join_path("models", name.as_str());
+        match parse_model(name, value, &path, &mut errors) {
+            Some(model) if errors.is_empty() => Ok(model),
+            _ => Err(errors),
+        }
+    }
+
+    /// The model's object as configured (after the settings/local merge).
+    pub fn raw(&self) -> &Map<String, Value> {
+        &self.raw
+    }
+
+    /// Whether a request for this model may load it, given the global `auto_load`.
+    pub fn auto_load_or(&self, global: bool) -> bool {
+        self.auto_load.unwrap_or(global)
+    }
+
+    /// The `definition` projection used by the admin API: the common fields with defaults
+    /// applied, plus every field of this model's backend (`null` where unset) and none of
+    /// any other backend's. Secrets are redacted.
+    pub fn definition(&self) -> Map<String, Value> {
+        let mut out = Map::new();
+        let mut put = |k: &str, v: Value| {
+            out.insert(k.to_owned(), v);
+        };
+        put("model_path", self.model_path.clone().into());
+        put("backend", self.backend.as_str().into());
+        put("type", self.model_type.as_str().into());
+        put("device", serde_json::to_value(self.device).unwrap_or_default());
+        put("prompt_format", serde_json::to_value(self.prompt_format).unwrap_or_default());
+        put("enabled", self.enabled.into());
+        put("replicas", self.replicas.get().into());
+        put("replica_max", self.replica_max.get().into());
+        put("target_inflight", self.target_inflight.get().into());
+        put("labels", self.labels.clone().into());
+        put("auto_load", self.auto_load.into());
+        for section in self.settings.to_json() {
+            if let Value::Object(fields) = section {
+                out.extend(fields);
+            }
+        }
+        out
+    }
+}
+
+fn parse_model(
+    name: &ModelName,
+    value: &Value,
+    path: &str,
+    errors: &mut Vec<ValidationError>,
+) -> Option<ModelConfig> {
+    let before = errors.len();
+    let Some(obj) = value.as_object() else {
+        errors.push(ValidationError {
+            path: path.to_owned(),
+            message: format!("expected an object, got {}", json_kind(value)),
+        });
+        return None;
+    };
+    let mut p = Problems::new(path.to_owned(), errors);
+
+    let backend = match obj.get("backend") {
+        None | Some(Value::Null) => {
+            let kinds: Vec<_> = BackendKind::ALL.iter().map(|k| k.as_str()).collect();
+            p.push("backend", format!("required; one of {}", kinds.join(", ")));
+            None
+        }
+        Some(v) => match serde_json::from_value::<BackendKind>(v.clone()) {
+            Ok(kind) => Some(kind),
+            Err(e) => {
+                p.push("backend", e.to_string());
+                None
+            }
+        },
+    };
+
+    // Check every key on its own; keep the ones that parsed so the range and cross-field
+    // checks below still run on them, and every problem is reported in one pass.
+    let mut clean = Map::new();
+    for (key, v) in obj {
+        if key == "backend" {
+            continue;
+        }
+        let Some(section) = MODEL_SECTIONS.iter().find(|s| s.has(key)) else {
+            let usable = MODEL_SECTIONS
+                .iter()
+                .filter(|s| backend.is_none_or(|b| s.backends.contains(&b)))
+                .flat_map(|s| s.fields.iter().map(String::as_str));
+            let mut message = unknown_field(key, usable);
+            if backend.is_some() && !message.contains("did you mean") {
+                let all = MODEL_SECTIONS.iter().flat_map(|s| s.fields.iter().map(String::as_str));
+                message = unknown_field(key, all);
+            }
+            p.push(key, message);
+            continue;
+        };
+        if let Some(b) = backend.filter(|b| !section.backends.contains(b)) {
+            let owners: Vec<_> = section.backends.iter().map(|k| k.as_str()).collect();
+            let noun = if owners.len() == 1 { "backend" } else { "backends" };
+            p.push(
+                key,
+                format!("belongs to {noun} {}, but this model's backend is {b}", owners.join(", ")),
+            );
+            continue;
+        }
+        let errors_before = p.errors_mut().len();
+        if key == "stub" && v.is_object() {
+            check_nested::<StubSettings>(v, &join_path(path, key), p.errors_mut());
+        } else if let Err(message) = section.check_key(key, v) {
+            p.push(key, message);
+        }
+        if p.errors_mut().len() == errors_before {
+            clean.insert(key.clone(), v.clone());
+        }
+    }
+    let clean = Value::Object(clean);
+
+    let fields: ModelFields = section(&clean, &mut p);
+    let backend = backend?;
+    let settings = match backend {
+        BackendKind::LlamaCpp => BackendSettings::LlamaCpp(section(&clean, &mut p)),
+        BackendKind::LlamaServer => BackendSettings::LlamaServer(section(&clean, &mut p)),
+        BackendKind::Vllm => BackendSettings::Vllm {
+            engine: section(&clean, &mut p),
+            bridge: section(&clean, &mut p),
+        },
+        BackendKind::VllmServe => BackendSettings::VllmServe {
+            engine: section(&clean, &mut p),
+            serve: section(&clean, &mut p),
+        },
+        BackendKind::ExLlamaV3 => BackendSettings::ExLlamaV3 {
+            exllama: section(&clean, &mut p),
+            bridge: section(&clean, &mut p),
+        },
+        BackendKind::Ct2 => BackendSettings::Ct2(section(&clean, &mut p)),
+        BackendKind::OpenaiRemote => BackendSettings::OpenaiRemote(section(&clean, &mut p)),
+        BackendKind::Stub => {
+            BackendSettings::Stub(section::<StubSection>(&clean, &mut p).stub.unwrap_or_default())
+        }
+    };
+
+    if obj.get("model_path").is_none_or(Value::is_null) {
+        let has_serve_model = matches!(
+            &settings,
+            BackendSettings::VllmServe { serve, .. } if serve.vllm_model.is_some()
+        ) || obj.get("vllm_model").is_some_and(|v| !v.is_null());
+        if NEEDS_MODEL_PATH.contains(&backend) {
+            p.push("model_path", format!("required for backend {backend}"));
+        } else if backend == BackendKind::VllmServe && !has_serve_model {
+            p.push("model_path", "required for backend vllm_serve unless vllm_model is set");
+        }
+    }
+    if p.errors_mut().len() > before {
+        return None;
+    }
+
+    let replicas = nonzero(fields.replicas);
+    let labels = fields.labels.unwrap_or_default();
+    Some(ModelConfig {
+        name: name.clone(),
+        backend,
+        device: fields.device.unwrap_or_else(|| derived_device(backend, &settings)),
+        model_path: fields.model_path,
+        prompt_format: fields.prompt_format,
+        enabled: fields.enabled.unwrap_or(false),
+        replicas,
+        replica_max: fields.replica_max.and_then(NonZeroU32::new).unwrap_or(replicas),
+        target_inflight: nonzero(fields.target_inflight),
+        model_type: fields.model_type.unwrap_or_else(|| ModelType::from_labels(&labels)),
+        labels,
+        auto_load: fields.auto_load,
+        settings,
+        raw: obj.clone(),
+    })
+}
+
+/// Parses section `T` out of a model object whose keys were already checked, and runs its
+/// range checks.
+fn section<T: Section>(value: &Value, p: &mut Problems<'_>) -> T {
+    let parsed: T = serde_json::from_value(value.clone()).unwrap_or_default();
+    parsed.check(p);
+    parsed
+}
+
+fn nonzero(v: Option<u32>) -> NonZeroU32 {
+    v.and_then(NonZeroU32::new).unwrap_or(NonZeroU32::MIN)
+}
+
+/// The backend's default device, except that llama.cpp with no GPU layers runs on the CPU.
+fn derived_device(backend: BackendKind, settings: &BackendSettings) -> Device {
+    let gpu_layers = match settings {
+        BackendSettings::LlamaCpp(s) => s.gguf_n_gpu_layers,
+        BackendSettings::LlamaServer(s) => s.llama_server_n_gpu_layers,
+        _ => None,
+    };
+    if gpu_layers == Some(0) { Device::CPU } else { backend.default_device() }
+}

@@ -1,0 +1,151 @@
+//! The `definition` projection: common fields plus exactly the fields of the model's backend.
+
+use std::collections::BTreeSet;
+
+use hangar_config::{BackendKind, ModelConfig, ModelName};
+use serde_json::{Value, json};
+
+const COMMON: &[&str] = &[
+    "model_path",
+    "backend",
+    "type",
+    "device",
+    "prompt_format",
+    "enabled",
+    "replicas",
+    "replica_max",
+    "target_inflight",
+    "labels",
+    "auto_load",
+];
+
+fn minimal(kind: BackendKind) -> Value {
+    match kind {
+        BackendKind::OpenaiRemote => {
+            json!({ "backend": kind, "openai_base_url": "http://127.0.0.1:9/v1" })
+        }
+        BackendKind::Stub | BackendKind::VllmServe => json!({ "backend": kind, "model_path": "m" }),
+        _ => json!({ "backend": kind, "model_path": "m" }),
+    }
+}
+
+fn definition_keys(kind: BackendKind) -> BTreeSet<String> {
+    let model = ModelConfig::parse(&ModelName::new("m").unwrap(), &minimal(kind)).unwrap();
+    model.definition().keys().cloned().collect()
+}
+
+fn prefixes(kind: BackendKind) -> &'static [&'static str] {
+    match kind {
+        BackendKind::LlamaCpp => &["gguf_"],
+        BackendKind::LlamaServer => &["llama_server_"],
+        BackendKind::Vllm => &["vllm_", "bridge_"],
+        BackendKind::VllmServe => &["vllm_"],
+        BackendKind::ExLlamaV3 => &["exllama_", "bridge_"],
+        BackendKind::Ct2 => &["ct2_"],
+        BackendKind::OpenaiRemote => &["openai_"],
+        BackendKind::Stub => &["stub"],
+        _ => &[],
+    }
+}
+
+#[test]
+fn definition_has_common_fields_and_only_its_backends_fields() {
+    for kind in BackendKind::ALL {
+        let keys = definition_keys(kind);
+        for common in COMMON {
+            assert!(keys.contains(*common), "{kind}: definition lacks `{common}`");
+        }
+        let specific: Vec<_> = keys.iter().filter(|k| !COMMON.contains(&k.as_str())).collect();
+        assert!(!specific.is_empty(), "{kind}: no backend fields in the definition");
+        for key in specific {
+            assert!(
+                prefixes(kind).iter().any(|p| key.starts_with(p)),
+                "{kind}: definition has foreign field `{key}`"
+            );
+        }
+    }
+}
+
+#[test]
+fn vllm_serve_has_process_fields_and_vllm_has_bridge_fields() {
+    let serve = definition_keys(BackendKind::VllmServe);
+    let inproc = definition_keys(BackendKind::Vllm);
+    for f in ["vllm_binary_path", "vllm_model", "vllm_env", "vllm_port", "vllm_extra_args"] {
+        assert!(serve.contains(f) && !inproc.contains(f), "{f}");
+    }
+    assert!(inproc.contains("bridge_python") && !serve.contains("bridge_python"));
+    assert!(inproc.contains("vllm_max_model_len") && serve.contains("vllm_max_model_len"));
+}
+
+#[test]
+fn llama_cpp_definition_matches_the_spec_example() {
+    let model = ModelConfig::parse(
+        &ModelName::new("google_gemma-4-E2B-it-Q8_0-gguf").unwrap(),
+        &json!({
+            "model_path": "/models/gemma.gguf",
+            "backend": "llama_cpp",
+            "prompt_format": "gemma4_template",
+            "enabled": true,
+            "replicas": 3,
+            "replica_max": 4,
+            "target_inflight": 1,
+            "gguf_n_gpu_layers": -1,
+            "gguf_n_ctx": 4096,
+            "gguf_flash_attn": "auto",
+            "gguf_type_k": null,
+            "gguf_type_v": null
+        }),
+    )
+    .unwrap();
+    let def = Value::Object(model.definition());
+    for (key, value) in [
+        ("model_path", json!("/models/gemma.gguf")),
+        ("backend", json!("llama_cpp")),
+        ("prompt_format", json!("gemma4_template")),
+        ("enabled", json!(true)),
+        ("replicas", json!(3)),
+        ("replica_max", json!(4)),
+        ("target_inflight", json!(1)),
+        ("gguf_n_gpu_layers", json!(-1)),
+        ("gguf_n_ctx", json!(4096)),
+        ("gguf_flash_attn", json!("auto")),
+        ("gguf_type_k", Value::Null),
+        ("gguf_type_v", Value::Null),
+        ("device", json!(["gpu"])),
+        ("type", json!("llm")),
+    ] {
+        assert_eq!(def[key], value, "definition.{key}");
+    }
+}
+
+#[test]
+fn defaults_apply_to_common_fields() {
+    let model = ModelConfig::parse(
+        &ModelName::new("s").unwrap(),
+        &json!({ "backend": "stub", "replicas": 2 }),
+    )
+    .unwrap();
+    assert_eq!(model.replicas.get(), 2);
+    assert_eq!(model.replica_max.get(), 2, "replica_max defaults to replicas");
+    assert_eq!(model.target_inflight.get(), 1);
+    assert!(!model.enabled);
+    assert!(model.auto_load_or(true) && !model.auto_load_or(false));
+    assert_eq!(model.raw()["replicas"], 2);
+}
+
+#[test]
+fn explicit_type_wins_over_labels_and_gpu_layers_zero_means_cpu() {
+    let model = ModelConfig::parse(
+        &ModelName::new("e").unwrap(),
+        &json!({ "backend": "llama_cpp", "model_path": "m", "labels": ["embedding"], "type": "reranking", "gguf_n_gpu_layers": 0 }),
+    )
+    .unwrap();
+    assert_eq!(model.model_type, hangar_config::ModelType::Reranking);
+    assert_eq!(model.device, hangar_config::Device::CPU);
+    let npu = ModelConfig::parse(
+        &ModelName::new("n").unwrap(),
+        &json!({ "backend": "stub", "device": ["gpu", "npu"] }),
+    )
+    .unwrap();
+    assert!(npu.device.intersects(hangar_config::Device::EXCLUSIVE));
+}

@@ -1,0 +1,131 @@
+//! The shipped fixtures: the demo config merges as documented, and every invalid config
+//! produces exactly the errors its `expected.txt` lists.
+
+use std::path::{Path, PathBuf};
+
+use hangar_config::{Config, ConfigError, Device, ModelType, config_schema};
+use serde_json::{Value, json};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+/// Renders an error the way `expected.txt` spells it: one problem per line, file paths
+/// reduced to the file name.
+fn render(err: &ConfigError) -> Vec<String> {
+    let file = |p: &Path| p.file_name().unwrap().to_string_lossy().into_owned();
+    match err {
+        ConfigError::Invalid(errors) => errors.iter().map(ToString::to_string).collect(),
+        ConfigError::Parse { path, line, column, message } => {
+            vec![format!("{}:{line}:{column}: {message}", file(path))]
+        }
+        ConfigError::Read { path, .. } => vec![format!("cannot read {}", file(path))],
+        other => vec![other.to_string()],
+    }
+}
+
+#[test]
+fn every_invalid_fixture_produces_its_exact_errors() {
+    let mut cases: Vec<_> = std::fs::read_dir(fixtures().join("invalid"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 10, "expected the invalid fixture set, found {}", cases.len());
+    for case in cases {
+        let expected = std::fs::read_to_string(case.join("expected.txt"))
+            .unwrap_or_else(|e| panic!("{}: no expected.txt: {e}", case.display()));
+        let expected: Vec<_> = expected.lines().filter(|l| !l.is_empty()).collect();
+        assert!(!expected.is_empty(), "{}: expected.txt is empty", case.display());
+        let err = Config::load(&case)
+            .map(|_| ())
+            .expect_err(&format!("{} should be rejected", case.display()));
+        assert_eq!(render(&err), expected, "{}", case.display());
+    }
+}
+
+#[test]
+fn demo_config_merges_local_over_settings() {
+    let config = Config::load(&fixtures().join("demo")).unwrap();
+    let def = |name: &str| config.model(name).unwrap().definition();
+
+    // local.json overrides one key of a nested object and keeps its siblings.
+    assert_eq!(def("chat")["stub"]["token_latency_ms"], 5);
+    assert_eq!(def("chat")["stub"]["load_delay_ms"], 200);
+    // local.json disables a model that settings.json enables.
+    assert!(config.model("chat").unwrap().enabled);
+    assert!(!config.model("chat-slow").unwrap().enabled);
+    // An explicit null in local.json resets a configured value.
+    assert_eq!(def("qwen3-exllama")["exllama_cache_quant"], Value::Null);
+    assert_eq!(def("qwen3-exllama")["exllama_cache_size"], 32768);
+    // Arrays replace rather than concatenate.
+    assert_eq!(
+        def("qwen3-llama-server")["llama_server_extra_args"],
+        json!(["--jinja", "--no-webui"])
+    );
+    // Objects merge key by key at the top level too.
+    assert_eq!(config.max_loaded_models.llm.get(), 2);
+    assert_eq!(config.max_loaded_models.embedding.get(), 2);
+    assert_eq!(config.max_loaded_models.reranking.get(), 1);
+    // Types come from labels; devices from the backend.
+    assert_eq!(config.model("embed").unwrap().model_type, ModelType::Embedding);
+    assert_eq!(config.model("rerank").unwrap().model_type, ModelType::Reranking);
+    assert_eq!(config.model("chat").unwrap().model_type, ModelType::Llm);
+    assert_eq!(config.model("tiny-llama-gguf").unwrap().device, Device::GPU);
+    assert_eq!(config.model("remote-gpt").unwrap().device, Device::empty());
+}
+
+#[test]
+fn demo_config_has_a_model_of_every_backend() {
+    let config = Config::load(&fixtures().join("demo")).unwrap();
+    for kind in hangar_config::BackendKind::ALL {
+        assert!(config.models.iter().any(|m| m.backend == kind), "no {kind} model in the demo");
+    }
+}
+
+#[test]
+fn schema_accepts_the_demo_and_rejects_what_validation_rejects() {
+    let schema = config_schema();
+    let validator = jsonschema::draft202012::new(&schema).expect("the schema itself is valid");
+    let demo = hangar_config::read_merged(&fixtures().join("demo")).unwrap();
+    let problems: Vec<_> = validator.iter_errors(&demo).map(|e| e.to_string()).collect();
+    assert!(problems.is_empty(), "demo does not match the schema: {problems:#?}");
+
+    for bad in [
+        json!({ "models": { "q": { "backend": "llama_cpp", "exllama_cache_size": 256 } } }),
+        json!({ "models": { "q": { "backend": "llama_cpp", "gguf_nctx": 1 } } }),
+        json!({ "models": { "q": { "backend": "llama_cpp", "gguf_type_k": "q8-0" } } }),
+        json!({ "models": { "q": { "model_path": "x" } } }),
+        json!({ "models": { "a/b": { "backend": "stub" } } }),
+        json!({ "port": "eighty" }),
+        json!({ "max_loaded_models": { "lm": 1 } }),
+    ] {
+        assert!(!validator.is_valid(&bad), "schema accepted {bad}");
+    }
+}
+
+#[test]
+fn effective_config_redacts_secrets() {
+    let config = Config::from_value(&json!({
+        "admin_api_key": "admin-secret",
+        "models": {
+            "r": { "backend": "openai_remote", "openai_base_url": "https://x/v1", "openai_api_key": "sk-secret" }
+        }
+    }))
+    .unwrap();
+    let shown = config.to_effective_json().to_string();
+    assert!(!shown.contains("secret"), "{shown}");
+    assert_eq!(config.admin_api_key.as_ref().unwrap().expose(), "admin-secret");
+}
+
+#[test]
+fn null_model_entry_removes_a_shipped_model() {
+    let merged = hangar_config::merged(
+        json!({ "models": { "a": { "backend": "stub" }, "b": { "backend": "stub" } } }),
+        json!({ "models": { "b": null } }),
+    );
+    let config = Config::from_value(&merged).unwrap();
+    let names: Vec<_> = config.models.iter().map(|m| m.name.to_string()).collect();
+    assert_eq!(names, ["a"]);
+}
