@@ -1,8 +1,10 @@
 //! `cargo xtask`: project automation that `cargo test` alone cannot do.
 //!
-//! - `cargo xtask test`: install what a fresh machine lacks, then run the whole test suite.
+//! - `cargo xtask test`: run the whole test suite (what `.ci/run` runs after fmt and clippy).
+//! - `cargo xtask bench control-plane`: scheduler throughput, admission overhead and
+//!   load+unload cycle time on the stub backend, each next to a same-run reference.
 //!
-//! Later subcommands (fixtures, e2e runs with real clients, benchmarks) live here too.
+//! Later subcommands (fixtures, e2e runs with real clients) live here too.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,12 +27,29 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Run a benchmark; it prints its figures next to a reference measured in the same run.
+    Bench {
+        /// Which benchmark.
+        #[arg(value_enum)]
+        which: Bench,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Bench {
+    /// The runtime manager on the stub backend (crates/hangar-runtime/benches/control_plane.rs).
+    ControlPlane,
 }
 
 fn main() -> Result<()> {
     let root = workspace_root();
     match Cli::parse().command {
         Task::Test { args } => test(&root, &args),
+        Task::Bench { which: Bench::ControlPlane } => {
+            let mut cmd = cargo(&root);
+            cmd.args(["bench", "--locked", "-p", "hangar-runtime", "--bench", "control_plane"]);
+            run(cmd)
+        }
     }
 }
 

@@ -55,4 +55,4 @@ pub use sections::{
     LlamaServerSettings, OpenAiRemoteSettings, StubSettings, VllmServeSettings, VllmSettings,
     parse_cache_quant,
 };
-pub use validate::ValidationError;
+pub use validate::{ValidationError, json_kind};

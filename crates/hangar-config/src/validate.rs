@@ -206,8 +206,8 @@ pub(crate) fn unknown_field<'c>(
     }
 }
 
-/// A short name for the JSON type of `v`, for messages.
-pub(crate) fn json_kind(v: &Value) -> &'static str {
+/// A short name for the JSON type of `v`, for messages ("a string", "an array", …).
+pub fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -1,0 +1,120 @@
+//! The error taxonomy of backends.
+
+use serde::Serialize;
+
+/// Why a load failed. The split matters: a not-found failure evicts nothing, any other
+/// failure triggers "evict everything and retry once".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The model's artifact (file, directory, binary) does not exist.
+    #[error("not found: {path}: {message}")]
+    NotFound {
+        /// What was looked for.
+        path: String,
+        /// Details.
+        message: String,
+    },
+    /// The engine refused or failed to load the model (bad file, out of memory, …).
+    #[error("load failed: {message}")]
+    Failed {
+        /// The engine's reason.
+        message: String,
+    },
+    /// No adapter for this backend kind is compiled into this build.
+    #[error("backend {kind} is not available in this build")]
+    BackendUnavailable {
+        /// The backend kind.
+        kind: hangar_config::BackendKind,
+    },
+}
+
+/// The fieldless code of a [`LoadError`], for JSON and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadErrorCode {
+    /// [`LoadError::NotFound`].
+    NotFound,
+    /// [`LoadError::Failed`].
+    LoadFailed,
+    /// [`LoadError::BackendUnavailable`].
+    BackendUnavailable,
+}
+
+impl LoadError {
+    /// This error's code.
+    pub fn code(&self) -> LoadErrorCode {
+        match self {
+            Self::NotFound { .. } => LoadErrorCode::NotFound,
+            Self::Failed { .. } => LoadErrorCode::LoadFailed,
+            Self::BackendUnavailable { .. } => LoadErrorCode::BackendUnavailable,
+        }
+    }
+
+    /// Whether this failure is "the artifact does not exist", which evicts nothing.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::NotFound { .. })
+    }
+}
+
+/// Why a request on a loaded runtime failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// The engine died; the model must be marked failed with this reason.
+    #[error("runtime crashed: {reason}")]
+    Crashed {
+        /// What happened.
+        reason: String,
+    },
+    /// The caller went away (its event receiver was dropped).
+    #[error("request cancelled")]
+    Cancelled,
+    /// The request is not valid for this model (too long, bad parameters, …).
+    #[error("invalid request: {message}")]
+    InvalidRequest {
+        /// Details.
+        message: String,
+    },
+    /// The model does not do this (embeddings on a chat model, …).
+    #[error("unsupported: {message}")]
+    Unsupported {
+        /// Details.
+        message: String,
+    },
+    /// Any other engine error; the runtime stays usable.
+    #[error("{message}")]
+    Failed {
+        /// Details.
+        message: String,
+    },
+}
+
+/// The fieldless code of a [`RuntimeError`], for JSON and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeErrorCode {
+    /// [`RuntimeError::Crashed`].
+    RuntimeCrashed,
+    /// [`RuntimeError::Cancelled`].
+    Cancelled,
+    /// [`RuntimeError::InvalidRequest`].
+    InvalidRequest,
+    /// [`RuntimeError::Unsupported`].
+    Unsupported,
+    /// [`RuntimeError::Failed`].
+    RuntimeError,
+}
+
+impl RuntimeError {
+    /// This error's code.
+    pub fn code(&self) -> RuntimeErrorCode {
+        match self {
+            Self::Crashed { .. } => RuntimeErrorCode::RuntimeCrashed,
+            Self::Cancelled => RuntimeErrorCode::Cancelled,
+            Self::InvalidRequest { .. } => RuntimeErrorCode::InvalidRequest,
+            Self::Unsupported { .. } => RuntimeErrorCode::Unsupported,
+            Self::Failed { .. } => RuntimeErrorCode::RuntimeError,
+        }
+    }
+}

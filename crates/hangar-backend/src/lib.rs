@@ -1,0 +1,119 @@
+//! Hangar's backend contract.
+//!
+//! This crate owns what every engine adapter implements and what the rest of Hangar may
+//! assume about engines:
+//!
+//! - the [`Backend`] trait (load one replica of a model → a [`Runtime`]) and the [`Runtime`]
+//!   trait (generate, embed, rerank, health, unload);
+//! - [`Capabilities`] as data (modalities, multi-turn, thinking modes, parallel sequences);
+//! - the error taxonomy: [`LoadError`] (not-found vs other load failures, which drive
+//!   different eviction rules) and [`RuntimeError`] (crash vs bad request vs cancelled);
+//! - [`load_constraints`] and [`load_recommendations`] for every backend kind, exactly as the
+//!   runtime admin spec lists them, and [`validate_load_override`], which checks a load
+//!   request's override patch against them;
+//! - the [`stub`] backend: deterministic text, simulated load and token latency, injected
+//!   failures and crashes, all from a model's `stub` config section.
+//!
+//! It knows nothing of HTTP, scheduling or eviction.
+
+mod constraints;
+mod error;
+mod overrides;
+pub mod stub;
+mod types;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use hangar_config::{BackendKind, ModelConfig};
+use tokio::sync::mpsc;
+
+pub use constraints::{
+    ConstraintKind, LoadConstraint, LoadConstraints, LoadRecommendations, load_constraints,
+    load_recommendations,
+};
+pub use error::{LoadError, LoadErrorCode, RuntimeError, RuntimeErrorCode};
+pub use overrides::{LoadOverride, OverrideError, validate_load_override};
+pub use types::*;
+
+/// An engine that can load models of one [`BackendKind`].
+///
+/// Implementations are cheap to share (`Arc<dyn Backend>`); all per-model state lives in
+/// the [`Runtime`] a load returns.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// The backend kind this engine serves.
+    fn kind(&self) -> BackendKind;
+
+    /// What a model would support once loaded, known from its config alone (the admin API
+    /// shows capabilities of unloaded models too).
+    fn capabilities(&self, model: &ModelConfig) -> Capabilities;
+
+    /// Loads one replica of `request.model`. Each call returns an independent runtime; the
+    /// caller loads `replicas` of them and drops them all if any fails.
+    ///
+    /// # Errors
+    /// [`LoadError::NotFound`] when the model's artifact does not exist (no eviction is
+    /// attempted for these), any other [`LoadError`] for everything else.
+    async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError>;
+}
+
+/// What [`Backend::load`] needs.
+#[derive(Debug, Clone)]
+pub struct LoadRequest {
+    /// The effective model definition: config with the load's overrides applied.
+    pub model: Arc<ModelConfig>,
+    /// Which replica this is (0-based), for logs and port allocation.
+    pub replica: u32,
+    /// Where the backend reports load progress in `[0, 1]`; may be ignored.
+    pub progress: ProgressSink,
+}
+
+/// A loaded replica of a model.
+///
+/// Dropping the last `Arc` to a runtime must release its resources; [`Runtime::unload`] is
+/// the graceful way and is what Hangar calls.
+#[async_trait]
+pub trait Runtime: Send + Sync + 'static {
+    /// What this runtime supports.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Generates text for `request`, sending each piece to `events` as it is produced.
+    ///
+    /// Cancellation: when `events` is closed (the receiver dropped) the runtime stops
+    /// generating and returns [`RuntimeError::Cancelled`]. Dropping the returned future also
+    /// cancels.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Crashed`] when the engine died (the model must be marked failed),
+    /// other variants for request-level problems.
+    async fn generate(
+        &self,
+        request: GenerateRequest,
+        events: mpsc::Sender<GenerateEvent>,
+    ) -> Result<GenerateSummary, RuntimeError>;
+
+    /// Embeds each input.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Unsupported`] for models that are not embedding models, or as
+    /// [`Runtime::generate`].
+    async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, RuntimeError>;
+
+    /// Scores each document against the query.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Unsupported`] for models that are not reranking models, or as
+    /// [`Runtime::generate`].
+    async fn rerank(&self, request: RerankRequest) -> Result<Rerankings, RuntimeError>;
+
+    /// Whether the engine is still alive.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Crashed`] with the reason when it is not.
+    async fn health(&self) -> Result<(), RuntimeError>;
+
+    /// Releases the runtime's resources (process, memory). Called once, after in-flight
+    /// work has drained.
+    async fn unload(&self);
+}

@@ -1,0 +1,456 @@
+//! Load override validation: the runtime-only patch a load request may carry.
+//!
+//! Validation runs in the order the spec's "Validation behavior" describes: first the body's
+//! shape against the union of every backend's override fields (a failure there is an HTTP
+//! 422, [`OverrideError::Schema`]), then the values against the model's backend and its
+//! [`load_constraints`] (a failure there is a 400 `invalid_load_request`,
+//! [`OverrideError::Invalid`]), and last the effective model — config with the patch merged
+//! over it — must pass config validation again.
+
+use hangar_config::{BackendKind, ModelConfig, merge, parse_cache_quant};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::constraints::{LoadConstraint, load_constraints};
+
+/// A validated runtime-only override patch. Key presence matters: a key present with `null`
+/// overrides the configured value with `null` (the engine default).
+///
+/// ExLlamaV3 cache bits are normalized: a validated patch never holds
+/// `exllama_cache_k_bits` / `exllama_cache_v_bits`; they become `exllama_cache_quant`
+/// (`"<k>,<v>"`, or `null` when both were `null`), the one field the admin API reports.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[serde(transparent)]
+pub struct LoadOverride(Map<String, Value>);
+
+impl LoadOverride {
+    /// Whether the patch overrides nothing.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The overridden fields and their values (`null` included).
+    pub fn fields(&self) -> &Map<String, Value> {
+        &self.0
+    }
+
+    /// The effective model: `model.raw()` with this patch merged over it
+    /// ([`hangar_config::merge`]; `null` sets `null`), re-parsed and re-checked by
+    /// [`ModelConfig::parse`].
+    ///
+    /// An `exllama_cache_quant` in the patch also clears configured
+    /// `exllama_cache_k_bits` / `exllama_cache_v_bits`: they are two spellings of one
+    /// setting, and the patch's wins.
+    ///
+    /// # Errors
+    /// [`OverrideError::Invalid`] with config validation's messages when the effective model
+    /// does not pass it.
+    pub fn apply(&self, model: &ModelConfig) -> Result<ModelConfig, OverrideError> {
+        if self.is_empty() {
+            return Ok(model.clone());
+        }
+        let mut raw = model.raw().clone();
+        if self.0.contains_key(CACHE_QUANT) {
+            for bits in [K_BITS, V_BITS] {
+                if let Some(slot) = raw.get_mut(bits) {
+                    *slot = Value::Null;
+                }
+            }
+        }
+        let mut raw = Value::Object(raw);
+        merge(&mut raw, Value::Object(self.0.clone()));
+        ModelConfig::parse(&model.name, &raw).map_err(|errors| {
+            let field = errors.iter().find_map(|e| {
+                self.0.keys().find(|key| e.path.ends_with(&format!(".{key}"))).cloned()
+            });
+            let message = errors
+                .iter()
+                .map(|e| match &field {
+                    Some(f) if e.path.ends_with(&format!(".{f}")) => e.message.clone(),
+                    _ => e.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            OverrideError::Invalid { field, message }
+        })
+    }
+}
+
+/// Why a load override was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OverrideError {
+    /// The body fails the schema (HTTP 422): wrong JSON type, a non-positive value for a
+    /// positive integer field, or a field that is no load override of any backend.
+    #[error("{field}: {message}")]
+    Schema {
+        /// The offending field.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// Structurally valid but wrong for this backend or these values (HTTP 400
+    /// `invalid_load_request`).
+    #[error("{}", with_field(.field.as_deref(), .message))]
+    Invalid {
+        /// The offending field, when one field is to blame.
+        field: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl OverrideError {
+    /// The offending field, when one field is to blame.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Self::Schema { field, .. } => Some(field),
+            Self::Invalid { field, .. } => field.as_deref(),
+        }
+    }
+
+    /// What is wrong, without the field name.
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Schema { message, .. } | Self::Invalid { message, .. } => message,
+        }
+    }
+
+    /// Whether this is a schema failure (HTTP 422) rather than an invalid value (400).
+    pub fn is_schema(&self) -> bool {
+        matches!(self, Self::Schema { .. })
+    }
+
+    fn schema(field: &str, message: impl Into<String>) -> Self {
+        Self::Schema { field: field.to_owned(), message: message.into() }
+    }
+
+    fn invalid(field: &str, message: impl Into<String>) -> Self {
+        Self::Invalid { field: Some(field.to_owned()), message: message.into() }
+    }
+}
+
+fn with_field(field: Option<&str>, message: &str) -> String {
+    match field {
+        Some(field) => format!("{field}: {message}"),
+        None => message.to_owned(),
+    }
+}
+
+const CACHE_QUANT: &str = "exllama_cache_quant";
+const K_BITS: &str = "exllama_cache_k_bits";
+const V_BITS: &str = "exllama_cache_v_bits";
+
+/// The JSON type of an override field, as the request schema sees it.
+#[derive(Clone, Copy)]
+enum FieldType {
+    /// A positive integer no larger than the field's Rust type holds.
+    PositiveInt { max: u64 },
+    /// A number.
+    Float,
+    /// A string.
+    Str,
+}
+
+/// One override field: its name, the backends that accept it, and its JSON type. Every
+/// field also accepts `null`.
+struct OverrideField {
+    name: &'static str,
+    backends: &'static [BackendKind],
+    ty: FieldType,
+}
+
+const U32: FieldType = FieldType::PositiveInt { max: u32::MAX as u64 };
+const U64: FieldType = FieldType::PositiveInt { max: u64::MAX };
+const BITS: FieldType = FieldType::PositiveInt { max: u8::MAX as u64 };
+
+const LLAMA_CPP: &[BackendKind] = &[BackendKind::LlamaCpp];
+const EXLLAMA: &[BackendKind] = &[BackendKind::ExLlamaV3];
+const VLLM: &[BackendKind] = &[BackendKind::Vllm, BackendKind::VllmServe];
+const LLAMA_SERVER: &[BackendKind] = &[BackendKind::LlamaServer];
+
+/// Every backend's load override fields ("Supported load override fields").
+const OVERRIDE_FIELDS: &[OverrideField] = &[
+    OverrideField { name: "gguf_n_ctx", backends: LLAMA_CPP, ty: U32 },
+    OverrideField { name: "gguf_flash_attn", backends: LLAMA_CPP, ty: FieldType::Str },
+    OverrideField { name: "gguf_type_k", backends: LLAMA_CPP, ty: FieldType::Str },
+    OverrideField { name: "gguf_type_v", backends: LLAMA_CPP, ty: FieldType::Str },
+    OverrideField { name: "exllama_cache_size", backends: EXLLAMA, ty: U32 },
+    OverrideField { name: CACHE_QUANT, backends: EXLLAMA, ty: FieldType::Str },
+    OverrideField { name: K_BITS, backends: EXLLAMA, ty: BITS },
+    OverrideField { name: V_BITS, backends: EXLLAMA, ty: BITS },
+    OverrideField { name: "exllama_max_rq_tokens", backends: EXLLAMA, ty: U32 },
+    OverrideField { name: "vllm_max_model_len", backends: VLLM, ty: U32 },
+    OverrideField { name: "vllm_kv_cache_dtype", backends: VLLM, ty: FieldType::Str },
+    OverrideField { name: "vllm_kv_cache_memory_bytes", backends: VLLM, ty: U64 },
+    OverrideField { name: "vllm_max_pixels", backends: VLLM, ty: U64 },
+    OverrideField { name: "vllm_speculative_method", backends: VLLM, ty: FieldType::Str },
+    OverrideField { name: "vllm_speculative_model", backends: VLLM, ty: FieldType::Str },
+    OverrideField { name: "vllm_num_speculative_tokens", backends: VLLM, ty: U32 },
+    OverrideField { name: "llama_server_n_ctx", backends: LLAMA_SERVER, ty: U32 },
+    OverrideField { name: "llama_server_image_max_tokens", backends: LLAMA_SERVER, ty: U32 },
+    OverrideField { name: "llama_server_spec_type", backends: LLAMA_SERVER, ty: FieldType::Str },
+    OverrideField { name: "llama_server_spec_draft_n_max", backends: LLAMA_SERVER, ty: U32 },
+    OverrideField {
+        name: "llama_server_spec_draft_p_min",
+        backends: LLAMA_SERVER,
+        ty: FieldType::Float,
+    },
+];
+
+fn override_field(name: &str) -> Option<&'static OverrideField> {
+    OVERRIDE_FIELDS.iter().find(|f| f.name == name)
+}
+
+/// Validates `patch` (a load body without `replicas`, which the caller removes and handles)
+/// for `model`'s backend, and returns it ready to [`LoadOverride::apply`].
+///
+/// # Errors
+/// [`OverrideError::Schema`] when a value has the wrong JSON type, a positive integer field
+/// is `<= 0`, or a key is no load override of any backend; [`OverrideError::Invalid`] when a
+/// field belongs to another backend, a value breaks its [`load_constraints`] or the spec's
+/// cross-field rules, a `replicas` key is still present, or the effective model fails
+/// config validation.
+pub fn validate_load_override(
+    model: &ModelConfig,
+    patch: &Map<String, Value>,
+) -> Result<LoadOverride, OverrideError> {
+    // 1. The schema: the union of every backend's override fields.
+    for (key, value) in patch {
+        if key == "replicas" {
+            continue;
+        }
+        let Some(field) = override_field(key) else {
+            return Err(OverrideError::schema(key, "unknown field; not a load override field"));
+        };
+        check_type(field, value)?;
+    }
+
+    // 2. The model's backend and the field constraints.
+    let constraints = load_constraints(model.backend);
+    for (key, value) in patch {
+        if key == "replicas" {
+            return Err(OverrideError::invalid(
+                key,
+                "replicas is not a load override; the caller must take it out of the patch",
+            ));
+        }
+        let Some(constraint) = constraints.get(key) else {
+            let owners = override_field(key).map_or(&[][..], |f| f.backends);
+            let owners: Vec<_> = owners.iter().map(|k| k.as_str()).collect();
+            let noun = if owners.len() == 1 { "backend" } else { "backends" };
+            let what = if constraints.is_empty() {
+                format!("backend {} accepts no load overrides", model.backend)
+            } else {
+                format!("this model's backend is {}", model.backend)
+            };
+            return Err(OverrideError::invalid(
+                key,
+                format!("is a load override of {noun} {}, but {what}", owners.join(", ")),
+            ));
+        };
+        if !value.is_null() {
+            check_value(key, constraint, value)?;
+        }
+    }
+
+    // 3. Cross-field rules, and the k/v bits normalized into `exllama_cache_quant`.
+    let normalized = normalize_cache_bits(patch)?;
+
+    // 4. The effective model must still be a valid config.
+    let load_override = LoadOverride(normalized);
+    load_override.apply(model)?;
+    Ok(load_override)
+}
+
+/// The JSON type check of step 1. `null` fits every field.
+fn check_type(field: &OverrideField, value: &Value) -> Result<(), OverrideError> {
+    let name = field.name;
+    match (field.ty, value) {
+        (_, Value::Null) => Ok(()),
+        (FieldType::PositiveInt { .. }, Value::Number(n)) => {
+            if n.as_u64().is_some_and(|v| v > 0) {
+                Ok(())
+            } else if n.is_i64() || n.is_u64() {
+                Err(OverrideError::schema(name, format!("must be a positive integer, got {n}")))
+            } else {
+                Err(OverrideError::schema(name, format!("expected an integer, got {n}")))
+            }
+        }
+        (FieldType::PositiveInt { .. }, other) => Err(OverrideError::schema(
+            name,
+            format!("expected an integer or null, got {}", hangar_config::json_kind(other)),
+        )),
+        (FieldType::Float, Value::Number(_)) | (FieldType::Str, Value::String(_)) => Ok(()),
+        (FieldType::Float, other) => Err(OverrideError::schema(
+            name,
+            format!("expected a number or null, got {}", hangar_config::json_kind(other)),
+        )),
+        (FieldType::Str, other) => Err(OverrideError::schema(
+            name,
+            format!("expected a string or null, got {}", hangar_config::json_kind(other)),
+        )),
+    }
+}
+
+/// The value checks of step 2, for a non-null value whose JSON type already passed.
+fn check_value(key: &str, c: &LoadConstraint, value: &Value) -> Result<(), OverrideError> {
+    let field = override_field(key).map_or(FieldType::Str, |f| f.ty);
+    match field {
+        FieldType::PositiveInt { max: type_max } => {
+            let v = value.as_u64().unwrap_or_default();
+            if let Some(min) = c.minimum.as_ref().and_then(|n| n.as_u64())
+                && v < min
+            {
+                return Err(OverrideError::invalid(key, format!("must be >= {min}, got {v}")));
+            }
+            let max = c.maximum.as_ref().and_then(|n| n.as_u64()).unwrap_or(type_max);
+            if v > max {
+                return Err(OverrideError::invalid(key, format!("must be <= {max}, got {v}")));
+            }
+            // The spec enforces the step only for the ExLlamaV3 cache size; elsewhere it is a
+            // UI hint.
+            if key == "exllama_cache_size"
+                && let Some(step) = c.step.as_ref().and_then(|n| n.as_u64())
+                && step > 0
+                && !v.is_multiple_of(step)
+            {
+                return Err(OverrideError::invalid(
+                    key,
+                    format!("must be a multiple of {step}, got {v}"),
+                ));
+            }
+            Ok(())
+        }
+        FieldType::Float => {
+            let v = value.as_f64().unwrap_or_default();
+            let min = c.minimum.as_ref().and_then(|n| n.as_f64()).unwrap_or(f64::NEG_INFINITY);
+            let max = c.maximum.as_ref().and_then(|n| n.as_f64()).unwrap_or(f64::INFINITY);
+            if (min..=max).contains(&v) {
+                Ok(())
+            } else {
+                Err(OverrideError::invalid(
+                    key,
+                    format!("must be between {min} and {max}, got {v}"),
+                ))
+            }
+        }
+        FieldType::Str => {
+            let s = value.as_str().unwrap_or_default();
+            match key {
+                CACHE_QUANT => {
+                    parse_cache_quant(s).map(drop).map_err(|m| OverrideError::invalid(key, m))
+                }
+                // The UI offers the enum's values; the service accepts any dtype vLLM does.
+                "vllm_kv_cache_dtype" => {
+                    if s.trim().is_empty() {
+                        Err(OverrideError::invalid(key, "must not be empty"))
+                    } else {
+                        Ok(())
+                    }
+                }
+                _ if !c.allowed_values.is_empty() && !c.allows(value) => {
+                    let allowed: Vec<String> =
+                        c.allowed_values.iter().map(Value::to_string).collect();
+                    Err(OverrideError::invalid(
+                        key,
+                        format!("must be one of {}, got {value}", allowed.join(", ")),
+                    ))
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// Checks the ExLlamaV3 cache-bits rules and rewrites `exllama_cache_k_bits` /
+/// `exllama_cache_v_bits` as `exllama_cache_quant` in the key's place.
+fn normalize_cache_bits(patch: &Map<String, Value>) -> Result<Map<String, Value>, OverrideError> {
+    let (k, v) = (patch.get(K_BITS), patch.get(V_BITS));
+    let quant = match (k, v) {
+        (None, None) => return Ok(patch.clone()),
+        (Some(_), None) => {
+            return Err(OverrideError::invalid(
+                K_BITS,
+                "must be sent together with exllama_cache_v_bits",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(OverrideError::invalid(
+                V_BITS,
+                "must be sent together with exllama_cache_k_bits",
+            ));
+        }
+        _ if patch.contains_key(CACHE_QUANT) => {
+            return Err(OverrideError::invalid(
+                CACHE_QUANT,
+                "cannot be combined with exllama_cache_k_bits / exllama_cache_v_bits in the same load request",
+            ));
+        }
+        (Some(Value::Null), Some(Value::Null)) => Value::Null,
+        (Some(k), Some(v)) => match (k.as_u64(), v.as_u64()) {
+            (Some(k), Some(v)) => Value::String(format!("{k},{v}")),
+            _ => {
+                return Err(OverrideError::Invalid {
+                    field: None,
+                    message: "exllama_cache_k_bits and exllama_cache_v_bits must both be integers or both be null".into(),
+                });
+            }
+        },
+    };
+    let mut out = Map::new();
+    for (key, value) in patch {
+        match key.as_str() {
+            K_BITS => {
+                out.insert(CACHE_QUANT.to_owned(), quant.clone());
+            }
+            V_BITS => {}
+            _ => {
+                out.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn override_fields_are_exactly_the_constraint_fields_of_each_backend() {
+        for kind in BackendKind::ALL {
+            let mut overrides: Vec<&str> = OVERRIDE_FIELDS
+                .iter()
+                .filter(|f| f.backends.contains(&kind))
+                .map(|f| f.name)
+                .collect();
+            let mut constrained: Vec<&str> = load_constraints(kind).fields().collect();
+            overrides.sort_unstable();
+            constrained.sort_unstable();
+            assert_eq!(overrides, constrained, "{kind}");
+        }
+    }
+
+    #[test]
+    fn field_types_match_the_constraint_kinds() {
+        use crate::ConstraintKind;
+        for field in OVERRIDE_FIELDS {
+            for &kind in field.backends {
+                let constraint = load_constraints(kind).get(field.name).map(|c| c.kind);
+                let expected = match field.ty {
+                    FieldType::PositiveInt { .. } => {
+                        [ConstraintKind::Integer, ConstraintKind::IntegerOrNull].as_slice()
+                    }
+                    FieldType::Float => &[ConstraintKind::Float],
+                    FieldType::Str => &[ConstraintKind::Enum, ConstraintKind::StringOrNull],
+                };
+                assert!(
+                    constraint.is_some_and(|c| expected.contains(&c)),
+                    "{kind} {}: {constraint:?}",
+                    field.name
+                );
+            }
+        }
+    }
+}

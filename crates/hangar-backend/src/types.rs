@@ -1,0 +1,202 @@
+//! Request, response and capability types shared by every backend.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// An input modality a model accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Modality {
+    /// Text.
+    Text,
+    /// Images.
+    Image,
+}
+
+/// A request-level thinking mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ThinkingMode {
+    /// Keep the model's configured behaviour.
+    #[default]
+    Default,
+    /// Ask the model to think.
+    Enabled,
+    /// Ask the model not to think.
+    Disabled,
+}
+
+/// What a model supports, as the admin API reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Capabilities {
+    /// Input modalities accepted.
+    pub modalities: Vec<Modality>,
+    /// Whether a multi-turn `messages` array is accepted.
+    pub multi_turn: bool,
+    /// Accepted values of request-level `thinking`; always includes `default`.
+    pub thinking_modes: Vec<ThinkingMode>,
+    /// Sequences one replica can run in parallel; `None` when the engine does not limit
+    /// it. The scheduler clamps `target_inflight` to this.
+    #[serde(skip)]
+    pub max_parallel_sequences: Option<NonZeroU32>,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Self {
+            modalities: vec![Modality::Text],
+            multi_turn: true,
+            thinking_modes: vec![ThinkingMode::Default],
+            max_parallel_sequences: None,
+        }
+    }
+}
+
+/// Who said a chat message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// System prompt.
+    System,
+    /// The user.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool result.
+    Tool,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ChatMessage {
+    /// Who said it.
+    pub role: Role,
+    /// What was said.
+    pub content: String,
+}
+
+/// The input of a generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    /// A raw prompt (`/v1/completions`).
+    Text(String),
+    /// Chat messages (`/v1/chat/completions`, `/v1/responses`).
+    Chat(Vec<ChatMessage>),
+}
+
+/// Sampling and stopping parameters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SamplingParams {
+    /// Most tokens to generate; the backend's default when `None`.
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass.
+    pub top_p: Option<f32>,
+    /// Top-k sampling.
+    pub top_k: Option<u32>,
+    /// Seed for reproducible sampling.
+    pub seed: Option<u64>,
+    /// Stop sequences.
+    pub stop: Vec<String>,
+}
+
+/// A generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    /// The input.
+    pub prompt: Prompt,
+    /// Sampling parameters.
+    pub params: SamplingParams,
+    /// Request-level thinking mode; already checked against the capabilities.
+    pub thinking: ThinkingMode,
+}
+
+/// A piece of generated output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerateEvent {
+    /// Generated text (one token or a few).
+    Text(String),
+}
+
+/// Why a generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// End of sequence or a stop sequence.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+/// The end of a generation: why it stopped and what it cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenerateSummary {
+    /// Why it stopped.
+    pub finish_reason: FinishReason,
+    /// Tokens in the prompt.
+    pub prompt_tokens: u32,
+    /// Tokens generated.
+    pub completion_tokens: u32,
+}
+
+/// An embedding request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbedRequest {
+    /// Texts to embed, in order.
+    pub inputs: Vec<String>,
+}
+
+/// Embeddings, one per input, in input order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embeddings {
+    /// L2-normalized vectors.
+    pub vectors: Vec<Vec<f32>>,
+    /// Tokens consumed.
+    pub prompt_tokens: u32,
+}
+
+/// A rerank request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RerankRequest {
+    /// The query.
+    pub query: String,
+    /// Candidate documents.
+    pub documents: Vec<String>,
+}
+
+/// Rerank results.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rerankings {
+    /// One score per document, in document order (higher is more relevant).
+    pub scores: Vec<f32>,
+    /// Tokens consumed.
+    pub prompt_tokens: u32,
+}
+
+/// Receives load progress in `[0, 1]`. Cheap to clone; a no-op sink ignores everything.
+#[derive(Clone, Default)]
+pub struct ProgressSink(Option<Arc<dyn Fn(f32) + Send + Sync>>);
+
+impl ProgressSink {
+    /// A sink that calls `f` with each progress value.
+    pub fn new(f: impl Fn(f32) + Send + Sync + 'static) -> Self {
+        Self(Some(Arc::new(f)))
+    }
+
+    /// Reports progress, clamped to `[0, 1]`.
+    pub fn report(&self, progress: f32) {
+        if let Some(f) = &self.0 {
+            f(progress.clamp(0.0, 1.0));
+        }
+    }
+}
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "ProgressSink(..)" } else { "ProgressSink(none)" })
+    }
+}

@@ -1,0 +1,149 @@
+//! The values the policy reads ([`LoadedModel`], [`Incoming`], [`LoadFailure`]) and the
+//! plan it returns ([`EvictionPlan`] of [`Victim`]s).
+
+use std::fmt;
+use std::time::Instant;
+
+use hangar_config::{Device, ModelName, ModelType};
+
+/// A model currently loaded (state `loaded`), as the policy sees it.
+///
+/// Names in one slice of loaded models are expected to be unique.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedModel {
+    /// The model's name.
+    pub name: ModelName,
+    /// Which `max_loaded_models` slots it occupies.
+    pub model_type: ModelType,
+    /// The devices it occupies.
+    pub device: Device,
+    /// Last access: load start/complete, request start/complete.
+    pub last_use: Instant,
+    /// Requests running or admitted (pinned) on it right now, including requests that
+    /// triggered an auto-load and have not started yet.
+    pub inflight: u32,
+}
+
+impl LoadedModel {
+    /// True when no request is running or admitted on the model.
+    pub fn is_idle(&self) -> bool {
+        self.inflight == 0
+    }
+
+    /// True when the model occupies a device only one model may hold
+    /// ([`Device::EXCLUSIVE`]).
+    pub fn holds_exclusive_device(&self) -> bool {
+        self.device.intersects(Device::EXCLUSIVE)
+    }
+}
+
+/// The model about to be loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Incoming {
+    /// The model's name.
+    pub name: ModelName,
+    /// Which `max_loaded_models` slots it needs.
+    pub model_type: ModelType,
+    /// The devices it will occupy.
+    pub device: Device,
+}
+
+/// Why a model is to be evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EvictionReason {
+    /// The incoming model's type has no free slot; this is the least recently used model of
+    /// that type.
+    SlotLimit,
+    /// The incoming model needs an exclusive device (the NPU) this model holds.
+    ExclusiveDevice,
+    /// A load failed for a reason other than not-found; everything else is unloaded before
+    /// the one retry.
+    LoadFailureRetry,
+}
+
+impl EvictionReason {
+    /// The snake_case name, for logs and metric labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::SlotLimit => "slot_limit",
+            Self::ExclusiveDevice => "exclusive_device",
+            Self::LoadFailureRetry => "load_failure_retry",
+        }
+    }
+}
+
+impl fmt::Display for EvictionReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One model the plan unloads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Victim {
+    /// The model to unload.
+    pub name: ModelName,
+    /// Why it is unloaded.
+    pub reason: EvictionReason,
+    /// True when the victim has in-flight work: the runtime must let it drain (graceful
+    /// unload) before the load proceeds; it is never killed mid-request.
+    pub wait_for_drain: bool,
+}
+
+impl Victim {
+    pub(crate) fn of(model: &LoadedModel, reason: EvictionReason) -> Self {
+        Self { name: model.name.clone(), reason, wait_for_drain: !model.is_idle() }
+    }
+}
+
+/// What to do before a load may start: unload `victims`, in order.
+///
+/// An empty plan means the load may start at once.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EvictionPlan {
+    /// The models to unload, in the order they should be unloaded. Each appears once.
+    pub victims: Vec<Victim>,
+}
+
+impl EvictionPlan {
+    /// True when nothing needs to be unloaded.
+    pub fn is_empty(&self) -> bool {
+        self.victims.is_empty()
+    }
+
+    /// How many models are to be unloaded.
+    pub fn len(&self) -> usize {
+        self.victims.len()
+    }
+
+    /// The victims' names, in unload order.
+    pub fn names(&self) -> impl Iterator<Item = &ModelName> {
+        self.victims.iter().map(|v| &v.name)
+    }
+
+    /// The victim named `name`, if the plan unloads it.
+    pub fn get(&self, name: &str) -> Option<&Victim> {
+        self.victims.iter().find(|v| v.name.as_str() == name)
+    }
+
+    /// True when the plan unloads the model named `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// True when some victim has in-flight work the load must wait for.
+    pub fn must_wait_for_drain(&self) -> bool {
+        self.victims.iter().any(|v| v.wait_for_drain)
+    }
+}
+
+/// How a load failed, as far as the policy cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LoadFailure {
+    /// The model's files were not found on disk: evicting other models cannot help.
+    NotFound,
+    /// Any other failure (possibly out of memory): evict everything else and retry once.
+    Other,
+}

@@ -1,0 +1,268 @@
+//! One test per eviction rule, through the public API.
+
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use hangar_config::{Device, MaxLoadedModels, ModelName, ModelType};
+use hangar_eviction::{
+    EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Victim, plan_load,
+    plan_retry_after_failure,
+};
+
+use EvictionReason::{ExclusiveDevice, LoadFailureRetry, SlotLimit};
+use ModelType::{Embedding, Llm, Reranking};
+
+fn name(s: &str) -> ModelName {
+    ModelName::new(s).unwrap()
+}
+
+/// A loaded model used `secs` seconds after a common base instant.
+fn model(n: &str, ty: ModelType, device: Device, secs: u64, inflight: u32) -> LoadedModel {
+    // One base per process, so models built in one test compare by `secs` only.
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    LoadedModel {
+        name: name(n),
+        model_type: ty,
+        device,
+        last_use: base + Duration::from_secs(secs),
+        inflight,
+    }
+}
+
+fn idle(n: &str, ty: ModelType, secs: u64) -> LoadedModel {
+    model(n, ty, Device::GPU, secs, 0)
+}
+
+fn incoming(n: &str, ty: ModelType, device: Device) -> Incoming {
+    Incoming { name: name(n), model_type: ty, device }
+}
+
+fn limits(llm: u32, embedding: u32, reranking: u32) -> MaxLoadedModels {
+    let nz = |n| NonZeroU32::new(n).unwrap();
+    MaxLoadedModels { llm: nz(llm), embedding: nz(embedding), reranking: nz(reranking) }
+}
+
+/// The plan as `(name, reason, wait_for_drain)` triples, in order.
+fn summary(plan: &EvictionPlan) -> Vec<(&str, EvictionReason, bool)> {
+    plan.victims.iter().map(|v| (v.name.as_str(), v.reason, v.wait_for_drain)).collect()
+}
+
+fn check(
+    loaded: &[LoadedModel],
+    new: &Incoming,
+    limits: &MaxLoadedModels,
+    expected: &[(&str, EvictionReason, bool)],
+) {
+    let plan = plan_load(loaded, new, limits);
+    assert_eq!(summary(&plan), expected, "loading {} into {loaded:#?}", new.name);
+    // The plan never depends on the order of the loaded models.
+    let mut reversed = loaded.to_vec();
+    reversed.reverse();
+    assert_eq!(plan_load(&reversed, new, limits), plan);
+}
+
+#[test]
+fn free_slot_evicts_nothing() {
+    let loaded = [idle("a", Llm, 1), idle("b", Llm, 2)];
+    check(&loaded, &incoming("new", Llm, Device::GPU), &limits(3, 1, 1), &[]);
+    assert!(plan_load(&loaded, &incoming("new", Llm, Device::GPU), &limits(3, 1, 1)).is_empty());
+}
+
+#[test]
+fn full_slot_evicts_lru_of_same_type() {
+    let loaded = [idle("a", Llm, 5), idle("b", Llm, 1), idle("c", Llm, 3)];
+    check(
+        &loaded,
+        &incoming("new", Llm, Device::GPU),
+        &limits(3, 1, 1),
+        &[("b", SlotLimit, false)],
+    );
+    // Over the limit (the limit was lowered): evict just enough to free one slot.
+    check(
+        &loaded,
+        &incoming("new", Llm, Device::GPU),
+        &limits(2, 1, 1),
+        &[("b", SlotLimit, false), ("c", SlotLimit, false)],
+    );
+}
+
+#[test]
+fn other_types_are_never_evicted_for_slots() {
+    // The embedding and reranking models are older than the llm, and their own slots are
+    // full, but an llm load only looks at llm slots.
+    let loaded = [idle("emb", Embedding, 1), idle("rr", Reranking, 2), idle("chat", Llm, 9)];
+    check(
+        &loaded,
+        &incoming("new", Llm, Device::GPU),
+        &limits(1, 1, 1),
+        &[("chat", SlotLimit, false)],
+    );
+    check(
+        &loaded,
+        &incoming("new-emb", Embedding, Device::GPU),
+        &limits(1, 1, 1),
+        &[("emb", SlotLimit, false)],
+    );
+}
+
+#[test]
+fn lru_ties_break_by_name() {
+    let loaded = [idle("zeta", Llm, 1), idle("alpha", Llm, 1), idle("mid", Llm, 1)];
+    check(
+        &loaded,
+        &incoming("new", Llm, Device::GPU),
+        &limits(2, 1, 1),
+        &[("alpha", SlotLimit, false), ("mid", SlotLimit, false)],
+    );
+}
+
+#[test]
+fn idle_models_are_preferred_over_busy() {
+    // "busy" is the least recently used, but it is serving a request; "idle" is evicted
+    // instead and the load need not wait.
+    let loaded = [model("busy", Llm, Device::GPU, 1, 2), idle("idle", Llm, 5)];
+    check(
+        &loaded,
+        &incoming("new", Llm, Device::GPU),
+        &limits(2, 1, 1),
+        &[("idle", SlotLimit, false)],
+    );
+}
+
+#[test]
+fn busy_victim_is_marked_wait_for_drain() {
+    let loaded = [
+        model("busy-old", Llm, Device::GPU, 1, 1),
+        model("busy-new", Llm, Device::GPU, 2, 3),
+        idle("idle", Llm, 9),
+    ];
+    // Two victims needed, one idle exists: take it, then the least recently used busy one.
+    check(
+        &loaded,
+        &incoming("new", Llm, Device::GPU),
+        &limits(2, 1, 1),
+        &[("idle", SlotLimit, false), ("busy-old", SlotLimit, true)],
+    );
+    let only_busy = [model("busy", Llm, Device::GPU, 1, 1)];
+    let plan = plan_load(&only_busy, &incoming("new", Llm, Device::GPU), &limits(1, 1, 1));
+    assert_eq!(
+        plan.victims,
+        [Victim { name: name("busy"), reason: SlotLimit, wait_for_drain: true }]
+    );
+    assert!(plan.must_wait_for_drain());
+}
+
+#[test]
+fn npu_is_exclusive_across_types() {
+    // An embedding model holds the NPU (hybrid gpu|npu); loading an NPU llm evicts it even
+    // though embedding slots have nothing to do with llm slots, and even while it is busy.
+    let loaded = [
+        model("npu-emb", Embedding, Device::GPU | Device::NPU, 5, 1),
+        idle("gpu-rr", Reranking, 1),
+    ];
+    check(
+        &loaded,
+        &incoming("npu-llm", Llm, Device::NPU),
+        &limits(4, 4, 4),
+        &[("npu-emb", ExclusiveDevice, true)],
+    );
+}
+
+#[test]
+fn non_npu_load_ignores_npu_holders() {
+    let loaded = [model("npu-llm", Llm, Device::NPU, 1, 0), idle("gpu-emb", Embedding, 2)];
+    check(&loaded, &incoming("gpu-llm", Llm, Device::GPU | Device::CPU), &limits(2, 1, 1), &[]);
+    // With a full llm slot, the NPU holder is evicted only as the LRU llm, for the slot.
+    check(
+        &loaded,
+        &incoming("gpu-llm", Llm, Device::GPU),
+        &limits(1, 1, 1),
+        &[("npu-llm", SlotLimit, false)],
+    );
+}
+
+#[test]
+fn npu_victim_frees_its_type_slot_too() {
+    // The llm slot is full, but its occupant holds the NPU and goes for that reason: no
+    // second (GPU) llm is evicted for the slot.
+    let loaded = [idle("gpu-llm", Llm, 1), model("npu-llm", Llm, Device::NPU, 9, 0)];
+    check(
+        &loaded,
+        &incoming("new-npu", Llm, Device::NPU),
+        &limits(2, 1, 1),
+        &[("npu-llm", ExclusiveDevice, false)],
+    );
+    // With limit 1 and one llm left after the NPU eviction, that one goes for the slot.
+    check(
+        &loaded,
+        &incoming("new-npu", Llm, Device::NPU),
+        &limits(1, 1, 1),
+        &[("npu-llm", ExclusiveDevice, false), ("gpu-llm", SlotLimit, false)],
+    );
+}
+
+#[test]
+fn already_loaded_model_plans_nothing() {
+    let loaded = [model("npu", Llm, Device::NPU, 1, 0), idle("other", Llm, 2)];
+    // Even though a fresh NPU llm would evict both under these limits.
+    check(&loaded, &incoming("npu", Llm, Device::NPU), &limits(1, 1, 1), &[]);
+}
+
+#[test]
+fn not_found_failure_evicts_nothing() {
+    let loaded = [idle("a", Llm, 1), idle("b", Embedding, 2)];
+    assert_eq!(plan_retry_after_failure(&loaded, &name("new"), LoadFailure::NotFound), None);
+}
+
+#[test]
+fn other_failure_evicts_everything_else() {
+    let loaded = [
+        model("busy-emb", Embedding, Device::GPU, 3, 1),
+        idle("rr", Reranking, 1),
+        model("failed", Llm, Device::GPU, 0, 0),
+        model("npu", Llm, Device::NPU, 2, 0),
+    ];
+    let plan = plan_retry_after_failure(&loaded, &name("failed"), LoadFailure::Other).unwrap();
+    assert_eq!(
+        summary(&plan),
+        [
+            ("rr", LoadFailureRetry, false),
+            ("npu", LoadFailureRetry, false),
+            ("busy-emb", LoadFailureRetry, true),
+        ]
+    );
+    let nothing_loaded = plan_retry_after_failure(&[], &name("x"), LoadFailure::Other).unwrap();
+    assert!(nothing_loaded.is_empty());
+}
+
+#[test]
+fn default_limits_allow_one_of_each_type() {
+    let defaults = MaxLoadedModels::default();
+    let mut loaded = Vec::new();
+    for (i, ty) in ModelType::ALL.into_iter().enumerate() {
+        let new = incoming(ty.as_str(), ty, Device::GPU);
+        check(&loaded, &new, &defaults, &[]);
+        loaded.push(idle(ty.as_str(), ty, u64::try_from(i).unwrap()));
+    }
+    // A second model of any type replaces the first of that type, and only it.
+    check(
+        &loaded,
+        &incoming("emb2", Embedding, Device::GPU),
+        &defaults,
+        &[("embedding", SlotLimit, false)],
+    );
+}
+
+#[test]
+fn plan_helpers_describe_the_victims() {
+    let loaded = [model("a", Llm, Device::GPU, 1, 1), idle("b", Llm, 2)];
+    let plan = plan_load(&loaded, &incoming("new", Llm, Device::GPU), &limits(1, 1, 1));
+    assert_eq!(plan.len(), 2);
+    assert_eq!(plan.names().map(ModelName::as_str).collect::<Vec<_>>(), ["b", "a"]);
+    assert!(plan.contains("a") && !plan.contains("new"));
+    assert!(plan.get("a").unwrap().wait_for_drain);
+    assert_eq!(SlotLimit.to_string(), "slot_limit");
+    assert_eq!(ExclusiveDevice.as_str(), "exclusive_device");
+    assert_eq!(LoadFailureRetry.as_str(), "load_failure_retry");
+}

@@ -1,0 +1,157 @@
+//! Admission: whether a request may reach a model, and the machine-readable reason when not.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use crate::state::ModelState;
+
+/// Why a request was not admitted to a model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdmissionError {
+    /// No model of that name is configured.
+    #[error("unknown model `{model}`")]
+    UnknownModel {
+        /// The name asked for.
+        model: String,
+    },
+    /// The model is configured but not loaded.
+    #[error("model is not loaded; load it first")]
+    ModelNotLoaded,
+    /// The model is loading.
+    #[error("model is loading; retry when it is loaded")]
+    ModelLoading,
+    /// The model is unloading (or began unloading while the request waited in its queue).
+    #[error("model is unloading")]
+    ModelUnloading,
+    /// The model's last load failed or its runtime crashed.
+    #[error("model failed: {last_error}")]
+    ModelFailed {
+        /// The model's `last_error`.
+        last_error: String,
+    },
+    /// The model's request queue is full.
+    #[error("model queue is full ({depth} requests waiting)")]
+    QueueFull {
+        /// The queue bound that was reached.
+        depth: usize,
+    },
+}
+
+/// The fieldless code of an [`AdmissionError`]: the JSON `code` and the metrics label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionCode {
+    /// No such model in config.
+    UnknownModel,
+    /// The model is unloaded.
+    ModelNotLoaded,
+    /// The model is loading.
+    ModelLoading,
+    /// The model is unloading.
+    ModelUnloading,
+    /// The model is failed.
+    ModelFailed,
+    /// The model's queue is full.
+    QueueFull,
+}
+
+impl AdmissionCode {
+    /// Every code.
+    pub const ALL: [AdmissionCode; 6] = [
+        Self::UnknownModel,
+        Self::ModelNotLoaded,
+        Self::ModelLoading,
+        Self::ModelUnloading,
+        Self::ModelFailed,
+        Self::QueueFull,
+    ];
+
+    /// The snake_case code.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::UnknownModel => "unknown_model",
+            Self::ModelNotLoaded => "model_not_loaded",
+            Self::ModelLoading => "model_loading",
+            Self::ModelUnloading => "model_unloading",
+            Self::ModelFailed => "model_failed",
+            Self::QueueFull => "queue_full",
+        }
+    }
+}
+
+impl AdmissionError {
+    /// This error's code.
+    pub fn code(&self) -> AdmissionCode {
+        match self {
+            Self::UnknownModel { .. } => AdmissionCode::UnknownModel,
+            Self::ModelNotLoaded => AdmissionCode::ModelNotLoaded,
+            Self::ModelLoading => AdmissionCode::ModelLoading,
+            Self::ModelUnloading => AdmissionCode::ModelUnloading,
+            Self::ModelFailed { .. } => AdmissionCode::ModelFailed,
+            Self::QueueFull { .. } => AdmissionCode::QueueFull,
+        }
+    }
+}
+
+/// Whether a model in `state` admits inference requests (only `loaded` does).
+///
+/// # Errors
+/// The spec's code for every other state; `last_error` fills `model_failed`'s message.
+pub fn admit(state: ModelState, last_error: Option<&str>) -> Result<(), AdmissionError> {
+    match state {
+        ModelState::Loaded => Ok(()),
+        ModelState::Unloaded => Err(AdmissionError::ModelNotLoaded),
+        ModelState::Loading => Err(AdmissionError::ModelLoading),
+        ModelState::Unloading => Err(AdmissionError::ModelUnloading),
+        ModelState::Failed => Err(AdmissionError::ModelFailed {
+            last_error: last_error.unwrap_or("unknown error").to_owned(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loaded_models_admit_requests() {
+        let cases = [
+            (ModelState::Loaded, None),
+            (ModelState::Unloaded, Some(AdmissionCode::ModelNotLoaded)),
+            (ModelState::Loading, Some(AdmissionCode::ModelLoading)),
+            (ModelState::Unloading, Some(AdmissionCode::ModelUnloading)),
+            (ModelState::Failed, Some(AdmissionCode::ModelFailed)),
+        ];
+        for (state, want) in cases {
+            assert_eq!(admit(state, Some("boom")).err().map(|e| e.code()), want, "{state}");
+        }
+    }
+
+    #[test]
+    fn failed_admission_carries_last_error() {
+        let err = admit(ModelState::Failed, Some("CUDA out of memory")).unwrap_err();
+        assert_eq!(err, AdmissionError::ModelFailed { last_error: "CUDA out of memory".into() });
+        assert_eq!(err.to_string(), "model failed: CUDA out of memory");
+    }
+
+    #[test]
+    fn codes_serialize_as_the_spec_spells_them() {
+        let spelled: Vec<_> =
+            AdmissionCode::ALL.iter().map(|c| serde_json::to_value(c).unwrap()).collect();
+        assert_eq!(
+            spelled,
+            [
+                "unknown_model",
+                "model_not_loaded",
+                "model_loading",
+                "model_unloading",
+                "model_failed",
+                "queue_full"
+            ]
+        );
+        for c in AdmissionCode::ALL {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The scheduler under random interleavings of acquire / release / cancel / close.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hangar_lifecycle::{AdmissionCode, AdmissionError, Permit, Scheduler, effective_target};
+use proptest::prelude::*;
+use tokio::task::JoinHandle;
+
+type Outcome = Result<Permit<u32>, AdmissionError>;
+
+fn scheduler(replicas: u32, target: u32, max_queue: usize) -> Scheduler<u32> {
+    Scheduler::new(
+        (0..replicas).map(Arc::new).collect(),
+        NonZeroU32::new(target).unwrap(),
+        max_queue,
+    )
+}
+
+/// Lets spawned tasks run until they block again (current-thread runtime, paused clock).
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn dispatches_to_the_least_loaded_replica() {
+    let s = scheduler(3, 2, 8);
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        held.push(s.acquire().await.unwrap());
+    }
+    let replicas: Vec<_> = held.iter().map(Permit::replica).collect();
+    assert_eq!(replicas, [0, 1, 2, 0, 1, 2], "round-robin by load, lowest index on ties");
+    assert_eq!(s.stats().per_replica, [2, 2, 2]);
+    drop(held.remove(4)); // frees a slot on replica 1
+    assert_eq!(s.acquire().await.unwrap().replica(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_replicas_queue_in_fifo_order_and_full_queue_refuses() {
+    let s = scheduler(1, 1, 2);
+    let first = s.acquire().await.unwrap();
+    let a = tokio::spawn({
+        let s = s.clone();
+        async move { s.acquire().await.map(|p| (1, p)) }
+    });
+    settle().await;
+    let b = tokio::spawn({
+        let s = s.clone();
+        async move { s.acquire().await.map(|p| (2, p)) }
+    });
+    settle().await;
+    assert_eq!(s.stats().queue_depth, 2);
+    let refused = s.acquire().await.unwrap_err();
+    assert_eq!(refused, AdmissionError::QueueFull { depth: 2 });
+    assert_eq!(refused.code(), AdmissionCode::QueueFull);
+    drop(first);
+    let (order, permit) = a.await.unwrap().unwrap();
+    assert_eq!(order, 1, "the oldest waiter goes first");
+    drop(permit);
+    assert_eq!(b.await.unwrap().unwrap().0, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn close_cancels_queued_requests_and_lets_running_ones_finish() {
+    let s = scheduler(1, 1, 4);
+    let running = s.acquire().await.unwrap();
+    let queued = tokio::spawn({
+        let s = s.clone();
+        async move { s.acquire().await.map(drop) }
+    });
+    settle().await;
+    s.close(AdmissionError::ModelUnloading);
+    assert_eq!(queued.await.unwrap(), Err(AdmissionError::ModelUnloading));
+    assert_eq!(s.acquire().await.unwrap_err(), AdmissionError::ModelUnloading);
+    // The running request still holds its replica until it finishes.
+    assert_eq!(s.stats().runtime_inflight, 1);
+    let drained = tokio::spawn({
+        let s = s.clone();
+        async move { s.drained().await }
+    });
+    settle().await;
+    assert!(!drained.is_finished(), "drain waits for the running request");
+    drop(running);
+    drained.await.unwrap();
+    assert_eq!(s.stats().runtime_inflight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_that_gives_up_leaves_the_queue() {
+    let s = scheduler(1, 1, 1);
+    let held = s.acquire().await.unwrap();
+    let gives_up = tokio::spawn({
+        let s = s.clone();
+        async move { s.acquire().await.map(drop) }
+    });
+    settle().await;
+    gives_up.abort();
+    settle().await;
+    assert_eq!(s.stats().queue_depth, 0, "an abandoned waiter does not count");
+    let next = tokio::spawn({
+        let s = s.clone();
+        async move { s.acquire().await.map(|p| p.replica()) }
+    });
+    settle().await;
+    drop(held);
+    assert_eq!(next.await.unwrap(), Ok(0));
+    assert_eq!(s.stats().runtime_inflight, 0);
+}
+
+#[test]
+fn effective_target_is_clamped_by_backend_capability() {
+    let n = |v| NonZeroU32::new(v).unwrap();
+    assert_eq!(effective_target(n(4), None), n(4));
+    assert_eq!(effective_target(n(4), Some(n(1))), n(1));
+    assert_eq!(effective_target(n(2), Some(n(8))), n(2));
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Acquire,
+    Release(usize),
+    Cancel(usize),
+    Close,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => Just(Op::Acquire),
+        3 => any::<usize>().prop_map(Op::Release),
+        1 => any::<usize>().prop_map(Op::Cancel),
+        1 => Just(Op::Close),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Invariants, checked after every step:
+    /// - no replica runs more than `target` requests;
+    /// - `runtime_inflight` equals the permits callers hold;
+    /// - the queue never exceeds its bound, and nobody waits while a replica has room
+    ///   (unless closed);
+    /// - every acquire ends: with a permit, `queue_full`, or the close reason — none hangs
+    ///   once the holders release (checked at the end by releasing everything).
+    #[test]
+    fn scheduler_invariants_hold_under_random_interleavings(
+        replicas in 1u32..4,
+        target in 1u32..4,
+        max_queue in 0usize..4,
+        ops in prop::collection::vec(op(), 1..60),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        rt.block_on(async move {
+            let s = scheduler(replicas, target, max_queue);
+            let mut held: Vec<Permit<u32>> = Vec::new();
+            let mut pending: Vec<JoinHandle<Outcome>> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Acquire => pending.push(tokio::spawn({
+                        let s = s.clone();
+                        async move { s.acquire().await }
+                    })),
+                    Op::Release(i) if !held.is_empty() => drop(held.remove(i % held.len())),
+                    Op::Cancel(i) if !pending.is_empty() => pending[i % pending.len()].abort(),
+                    Op::Close => s.close(AdmissionError::ModelUnloading),
+                    _ => {}
+                }
+                settle().await;
+                // Collect finished acquires.
+                let mut still = Vec::new();
+                for h in pending.drain(..) {
+                    if h.is_finished() {
+                        match h.await {
+                            Ok(Ok(permit)) => held.push(permit),
+                            Ok(Err(e)) => assert!(matches!(e, AdmissionError::QueueFull { .. } | AdmissionError::ModelUnloading), "{e:?}"),
+                            Err(join) => assert!(join.is_cancelled()),
+                        }
+                    } else {
+                        still.push(h);
+                    }
+                }
+                pending = still;
+                let stats = s.stats();
+                assert!(stats.per_replica.iter().all(|&n| n <= target), "{stats:?}");
+                assert_eq!(stats.runtime_inflight as usize, held.len());
+                assert!(stats.queue_depth <= max_queue);
+                let has_room = stats.per_replica.iter().any(|&n| n < target);
+                assert!(!(has_room && stats.queue_depth > 0 && !stats.closed), "waiting with room: {stats:?}");
+            }
+            // Release everything: every pending acquire must now end.
+            held.clear();
+            for h in pending {
+                // Permits obtained now are dropped at once so the rest can proceed.
+                let done = tokio::time::timeout(Duration::from_secs(1), h)
+                .await;
+                assert!(done.is_ok(), "an acquire hung");
+            }
+            let stats = s.stats();
+            assert_eq!(stats.runtime_inflight, 0);
+            tokio::time::timeout(Duration::from_secs(1), s.drained()).await.expect("drain hung");
+        });
+    }
+}

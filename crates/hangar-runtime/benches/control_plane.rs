@@ -1,0 +1,163 @@
+//! Control-plane benchmark: throughput through the scheduler, admission overhead, and
+//! load+unload cycle time, each next to a reference measured in the same run.
+//!
+//! Run with `cargo xtask bench control-plane`. Prints one table; no assertions.
+#![allow(missing_docs)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hangar_backend::stub::StubBackend;
+use hangar_backend::{
+    Backend, GenerateRequest, LoadRequest, ProgressSink, Prompt, Runtime, SamplingParams,
+    ThinkingMode,
+};
+use hangar_config::Config;
+use hangar_runtime::{Backends, LoadOptions, Manager};
+use serde_json::json;
+use tokio::sync::{Semaphore, mpsc};
+
+const WINDOW: Duration = Duration::from_millis(1500);
+
+fn request() -> GenerateRequest {
+    GenerateRequest {
+        prompt: Prompt::Text("benchmark prompt".into()),
+        params: SamplingParams { max_tokens: Some(1), ..SamplingParams::default() },
+        thinking: ThinkingMode::Default,
+    }
+}
+
+fn config() -> Config {
+    Config::from_value(&json!({
+        "max_queue_depth": 4096,
+        "models": {
+            "chat": { "backend": "stub", "target_inflight": 64, "stub": { "token_latency_ms": 0 } },
+            "cycle": { "backend": "stub", "stub": { "load_delay_ms": 0 } }
+        }
+    }))
+    .expect("bench config")
+}
+
+/// Requests per second with `callers` concurrent loops over `call` for `WINDOW`.
+async fn throughput<F, Fut>(callers: usize, call: F) -> f64
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..callers {
+        let (call, done) = (call.clone(), Arc::clone(&done));
+        tasks.push(tokio::spawn(async move {
+            while start.elapsed() < WINDOW {
+                call().await;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("caller");
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn generate_via(runtime: &Arc<dyn Runtime>) {
+    let (tx, mut rx) = mpsc::channel(8);
+    let summary = runtime.generate(request(), tx).await;
+    while rx.try_recv().is_ok() {}
+    summary.expect("generate");
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let config = config();
+    let stub = Arc::new(StubBackend::new());
+    let manager = Manager::new(&config, Backends::new().with(stub.clone()));
+    manager.load("chat", LoadOptions::default()).await.expect("load chat");
+
+    // Reference runtime: the same stub, called directly without the manager.
+    let model = Arc::new(config.model("chat").expect("chat").clone());
+    let direct: Arc<dyn Runtime> = stub
+        .load(LoadRequest { model, replica: 0, progress: ProgressSink::default() })
+        .await
+        .expect("direct load");
+
+    println!("control-plane benchmark (stub backend, zero token latency, 1 token per request)");
+    println!();
+    println!("{:<44} {:>14} {:>14} {:>8}", "measure", "hangar", "reference", "ratio");
+    for callers in [1usize, 8, 64] {
+        let m = manager.clone();
+        let via_manager = throughput(callers, move || {
+            let m = m.clone();
+            async move {
+                let (tx, mut rx) = mpsc::channel(8);
+                m.generate("chat", request(), tx).await.expect("generate");
+                while rx.try_recv().is_ok() {}
+            }
+        })
+        .await;
+        let d = Arc::clone(&direct);
+        let reference = throughput(callers, move || {
+            let d = Arc::clone(&d);
+            async move { generate_via(&d).await }
+        })
+        .await;
+        println!(
+            "{:<44} {:>14.0} {:>14.0} {:>8.2}",
+            format!("requests/s, {callers} concurrent callers"),
+            via_manager,
+            reference,
+            via_manager / reference
+        );
+    }
+
+    // Admission: acquire + release of one in-flight slot, one caller.
+    let n = 200_000u32;
+    let start = Instant::now();
+    for _ in 0..n {
+        drop(manager.acquire("chat").await.expect("acquire"));
+    }
+    let admission_ns = start.elapsed().as_nanos() as f64 / f64::from(n);
+    let semaphore = Semaphore::new(64);
+    let start = Instant::now();
+    for _ in 0..n {
+        drop(semaphore.acquire().await.expect("semaphore"));
+    }
+    let semaphore_ns = start.elapsed().as_nanos() as f64 / f64::from(n);
+    println!(
+        "{:<44} {:>14.0} {:>14.0} {:>8.2}",
+        "admission ns/request (ref: tokio Semaphore)",
+        admission_ns,
+        semaphore_ns,
+        admission_ns / semaphore_ns
+    );
+
+    // Load + unload cycle of a stub model with no simulated delay.
+    let cycles = 2_000u32;
+    let start = Instant::now();
+    for _ in 0..cycles {
+        manager.load("cycle", LoadOptions::default()).await.expect("load");
+        manager.unload("cycle").await.expect("unload");
+    }
+    let cycle_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(cycles);
+    let cycle_model = Arc::new(config.model("cycle").expect("cycle").clone());
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let request = LoadRequest {
+            model: Arc::clone(&cycle_model),
+            replica: 0,
+            progress: ProgressSink::default(),
+        };
+        stub.load(request).await.expect("load").unload().await;
+    }
+    let direct_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(cycles);
+    println!(
+        "{:<44} {:>14.1} {:>14.1} {:>8.2}",
+        "load+unload cycle µs (ref: backend direct)",
+        cycle_us,
+        direct_us,
+        cycle_us / direct_us
+    );
+}

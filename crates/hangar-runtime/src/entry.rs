@@ -1,0 +1,138 @@
+//! One registered model: its config and its live slot, behind one lock.
+
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use hangar_backend::{Capabilities, LoadOverride, Runtime};
+use hangar_config::ModelConfig;
+use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState, Scheduler};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::events::StateChange;
+
+/// A configured model and its runtime state. The slot is the single owner of the model's
+/// lifecycle; every change goes through [`ModelEntry::apply`].
+pub(crate) struct ModelEntry {
+    pub(crate) config: Arc<ModelConfig>,
+    /// Size of the model's files in MiB, measured once at start-up.
+    pub(crate) artifact_mib: Option<u64>,
+    slot: Mutex<Slot>,
+    /// Bumped on every slot change that waiters care about (state, pins).
+    changed: watch::Sender<u64>,
+    /// Held by whoever creates or destroys this model's runtimes.
+    pub(crate) resources: tokio::sync::Mutex<()>,
+}
+
+pub(crate) struct Slot {
+    pub(crate) lifecycle: Lifecycle,
+    pub(crate) scheduler: Option<Scheduler<dyn Runtime>>,
+    /// The definition in effect for the current (or last) load.
+    pub(crate) effective: Arc<ModelConfig>,
+    pub(crate) load_override: LoadOverride,
+    pub(crate) replicas: NonZeroU32,
+    pub(crate) capabilities: Capabilities,
+    pub(crate) last_use: Option<(Instant, SystemTime)>,
+    /// Requests that triggered an auto-load and hold the model until they are admitted.
+    pub(crate) pins: u32,
+    pub(crate) load_progress: Option<f32>,
+    pub(crate) loaded_replicas: u32,
+    /// Incremented on every successful load, so late crash reports of an older load are
+    /// ignored.
+    pub(crate) generation: u64,
+}
+
+impl ModelEntry {
+    pub(crate) fn new(config: ModelConfig, capabilities: Capabilities) -> Self {
+        let config = Arc::new(config);
+        let artifact_mib = config.model_path.as_deref().and_then(artifact_mib);
+        Self {
+            slot: Mutex::new(Slot {
+                lifecycle: Lifecycle::new(),
+                scheduler: None,
+                effective: Arc::clone(&config),
+                load_override: LoadOverride::default(),
+                replicas: config.replicas,
+                capabilities,
+                last_use: None,
+                pins: 0,
+                load_progress: None,
+                loaded_replicas: 0,
+                generation: 0,
+            }),
+            config,
+            artifact_mib,
+            changed: watch::Sender::new(0),
+            resources: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Slot> {
+        // Critical sections only assign fields; a poisoned lock holds consistent data.
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes everyone waiting on this model.
+    pub(crate) fn notify(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Waits until `done(slot)` holds.
+    pub(crate) async fn wait_until(&self, mut done: impl FnMut(&Slot) -> bool) {
+        let mut rx = self.changed.subscribe();
+        loop {
+            if done(&self.lock()) {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Moves the lifecycle along the transition table and reports the change.
+    pub(crate) fn apply(
+        &self,
+        slot: &mut Slot,
+        event: LifecycleEvent,
+        error: Option<String>,
+        events: &crate::events::Events,
+    ) -> Option<ModelState> {
+        let from = slot.lifecycle.state();
+        match slot.lifecycle.apply(event, error) {
+            Ok(to) => {
+                events.emit(StateChange { model: self.config.name.clone(), from, to, event });
+                Some(to)
+            }
+            Err(illegal) => {
+                tracing::error!(model = %self.config.name, %illegal, "lifecycle bug: illegal transition ignored");
+                None
+            }
+        }
+    }
+
+    pub(crate) fn touch(slot: &mut Slot) {
+        slot.last_use = Some((Instant::now(), SystemTime::now()));
+    }
+}
+
+/// Total size of a file, or of the files in a directory (recursively), in MiB rounded up.
+fn artifact_mib(path: &str) -> Option<u64> {
+    fn size(path: &std::path::Path, depth: u32) -> Option<u64> {
+        let meta = std::fs::metadata(path).ok()?;
+        if meta.is_file() {
+            return Some(meta.len());
+        }
+        if !meta.is_dir() || depth > 4 {
+            return None;
+        }
+        let total = std::fs::read_dir(path)
+            .ok()?
+            .filter_map(Result::ok)
+            .filter_map(|e| size(&e.path(), depth + 1))
+            .sum();
+        Some(total)
+    }
+    size(std::path::Path::new(path), 0).filter(|&b| b > 0).map(|b| b.div_ceil(1 << 20))
+}

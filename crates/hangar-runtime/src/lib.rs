@@ -1,0 +1,42 @@
+//! Hangar's runtime manager: what another Rust service embeds when it wants model
+//! management without HTTP.
+//!
+//! [`Manager`] composes the layers below it:
+//!
+//! - a registry of the configured models (a `DashMap` of entries, each owning its
+//!   lifecycle behind one lock);
+//! - a serialized load queue; the eviction plan (`hangar-eviction`) is made when a load
+//!   leaves the queue, not when it enters, and executed as graceful unloads;
+//! - last-use timestamps, updated at load start and completion and at request start and
+//!   completion;
+//! - auto-load (global `auto_load`, overridable per model) that pins the model so the
+//!   triggering request runs before the model can be evicted;
+//! - graceful unload and unload-all; crash handling (a crashed runtime moves its model to
+//!   `failed` with the reason, its queued requests get `model_failed`);
+//! - [`ModelSnapshot`], one value per model carrying every field of the admin API's row.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use std::sync::Arc;
+//! use hangar_backend::stub::StubBackend;
+//! use hangar_runtime::{Backends, LoadOptions, Manager};
+//!
+//! let config = hangar_config::Config::from_value(&serde_json::json!({
+//!     "models": { "chat": { "backend": "stub", "stub": { "reply": "hello there" } } }
+//! })).unwrap();
+//! let manager = Manager::new(&config, Backends::new().with(Arc::new(StubBackend::new())));
+//! manager.load("chat", LoadOptions::default()).await.unwrap();
+//! assert!(manager.model("chat").unwrap().is_loaded);
+//! # });
+//! ```
+
+mod entry;
+mod error;
+mod events;
+mod manager;
+mod snapshot;
+
+pub use error::{ErrorCode, ManagerError};
+pub use events::{ManagerCounters, StateChange};
+pub use manager::{Backends, LoadOptions, Manager, RequestGuard};
+pub use snapshot::{ModelSnapshot, VramEstimateSource};

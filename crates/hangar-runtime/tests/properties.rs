@@ -1,0 +1,288 @@
+//! Random interleavings of load / unload / infer / crash under random limits, against the
+//! stub backend with a paused clock.
+//!
+//! Invariants, checked after every step and at the end:
+//! 1. loaded models of each type never exceed that type's limit (checked on every state
+//!    change, not only between steps);
+//! 2. at most one loaded model holds the exclusive device (NPU);
+//! 3. no runtime is unloaded while a request runs on it (the backend wrapper records any
+//!    unload that happens with active calls);
+//! 4. every submitted request ends in a response or a typed error — none is lost and none
+//!    hangs (each request task finishes within a bounded virtual time);
+//! 5. states only move along the transition table;
+//! 6. after an unload completes, no runtime is registered and nothing is in flight; after
+//!    the final unload-all, no runtime is alive at all.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait_shim::*;
+use hangar_backend::stub::StubBackend;
+use hangar_config::{Device, ModelType};
+use hangar_lifecycle::{ModelState, TRANSITIONS};
+use hangar_runtime::{Backends, LoadOptions, Manager};
+use proptest::prelude::*;
+use serde_json::json;
+
+/// A backend that wraps the stub and watches its runtimes: how many calls are active on
+/// each, and whether any was unloaded with calls still active.
+mod async_trait_shim {
+    use super::*;
+    use hangar_backend::*;
+    use tokio::sync::mpsc;
+
+    pub(crate) struct Watched {
+        pub(crate) inner: StubBackend,
+        pub(crate) violated: Arc<AtomicBool>,
+    }
+
+    struct WatchedRuntime {
+        inner: Arc<dyn Runtime>,
+        active: AtomicUsize,
+        violated: Arc<AtomicBool>,
+    }
+
+    struct Active<'a>(&'a AtomicUsize);
+    impl<'a> Active<'a> {
+        fn new(c: &'a AtomicUsize) -> Self {
+            c.fetch_add(1, Ordering::SeqCst);
+            Self(c)
+        }
+    }
+    impl Drop for Active<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for Watched {
+        fn kind(&self) -> hangar_config::BackendKind {
+            self.inner.kind()
+        }
+        fn capabilities(&self, model: &hangar_config::ModelConfig) -> Capabilities {
+            self.inner.capabilities(model)
+        }
+        async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
+            let inner = self.inner.load(request).await?;
+            Ok(Arc::new(WatchedRuntime {
+                inner,
+                active: AtomicUsize::new(0),
+                violated: Arc::clone(&self.violated),
+            }))
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Runtime for WatchedRuntime {
+        fn capabilities(&self) -> &Capabilities {
+            self.inner.capabilities()
+        }
+        async fn generate(
+            &self,
+            r: GenerateRequest,
+            e: mpsc::Sender<GenerateEvent>,
+        ) -> Result<GenerateSummary, RuntimeError> {
+            let _a = Active::new(&self.active);
+            self.inner.generate(r, e).await
+        }
+        async fn embed(&self, r: EmbedRequest) -> Result<Embeddings, RuntimeError> {
+            let _a = Active::new(&self.active);
+            self.inner.embed(r).await
+        }
+        async fn rerank(&self, r: RerankRequest) -> Result<Rerankings, RuntimeError> {
+            let _a = Active::new(&self.active);
+            self.inner.rerank(r).await
+        }
+        async fn health(&self) -> Result<(), RuntimeError> {
+            self.inner.health().await
+        }
+        async fn unload(&self) {
+            if self.active.load(Ordering::SeqCst) != 0 {
+                self.violated.store(true, Ordering::SeqCst);
+            }
+            self.inner.unload().await
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Load(usize),
+    Unload(usize),
+    Infer(usize, u32),
+    UnloadAll,
+    Wait(u64),
+}
+
+fn op(models: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..models).prop_map(Op::Load),
+        2 => (0..models).prop_map(Op::Unload),
+        5 => (0..models, 1u32..12).prop_map(|(m, t)| Op::Infer(m, t)),
+        1 => Just(Op::UnloadAll),
+        2 => (1u64..400).prop_map(Op::Wait),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct ModelSpec {
+    ty: ModelType,
+    npu: bool,
+    crash_after: Option<u64>,
+    fail: bool,
+    replicas: u32,
+}
+
+fn model_spec() -> impl Strategy<Value = ModelSpec> {
+    (
+        prop_oneof![Just(ModelType::Llm), Just(ModelType::Embedding), Just(ModelType::Reranking)],
+        prop::bool::weighted(0.25),
+        prop::option::weighted(0.3, 1u64..6),
+        prop::bool::weighted(0.1),
+        1u32..3,
+    )
+        .prop_map(|(ty, npu, crash_after, fail, replicas)| ModelSpec {
+            ty,
+            npu,
+            crash_after,
+            fail,
+            replicas,
+        })
+}
+
+fn config(specs: &[ModelSpec], limits: [u32; 3], auto_load: bool) -> serde_json::Value {
+    let models: serde_json::Map<_, _> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut stub =
+                json!({ "load_delay_ms": 30, "unload_delay_ms": 10, "token_latency_ms": 5 });
+            if let Some(n) = s.crash_after {
+                stub["crash_after_requests"] = json!(n);
+            }
+            if s.fail {
+                stub["fail_load"] = json!("injected load failure");
+            }
+            let model = json!({
+                "backend": "stub",
+                "type": s.ty,
+                "device": if s.npu { json!(["gpu", "npu"]) } else { json!("gpu") },
+                "replicas": s.replicas,
+                "target_inflight": 1,
+                "stub": stub,
+            });
+            (format!("m{i}"), model)
+        })
+        .collect();
+    json!({
+        "auto_load": auto_load,
+        "max_queue_depth": 4,
+        "max_loaded_models": { "llm": limits[0], "embedding": limits[1], "reranking": limits[2] },
+        "models": models,
+    })
+}
+
+fn check_limits(m: &Manager, limits: [u32; 3]) {
+    let snaps = m.models();
+    for (i, ty) in ModelType::ALL.iter().enumerate() {
+        let n = snaps.iter().filter(|s| s.is_loaded && s.model_type == *ty).count() as u32;
+        assert!(n <= limits[i], "{n} {ty} models loaded, limit {}", limits[i]);
+    }
+    let npu =
+        snaps.iter().filter(|s| s.is_loaded && s.device.intersects(Device::EXCLUSIVE)).count();
+    assert!(npu <= 1, "{npu} models hold the NPU");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn control_plane_invariants_hold_under_random_interleavings(
+        specs in prop::collection::vec(model_spec(), 2..6),
+        limits in [1u32..3, 1u32..3, 1u32..3],
+        auto_load in any::<bool>(),
+        ops in prop::collection::vec(op(6), 1..40),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        rt.block_on(async move {
+            let violated = Arc::new(AtomicBool::new(false));
+            let watched = Arc::new(Watched { inner: StubBackend::new(), violated: Arc::clone(&violated) });
+            let cfg = common::config(config(&specs, limits, auto_load));
+            let m = Manager::new(&cfg, Backends::new().with(watched.clone()));
+            let names: Vec<String> = (0..specs.len()).map(|i| format!("m{i}")).collect();
+
+            // Invariants 1, 2 and 5 on every single state change, as it happens.
+            let mut changes = m.subscribe();
+            let watcher = {
+                let m = m.clone();
+                tokio::spawn(async move {
+                    while let Ok(change) = changes.recv().await {
+                        assert!(
+                            TRANSITIONS.iter().any(|(f, e, t)| *f == change.from && *e == change.event && *t == change.to),
+                            "illegal move {change:?}"
+                        );
+                        if change.to == ModelState::Loaded {
+                            check_limits(&m, limits);
+                        }
+                    }
+                })
+            };
+
+            let mut tasks = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Load(i) => {
+                        let (m, n) = (m.clone(), names[i % names.len()].clone());
+                        tasks.push(tokio::spawn(async move { m.load(&n, LoadOptions::default()).await.map(drop).map_err(|e| e.code()) }));
+                    }
+                    Op::Unload(i) => {
+                        let (m, n) = (m.clone(), names[i % names.len()].clone());
+                        tasks.push(tokio::spawn(async move {
+                            let r = m.unload(&n).await;
+                            if let Ok(s) = &r && s.runtime_state == ModelState::Unloaded {
+                                // Invariant 6, right after the unload: nothing registered, nothing in flight.
+                                assert_eq!((s.loaded_replicas, s.runtime_inflight, s.queue_depth), (0, 0, 0));
+                            }
+                            r.map(drop).map_err(|e| e.code())
+                        }));
+                    }
+                    Op::Infer(i, tokens) => {
+                        let (m, n) = (m.clone(), names[i % names.len()].clone());
+                        tasks.push(tokio::spawn(async move { common::generate(&m, &n, tokens).await.map(drop).map_err(|e| e.code()) }));
+                    }
+                    Op::UnloadAll => {
+                        let m = m.clone();
+                        tasks.push(tokio::spawn(async move { m.unload_all().await; Ok(()) }));
+                    }
+                    Op::Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                check_limits(&m, limits);
+                assert!(!violated.load(Ordering::SeqCst), "a runtime was unloaded under a running request");
+            }
+
+            // Invariant 4: every operation ends, with a result or a typed error.
+            for task in tasks {
+                let ended = tokio::time::timeout(Duration::from_secs(600), task).await;
+                let result = ended.expect("an operation hung").expect("an operation panicked");
+                let _typed: Result<(), hangar_runtime::ErrorCode> = result;
+            }
+            m.unload_all().await;
+            tokio::time::sleep(Duration::from_secs(1)).await; // crash teardowns
+            for s in m.models() {
+                assert!(matches!(s.runtime_state, ModelState::Unloaded | ModelState::Failed), "{} is {}", s.name, s.runtime_state);
+                assert_eq!((s.loaded_replicas, s.inflight_requests), (0, 0));
+            }
+            assert_eq!(watched.inner.live_runtimes(), 0, "a runtime outlived unload-all");
+            assert!(!violated.load(Ordering::SeqCst), "a runtime was unloaded under a running request");
+            watcher.abort();
+            if let Err(e) = watcher.await && e.is_panic() {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        });
+    }
+}
