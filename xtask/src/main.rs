@@ -1,16 +1,21 @@
 //! `cargo xtask`: project automation that `cargo test` alone cannot do.
 //!
 //! - `cargo xtask test`: run the whole test suite (what `.ci/run` runs after fmt and clippy).
+//! - `cargo xtask e2e`: start `hangard serve` on the demo config and drive it with real
+//!   clients (the `openai` and `tritonclient` Python packages, an OpenAPI validator) from a
+//!   virtualenv in `target/e2e-venv`.
 //! - `cargo xtask bench control-plane`: scheduler throughput, admission overhead and
 //!   load+unload cycle time on the stub backend, each next to a same-run reference.
-//!
-//! Later subcommands (fixtures, e2e runs with real clients) live here too.
+//! - `cargo xtask bench server`: the server over loopback HTTP (chat completions at 1 and 64
+//!   connections, the admin model list with 10 and 1,000 models), next to `GET /healthz`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+
+mod e2e;
 
 #[derive(Debug, Parser)]
 #[command(name = "cargo xtask", about = "Hangar project automation")]
@@ -27,6 +32,9 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Start `hangard serve --config fixtures/demo` and run the Python client scripts of
+    /// `xtask/e2e` against it (creates the virtualenv `target/e2e-venv` when missing).
+    E2e,
     /// Run a benchmark; it prints its figures next to a reference measured in the same run.
     Bench {
         /// Which benchmark.
@@ -39,15 +47,22 @@ enum Task {
 enum Bench {
     /// The runtime manager on the stub backend (crates/hangar-runtime/benches/control_plane.rs).
     ControlPlane,
+    /// `hangard serve` under HTTP load (bins/hangard/benches/server.rs).
+    Server,
 }
 
 fn main() -> Result<()> {
     let root = workspace_root();
     match Cli::parse().command {
         Task::Test { args } => test(&root, &args),
-        Task::Bench { which: Bench::ControlPlane } => {
+        Task::E2e => e2e::run(&root),
+        Task::Bench { which } => {
+            let (package, bench) = match which {
+                Bench::ControlPlane => ("hangar-runtime", "control_plane"),
+                Bench::Server => ("hangard", "server"),
+            };
             let mut cmd = cargo(&root);
-            cmd.args(["bench", "--locked", "-p", "hangar-runtime", "--bench", "control_plane"]);
+            cmd.args(["bench", "--locked", "-p", package, "--bench", bench]);
             run(cmd)
         }
     }

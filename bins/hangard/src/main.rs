@@ -1,14 +1,16 @@
 //! `hangard`: the Hangar server binary and its command-line tools.
 //!
-//! Composition root only: argument parsing and output. The config logic lives in
-//! `hangar-config`.
+//! Composition root only: argument parsing, dispatch and output. The config logic lives in
+//! `hangar-config`, the control plane in `hangar-runtime`, HTTP in `hangar-server`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod client;
 mod config_cmd;
+mod serve;
 
 /// Hangar: load, unload, evict and inspect LLM, embedding and reranking models at runtime.
 #[derive(Debug, Parser)]
@@ -20,6 +22,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the HTTP server until SIGINT or SIGTERM, then drain in-flight requests and exit.
+    Serve(serve::ServeArgs),
+    /// List the models of a running server with their live state.
+    Ps(client::PsArgs),
+    /// Load a model on a running server and print its state.
+    Load(client::LoadArgs),
+    /// Gracefully unload a model on a running server and print its state.
+    Unload(client::UnloadArgs),
     /// Inspect and validate configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -57,6 +67,10 @@ enum Format {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Ps(args) => client::ps(args),
+        Command::Load(args) => client::load(args),
+        Command::Unload(args) => client::unload(args),
         Command::Config(ConfigCommand::Check { config, format, raw }) => {
             config_cmd::check(&config, format == Format::Json, raw)
         }

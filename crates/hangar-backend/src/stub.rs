@@ -28,6 +28,7 @@
 //!     prompt: Prompt::Text("hi".into()),
 //!     params: SamplingParams::default(),
 //!     thinking: Default::default(),
+//!     translation: None,
 //! };
 //! let summary = runtime.generate(request, tx).await.unwrap();
 //! assert_eq!(summary.completion_tokens, 2);

@@ -113,6 +113,18 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// Request-level thinking mode; already checked against the capabilities.
     pub thinking: ThinkingMode,
+    /// Language codes of a TranslateGemma request, when the caller sent them.
+    pub translation: Option<Translation>,
+}
+
+/// The language codes of a TranslateGemma request (`POST /v1/responses`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Translation {
+    /// Source language; `None`, `"auto"` or `"mixed"` asks the model to detect the language
+    /// of each segment (mixed-source input).
+    pub source_lang_code: Option<String>,
+    /// Target language.
+    pub target_lang_code: String,
 }
 
 /// A piece of generated output.

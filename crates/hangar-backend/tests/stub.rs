@@ -40,6 +40,7 @@ fn text(prompt: &str, max_tokens: Option<u32>, stop: &[&str]) -> GenerateRequest
             ..SamplingParams::default()
         },
         thinking: ThinkingMode::Default,
+        translation: None,
     }
 }
 
@@ -324,6 +325,7 @@ async fn chat_prompts_count_the_words_of_every_message() {
         ]),
         params: SamplingParams::default(),
         thinking: ThinkingMode::Default,
+        translation: None,
     };
     assert_eq!(generate(&runtime, chat).await.1.unwrap().prompt_tokens, 6);
     // An empty prompt still counts one token.

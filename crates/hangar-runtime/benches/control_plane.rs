@@ -25,6 +25,7 @@ fn request() -> GenerateRequest {
         prompt: Prompt::Text("benchmark prompt".into()),
         params: SamplingParams { max_tokens: Some(1), ..SamplingParams::default() },
         thinking: ThinkingMode::Default,
+        translation: None,
     }
 }
 

@@ -28,6 +28,7 @@ pub fn request(text: &str, max_tokens: u32) -> GenerateRequest {
         prompt: Prompt::Text(text.to_owned()),
         params: SamplingParams { max_tokens: Some(max_tokens), ..SamplingParams::default() },
         thinking: ThinkingMode::Default,
+        translation: None,
     }
 }
 

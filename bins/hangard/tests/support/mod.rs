@@ -1,0 +1,164 @@
+//! Starts the real `hangard serve` on an OS-assigned loopback port, from a config written to
+//! a fresh temporary directory, and stops it. Shared by the integration tests and the
+//! server benchmark.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The line `hangard serve` prints once its listener is bound.
+pub(crate) const LISTENING: &str = "hangard listening on ";
+
+/// A running `hangard serve`. Killed (and its config directory removed) on drop; its log
+/// is printed when the test fails.
+pub(crate) struct Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) base: String,
+    logs: Arc<Mutex<String>>,
+    dir: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+/// A fresh, empty directory under the system temp dir.
+pub(crate) fn temp_dir(label: &str) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!(
+        "hangard-{label}-{}-{}-{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The environment variables `hangard` reads; removed so the host cannot leak into a test.
+pub(crate) const HANGARD_ENV: [&str; 4] =
+    ["HANGAR_CONFIG", "HANGAR_ADMIN_KEY", "HANGAR_URL", "RUST_LOG"];
+
+/// A `hangard` command with a clean environment.
+pub(crate) fn hangard() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangard"));
+    for var in HANGARD_ENV {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+impl Server {
+    /// Writes `settings` as `settings.json` to a new directory and serves it on port 0
+    /// with `args` added.
+    pub(crate) fn start(settings: &Value, args: &[&str]) -> Self {
+        Self::start_with(settings, args, &[])
+    }
+
+    /// As [`Server::start`], with extra environment variables.
+    pub(crate) fn start_with(settings: &Value, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let dir = temp_dir("serve");
+        std::fs::write(dir.join("settings.json"), serde_json::to_vec_pretty(settings).unwrap())
+            .unwrap();
+        Self::spawn(dir, args, env)
+    }
+
+    fn spawn(dir: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut cmd = hangard();
+        cmd.args(["serve", "--config"]).arg(&dir).args(["--port", "0"]).args(args);
+        cmd.envs(env.iter().copied()).env("RUST_LOG", "info");
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("hangard starts");
+        let logs = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn({
+            let logs = Arc::clone(&logs);
+            move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    let mut logs = logs.lock().unwrap();
+                    logs.push_str(&line);
+                    logs.push('\n');
+                }
+            }
+        });
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        let base = loop {
+            line.clear();
+            if stdout.read_line(&mut line).unwrap() == 0 {
+                let status = child.wait().unwrap();
+                std::thread::sleep(Duration::from_millis(50)); // let the log thread finish
+                panic!("hangard exited ({status}) before listening:\n{}", logs.lock().unwrap());
+            }
+            if let Some(url) = line.trim_end().strip_prefix(LISTENING) {
+                break url.to_owned();
+            }
+        };
+        // Keep draining stdout so the server never blocks or fails on a full pipe.
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut stdout, &mut std::io::sink());
+        });
+        Self { child, base, logs, dir, status: None }
+    }
+
+    /// `base` + `path`.
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// The config directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the server logged so far.
+    pub(crate) fn logs(&self) -> String {
+        self.logs.lock().unwrap().clone()
+    }
+
+    /// Sends SIGTERM, as a service manager does.
+    pub(crate) fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// Waits for the process to exit, at most `limit`.
+    pub(crate) fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                self.status = Some(status);
+                return status;
+            }
+            assert!(Instant::now() < deadline, "hangard did not exit within {limit:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- hangard log ({}) ---\n{}", self.base, self.logs());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

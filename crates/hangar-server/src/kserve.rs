@@ -1,0 +1,291 @@
+//! KServe v2 / Triton routes (`model-repository.md`): server metadata, health, model
+//! readiness and the model-repository extension (index, load, unload), mapped onto the
+//! same [`hangar_runtime::Manager`] as the admin API.
+//!
+//! Every error answers with the v2 envelope `{"error": "…"}` (the router wraps these
+//! handlers with [`ApiError::into_v2_response`]); statuses come from the one mapping of
+//! control-plane errors ([`ApiError::from`]).
+//!
+//! Load follows Triton's reload rule (`specs/README.md`, point 4): an already loaded model
+//! without `parameters.config` is a no-op; with it, the model is unloaded and loaded again
+//! with that config as the runtime-only override patch. `file:` parameters are refused: no
+//! model definitions arrive over the API.
+
+use hangar_lifecycle::ModelState;
+use hangar_runtime::{LoadOptions, ModelSnapshot};
+use http::StatusCode;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use crate::body::{Response, empty_response, json_response, parse_json};
+use crate::error::{ApiError, codes};
+use crate::health::not_ready;
+use crate::router::Ctx;
+
+/// The name `GET /v2` reports.
+const SERVER_NAME: &str = "hangar";
+
+/// The only version of every model: Hangar models are not versioned.
+const MODEL_VERSION: &str = "1";
+
+/// The prefix of Triton's model-file parameters (`file:<version>/<file-name>`).
+const FILE_PARAMETER_PREFIX: &str = "file:";
+
+/// Body of `POST /v2/repository/index`. The body may also be empty (as Triton's clients send
+/// it), which reads as `{}`.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[schemars(rename = "RepositoryIndexBody")]
+pub(crate) struct IndexBody {
+    /// When true, list only the models ready for inferencing (`READY`). Default false.
+    #[serde(default)]
+    ready: Option<bool>,
+}
+
+/// Body of `POST /v2/repository/models/{name}/load`. The body may also be empty.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "RepositoryLoadBody")]
+pub(crate) struct LoadBody {
+    /// Load parameters as key/value pairs.
+    #[serde(default)]
+    parameters: Option<LoadParameters>,
+}
+
+/// The parameters of a repository load.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[schemars(rename = "RepositoryLoadParameters")]
+pub(crate) struct LoadParameters {
+    /// The runtime-only override patch for this load: a JSON object, or a string holding
+    /// one (as Triton's clients send it). It takes the fields of the model's
+    /// `load_constraints` (e.g. `gguf_n_ctx`) and `replicas`; a `name` key, when present,
+    /// must be the model's name. When present the model is (re)loaded with it: a loaded
+    /// model is unloaded and loaded again. Never written back to config.
+    #[serde(default)]
+    #[schemars(schema_with = "config_schema")]
+    config: Option<Value>,
+    /// Any other parameter is refused with 400: `file:<version>/<file-name>` because model
+    /// definitions do not arrive over the API, anything else as unknown.
+    #[serde(flatten)]
+    other: Map<String, Value>,
+}
+
+/// Body of `POST /v2/repository/models/{name}/unload`. The body may also be empty.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "RepositoryUnloadBody")]
+pub(crate) struct UnloadBody {
+    /// Unload parameters as key/value pairs.
+    #[serde(default)]
+    parameters: Option<UnloadParameters>,
+}
+
+/// The parameters of a repository unload.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[schemars(rename = "RepositoryUnloadParameters")]
+pub(crate) struct UnloadParameters {
+    /// Accepted for Triton compatibility; Hangar models have no dependents, so it changes
+    /// nothing.
+    #[serde(default)]
+    unload_dependents: Option<bool>,
+    /// Any other parameter is refused with 400 as unknown.
+    #[serde(flatten)]
+    other: Map<String, Value>,
+}
+
+/// The schema of `parameters.config`: an object, or a string holding one.
+fn config_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "The override patch: a JSON object, or a string holding one.",
+        "oneOf": [
+            { "type": "string", "contentMediaType": "application/json" },
+            { "type": "object" },
+            { "type": "null" }
+        ]
+    })
+}
+
+/// One row of the repository index.
+#[derive(Debug, Serialize)]
+struct IndexEntry {
+    name: String,
+    version: &'static str,
+    state: &'static str,
+    reason: String,
+}
+
+impl IndexEntry {
+    fn of(model: ModelSnapshot) -> Self {
+        let (state, reason) = match model.runtime_state {
+            ModelState::Loaded => ("READY", String::new()),
+            ModelState::Loading => ("LOADING", String::new()),
+            ModelState::Unloading => ("UNLOADING", String::new()),
+            ModelState::Failed => {
+                ("UNAVAILABLE", model.last_error.unwrap_or_else(|| "load failed".to_owned()))
+            }
+            ModelState::Unloaded => ("UNAVAILABLE", "unloaded".to_owned()),
+        };
+        Self { name: model.name, version: MODEL_VERSION, state, reason }
+    }
+}
+
+/// The empty JSON object Triton answers on a successful load or unload.
+fn empty_object() -> Response {
+    json_response(StatusCode::OK, &json!({}))
+}
+
+/// `GET /v2`: server metadata.
+pub(crate) async fn server_metadata(_ctx: Ctx) -> Result<Response, ApiError> {
+    let metadata = json!({
+        "name": SERVER_NAME,
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": ["model_repository"],
+    });
+    Ok(json_response(StatusCode::OK, &metadata))
+}
+
+/// `GET /v2/health/live`: 200 with an empty body while the process answers.
+pub(crate) async fn live(_ctx: Ctx) -> Result<Response, ApiError> {
+    Ok(empty_response(StatusCode::OK))
+}
+
+/// `GET /v2/health/ready`: 200 with an empty body when every enabled model is loaded, else
+/// 503 naming the ones that are not.
+pub(crate) async fn ready(ctx: Ctx) -> Result<Response, ApiError> {
+    let waiting = not_ready(&ctx);
+    if waiting.is_empty() {
+        return Ok(empty_response(StatusCode::OK));
+    }
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        codes::MODEL_NOT_LOADED,
+        format!("not ready: enabled models not loaded: {}", waiting.join(", ")),
+    ))
+}
+
+/// `GET /v2/models/{name}/ready`: 200 with an empty body when loaded; 400 when configured
+/// and not loaded (Triton's answer for not ready); 404 when not configured.
+pub(crate) async fn model_ready(ctx: Ctx) -> Result<Response, ApiError> {
+    let model = ctx.state.manager.model(ctx.name())?;
+    if model.is_loaded {
+        return Ok(empty_response(StatusCode::OK));
+    }
+    let mut message = format!("model '{}' is not ready: it is {}", model.name, model.runtime_state);
+    if let (ModelState::Failed, Some(error)) = (model.runtime_state, &model.last_error) {
+        message.push_str(&format!(" ({error})"));
+    }
+    Err(ApiError::new(StatusCode::BAD_REQUEST, codes::MODEL_NOT_LOADED, message))
+}
+
+/// `POST /v2/repository/index`: every configured model with its state, or only the ready
+/// ones with `ready: true`.
+pub(crate) async fn index(ctx: Ctx) -> Result<Response, ApiError> {
+    let body: IndexBody = parse_json(&ctx.body, true)?;
+    let only_ready = body.ready.unwrap_or(false);
+    let rows: Vec<IndexEntry> = ctx
+        .state
+        .manager
+        .models()
+        .into_iter()
+        .filter(|m| !only_ready || m.is_loaded)
+        .map(IndexEntry::of)
+        .collect();
+    Ok(json_response(StatusCode::OK, &rows))
+}
+
+/// `POST /v2/repository/models/{name}/load`: load, or reload with `parameters.config`.
+pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
+    let name = ctx.name();
+    let manager = &ctx.state.manager;
+    let model = manager.model(name)?;
+    let body: LoadBody = parse_json(&ctx.body, true)?;
+    let parameters = body.parameters.unwrap_or_default();
+    refuse_other_parameters(&parameters.other, &["config"])?;
+    let Some(patch) = config_patch(name, parameters.config)? else {
+        // No config: Triton's no-op for a loaded model, else a plain load.
+        manager.load(name, LoadOptions::default()).await?;
+        return Ok(empty_object());
+    };
+    let options = crate::admin::split_load_patch(patch)?;
+    if model.is_loaded {
+        // Check the options before unloading anything: a bad patch leaves the running model
+        // alone.
+        manager.check_load_options(name, &options)?;
+        manager.unload(name).await?;
+    }
+    manager.load(name, options).await?;
+    Ok(empty_object())
+}
+
+/// `POST /v2/repository/models/{name}/unload`: graceful unload.
+pub(crate) async fn unload(ctx: Ctx) -> Result<Response, ApiError> {
+    let name = ctx.name();
+    let body: UnloadBody = parse_json(&ctx.body, true)?;
+    let parameters = body.parameters.unwrap_or_default();
+    refuse_other_parameters(&parameters.other, &["unload_dependents"])?;
+    if parameters.unload_dependents == Some(true) {
+        tracing::debug!(model = name, "unload_dependents: Hangar models have no dependents");
+    }
+    ctx.state.manager.unload(name).await?;
+    Ok(empty_object())
+}
+
+/// 400 for `file:` parameters and for parameters the route does not know.
+fn refuse_other_parameters(other: &Map<String, Value>, accepted: &[&str]) -> Result<(), ApiError> {
+    if let Some(key) = other.keys().find(|k| k.starts_with(FILE_PARAMETER_PREFIX)) {
+        return Err(ApiError::bad_request(format!(
+            "parameter `{key}` is refused: model files cannot be uploaded; models are defined in \
+             Hangar's config, and `parameters.config` only overrides runtime settings"
+        )));
+    }
+    if let Some(key) = other.keys().next() {
+        let accepted: Vec<String> = accepted.iter().map(|a| format!("`{a}`")).collect();
+        return Err(ApiError::bad_request(format!(
+            "unknown parameter `{key}`; accepted: {}",
+            accepted.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// The override patch of `parameters.config`: `None` when absent or `null`.
+///
+/// # Errors
+/// 400 when it is neither an object nor a string holding one, or names another model.
+fn config_patch(name: &str, config: Option<Value>) -> Result<Option<Map<String, Value>>, ApiError> {
+    let mut patch = match config {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(patch)) => patch,
+        Some(Value::String(text)) => match serde_json::from_str::<Value>(&text) {
+            Ok(Value::Object(patch)) => patch,
+            Ok(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "parameters.config must hold a JSON object, got {}",
+                    hangar_config::json_kind(&other)
+                )));
+            }
+            Err(e) => {
+                return Err(ApiError::bad_request(format!(
+                    "parameters.config is not valid JSON: {e}"
+                )));
+            }
+        },
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "parameters.config must be a JSON object or a string holding one, got {}",
+                hangar_config::json_kind(&other)
+            )));
+        }
+    };
+    // Triton configs carry the model's name; it identifies the model, it overrides nothing.
+    match patch.remove("name") {
+        None => {}
+        Some(Value::String(n)) if n == name => {}
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "parameters.config names model {other}, but the request is for '{name}'"
+            )));
+        }
+    }
+    Ok(Some(patch))
+}

@@ -1,0 +1,240 @@
+//! Hangar's HTTP surface, on hyper 1.x.
+//!
+//! This crate owns everything HTTP: routes, JSON bodies, the error envelope and the one
+//! mapping from control-plane errors to statuses, admin authentication, server-sent events,
+//! the OpenAPI document (generated from the same schemars types the handlers use), and the
+//! Prometheus exposition. It calls [`hangar_runtime::Manager`] for everything else.
+//!
+//! Route groups: admin (`/v1/admin/…`), OpenAI-compatible inference (`/v1/…`),
+//! multi-model operations (`/api/v1/…`), the KServe v2 model repository (`/v2/…`), and
+//! operations (`/metrics`, `/openapi.json`, `/healthz`, `/readyz`).
+//!
+//! [`HangarService`] is a cheap-`Clone` hyper service that another hyper host can mount;
+//! [`serve`] runs it on a listener with graceful shutdown:
+//!
+//! ```no_run
+//! # async fn run() -> std::io::Result<()> {
+//! use std::sync::Arc;
+//! use hangar_server::{HangarService, ServerOptions, serve};
+//!
+//! let config = hangar_config::Config::load(std::path::Path::new("fixtures/demo")).unwrap();
+//! let backends = hangar_runtime::Backends::new()
+//!     .with(Arc::new(hangar_backend::stub::StubBackend::new()));
+//! let manager = hangar_runtime::Manager::new(&config, backends);
+//! let service = HangarService::new(manager, ServerOptions::from_config(&config));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! serve(listener, service, async { let _ = tokio::signal::ctrl_c().await; }).await
+//! # }
+//! ```
+
+mod admin;
+mod body;
+mod error;
+mod health;
+mod kserve;
+mod metrics;
+mod multi_model;
+mod openai;
+mod openapi;
+mod router;
+mod state;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Request, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Body;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+pub use body::{Response, ResponseBody};
+pub use error::{ApiError, code_str, status_of};
+pub use state::ServerOptions;
+
+use error::codes;
+use router::{Ctx, Match};
+use state::AppState;
+
+/// The Hangar HTTP service. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct HangarService {
+    state: Arc<AppState>,
+}
+
+impl HangarService {
+    /// A service over `manager`.
+    pub fn new(manager: hangar_runtime::Manager, options: ServerOptions) -> Self {
+        Self {
+            state: Arc::new(AppState {
+                manager,
+                options,
+                metrics: Default::default(),
+                started: Instant::now(),
+            }),
+        }
+    }
+
+    /// The manager behind the service.
+    pub fn manager(&self) -> &hangar_runtime::Manager {
+        &self.state.manager
+    }
+
+    /// Answers one request. Never fails: every error is an error response.
+    pub async fn handle<B>(&self, req: Request<B>) -> Response
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path().to_owned();
+        let (route, params) = match router::find(&parts.method, &path) {
+            Match::Found(route, params) => (route, params),
+            Match::MethodNotAllowed => {
+                return ApiError::new(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    codes::METHOD_NOT_ALLOWED,
+                    format!("{} is not allowed on {path}", parts.method),
+                )
+                .into_response();
+            }
+            Match::NotFound => {
+                return ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    codes::NOT_FOUND,
+                    format!("no route for {path}"),
+                )
+                .into_response();
+            }
+        };
+        let v2 = route.group == router::Group::Repository;
+        let fail = |e: ApiError| if v2 { e.into_v2_response() } else { e.into_response() };
+        if route.admin
+            && let Err(e) = self.authorize(&parts.headers)
+        {
+            return fail(e);
+        }
+        let limit = self.state.options.max_request_body_bytes;
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return fail(too_large(limit));
+        }
+        let body = match Limited::new(body, limit).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+                return fail(too_large(limit));
+            }
+            Err(e) => {
+                return fail(ApiError::bad_request(format!("cannot read the request body: {e}")));
+            }
+        };
+        let ctx = Ctx { state: Arc::clone(&self.state), params, body };
+        (route.handler)(ctx).await
+    }
+
+    fn authorize(&self, headers: &http::HeaderMap) -> Result<(), ApiError> {
+        let Some(key) = &self.state.options.admin_api_key else { return Ok(()) };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            None => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                codes::UNAUTHORIZED,
+                "admin routes need `Authorization: Bearer <admin key>`",
+            )),
+            Some(given) if constant_time_eq(given.as_bytes(), key.expose().as_bytes()) => Ok(()),
+            Some(_) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                codes::FORBIDDEN,
+                "the admin key is not valid",
+            )),
+        }
+    }
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        codes::PAYLOAD_TOO_LARGE,
+        format!("request body exceeds {limit} bytes"),
+    )
+}
+
+/// Compares secrets without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl<B> hyper::service::Service<Request<B>> for HangarService
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<B>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.handle(req).await) })
+    }
+}
+
+/// Serves `service` on `listener` (HTTP/1.1 and HTTP/2) until `shutdown` resolves, then
+/// stops accepting and waits for in-flight requests (streams included) to finish.
+///
+/// # Errors
+/// Only when accepting on the listener fails fatally.
+pub async fn serve(
+    listener: TcpListener,
+    service: HangarService,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                };
+                let service = hyper::service::service_fn({
+                    let service = service.clone();
+                    move |req: Request<hyper::body::Incoming>| {
+                        let service = service.clone();
+                        async move { Ok::<_, Infallible>(service.handle(req).await) }
+                    }
+                });
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                let conn = graceful.watch(conn.into_owned());
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down: waiting for in-flight requests");
+    graceful.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,352 @@
+//! The admin API in-process: every status and error code the runtime admin spec lists,
+//! as one table, plus the response shapes.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hangar_backend::stub::StubBackend;
+use hangar_config::BackendKind;
+use hangar_runtime::{Backends, Manager};
+use hangar_server::{HangarService, ServerOptions};
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full};
+use serde_json::{Value, json};
+
+fn service(admin_key: Option<&str>) -> HangarService {
+    let config = hangar_config::Config::from_value(&json!({
+        "max_request_body_bytes": 4096,
+        "models": {
+            "gguf": { "backend": "llama_cpp", "model_path": "/m/g.gguf", "replica_max": 2, "gguf_n_ctx": 4096 },
+            "exl": { "backend": "exllamav3", "model_path": "/m/e", "exllama_cache_quant": "8,8" },
+            "ls": { "backend": "llama_server", "model_path": "/m/l.gguf" },
+            "vl": { "backend": "vllm", "model_path": "Qwen/Qwen3-0.6B" },
+            "stub": { "backend": "stub", "replica_max": 2, "stub": { "unload_delay_ms": 300 } },
+            "broken": { "backend": "stub", "stub": { "fail_load": "simulated OOM" } }
+        }
+    }))
+    .unwrap();
+    let mut backends = Backends::new().with(Arc::new(StubBackend::new()));
+    for kind in
+        [BackendKind::LlamaCpp, BackendKind::ExLlamaV3, BackendKind::LlamaServer, BackendKind::Vllm]
+    {
+        backends = backends.with(Arc::new(StubBackend::with_kind(kind)));
+    }
+    let mut options = ServerOptions::from_config(&config);
+    options.admin_api_key = admin_key.map(hangar_config::Secret::new);
+    HangarService::new(Manager::new(&config, backends), options)
+}
+
+async fn call(
+    s: &HangarService,
+    method: Method,
+    path: &str,
+    body: &str,
+    auth: Option<&str>,
+) -> (u16, Value) {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(key) = auth {
+        req = req.header("authorization", format!("Bearer {key}"));
+    }
+    let resp = s.handle(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap()).await;
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+async fn post(s: &HangarService, path: &str, body: &str) -> (u16, Value) {
+    call(s, Method::POST, path, body, None).await
+}
+
+/// `(path, body, status, code)` — every example of the spec's load rules and validation list.
+#[tokio::test]
+async fn load_answers_every_spec_example_with_its_status_and_code() {
+    let s = service(None);
+    let cases: &[(&str, &str, u16, Option<&str>)] = &[
+        ("/v1/admin/models/nope/load", "", 404, Some("unknown_model")),
+        // 422: the body fails the schema before runtime logic runs.
+        ("/v1/admin/models/gguf/load", r#"{"gguf_n_ctx": 0}"#, 422, Some("invalid_request_body")),
+        (
+            "/v1/admin/models/exl/load",
+            r#"{"exllama_cache_size": 0}"#,
+            422,
+            Some("invalid_request_body"),
+        ),
+        (
+            "/v1/admin/models/exl/load",
+            r#"{"exllama_max_rq_tokens": 0}"#,
+            422,
+            Some("invalid_request_body"),
+        ),
+        (
+            "/v1/admin/models/gguf/load",
+            r#"{"gguf_n_ctx": "big"}"#,
+            422,
+            Some("invalid_request_body"),
+        ),
+        (
+            "/v1/admin/models/gguf/load",
+            r#"{"gguf_n_ctx": 8192,"#,
+            422,
+            Some("invalid_request_body"),
+        ),
+        (
+            "/v1/admin/models/gguf/load",
+            r#"{"no_such_field": 1}"#,
+            422,
+            Some("invalid_request_body"),
+        ),
+        ("/v1/admin/models/gguf/load", r#"{"replicas": 0}"#, 422, Some("invalid_request_body")),
+        // 400 invalid_load_request: structurally valid, wrong for the backend.
+        (
+            "/v1/admin/models/gguf/load",
+            r#"{"gguf_type_k": "q8-0"}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        (
+            "/v1/admin/models/gguf/load",
+            r#"{"gguf_type_k": "foo"}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        (
+            "/v1/admin/models/exl/load",
+            r#"{"exllama_cache_k_bits": 8}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        (
+            "/v1/admin/models/exl/load",
+            r#"{"exllama_cache_quant": "8", "exllama_cache_k_bits": 8, "exllama_cache_v_bits": 8}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        (
+            "/v1/admin/models/exl/load",
+            r#"{"exllama_cache_size": 8000}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        (
+            "/v1/admin/models/exl/load",
+            r#"{"exllama_cache_quant": "fp16"}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        (
+            "/v1/admin/models/ls/load",
+            r#"{"llama_server_spec_type": "medusa"}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        (
+            "/v1/admin/models/ls/load",
+            r#"{"llama_server_spec_draft_n_max": 7}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        (
+            "/v1/admin/models/ls/load",
+            r#"{"llama_server_spec_draft_p_min": 1.5}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        (
+            "/v1/admin/models/gguf/load",
+            r#"{"exllama_cache_size": 8192}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        (
+            "/v1/admin/models/vl/load",
+            r#"{"llama_server_n_ctx": 4096}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        ("/v1/admin/models/gguf/load", r#"{"replicas": 3}"#, 400, Some("invalid_load_request")),
+        // Loads that run.
+        ("/v1/admin/models/broken/load", "", 500, Some("load_failed")),
+        (
+            "/v1/admin/models/gguf/load",
+            r#"{"replicas": 2, "gguf_n_ctx": 32768, "gguf_flash_attn": "auto", "gguf_type_k": "q8_0", "gguf_type_v": "q4_0"}"#,
+            200,
+            None,
+        ),
+        ("/v1/admin/models/gguf/load", "", 200, None),
+        // Overrides sent to a loaded model.
+        (
+            "/v1/admin/models/gguf/load",
+            r#"{"gguf_n_ctx": 8192}"#,
+            400,
+            Some("invalid_load_request"),
+        ),
+        (
+            "/v1/admin/models/exl/load",
+            r#"{"exllama_cache_size": 32768, "exllama_cache_k_bits": 8, "exllama_cache_v_bits": 4, "exllama_max_rq_tokens": 32768}"#,
+            200,
+            None,
+        ),
+    ];
+    for (path, body, status, code) in cases {
+        let (got, json) = post(&s, path, body).await;
+        assert_eq!(got, *status, "{path} {body}: {json}");
+        match code {
+            Some(code) => {
+                assert_eq!(json["error"]["code"], *code, "{path} {body}: {json}");
+                assert!(json["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+            }
+            None => assert_eq!(json["runtime_state"], "loaded", "{path} {body}: {json}"),
+        }
+    }
+    // Rejected bodies changed nothing: the models that only got bad bodies are unloaded.
+    for name in ["ls", "vl"] {
+        assert_eq!(
+            call(&s, Method::GET, &format!("/v1/admin/models/{name}"), "", None).await.1["runtime_state"],
+            "unloaded"
+        );
+    }
+    let (_, broken) = call(&s, Method::GET, "/v1/admin/models/broken", "", None).await;
+    assert_eq!(broken["runtime_state"], "failed");
+    assert!(broken["last_error"].as_str().unwrap().contains("simulated OOM"));
+}
+
+#[tokio::test]
+async fn loaded_row_reports_override_replicas_and_definition_apart() {
+    let s = service(None);
+    let body = r#"{"replicas": 2, "gguf_n_ctx": 32768, "gguf_type_k": null}"#;
+    let (status, row) = post(&s, "/v1/admin/models/gguf/load", body).await;
+    assert_eq!(status, 200, "{row}");
+    assert_eq!(row["name"], "gguf");
+    assert_eq!(row["resolved_backend"], "llama_cpp");
+    assert_eq!((row["replicas"].clone(), row["loaded_replicas"].clone()), (json!(2), json!(2)));
+    assert_eq!(row["definition"]["replicas"], 1);
+    assert_eq!(row["definition"]["gguf_n_ctx"], 4096);
+    assert_eq!(row["load_override"], json!({ "gguf_n_ctx": 32768, "gguf_type_k": null }));
+    assert_eq!(
+        row["load_constraints"]["gguf_flash_attn"]["allowed_values"],
+        json!(["on", "off", "auto"])
+    );
+    assert_eq!(row["load_recommendations"]["gguf_cache_type_pairs"]["kind"], "pair_presets");
+    assert_eq!(row["capabilities"]["modalities"], json!(["text"]));
+    for field in [
+        "configured_enabled",
+        "is_loaded",
+        "replica_max",
+        "inflight_requests",
+        "queue_depth",
+        "runtime_inflight",
+        "configured_target_inflight",
+        "effective_target_inflight",
+        "last_error",
+        "vram_estimate_mib",
+        "vram_estimate_replica_count",
+        "vram_estimate_source",
+    ] {
+        assert!(row.get(field).is_some(), "row lacks {field}");
+    }
+    let (_, list) = call(&s, Method::GET, "/v1/admin/models", "", None).await;
+    let names: Vec<_> = list["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["gguf", "exl", "ls", "vl", "stub", "broken"], "config order");
+}
+
+#[tokio::test]
+async fn unload_rules_and_conflicts() {
+    let s = service(None);
+    assert_eq!(post(&s, "/v1/admin/models/nope/unload", "").await.0, 404);
+    let (status, row) = post(&s, "/v1/admin/models/stub/unload", "").await;
+    assert_eq!(
+        (status, row["runtime_state"].as_str()),
+        (200, Some("unloaded")),
+        "already unloaded: 200"
+    );
+    assert_eq!(post(&s, "/v1/admin/models/stub/load", "").await.0, 200);
+    // The stub takes 300 ms to unload: meanwhile a load conflicts and a second unload is 200.
+    let unloading = tokio::spawn({
+        let s = s.clone();
+        async move { post(&s, "/v1/admin/models/stub/unload", "").await }
+    });
+    let mut seen_unloading = false;
+    for _ in 0..200 {
+        let (_, row) = call(&s, Method::GET, "/v1/admin/models/stub", "", None).await;
+        if row["runtime_state"] == "unloading" {
+            seen_unloading = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(seen_unloading);
+    let (status, err) = post(&s, "/v1/admin/models/stub/load", "").await;
+    assert_eq!((status, err["error"]["code"].as_str()), (409, Some("model_unloading")));
+    let (status, row) = post(&s, "/v1/admin/models/stub/unload", "").await;
+    assert_eq!((status, row["runtime_state"].as_str()), (200, Some("unloading")));
+    let (status, row) = unloading.await.unwrap();
+    assert_eq!((status, row["runtime_state"].as_str()), (200, Some("unloaded")));
+}
+
+#[tokio::test]
+async fn gpu_memory_reports_no_gpus_with_a_reason_and_every_model() {
+    let s = service(None);
+    let (status, body) = call(&s, Method::GET, "/v1/admin/gpu-memory", "", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["gpus"], json!([]));
+    assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()));
+    assert_eq!(body["models"].as_array().unwrap().len(), 6);
+    assert_eq!(body["models"][0]["vram_estimate_source"], "unavailable");
+}
+
+#[tokio::test]
+async fn admin_key_is_required_when_configured() {
+    let s = service(Some("sekrit"));
+    let (status, body) = call(&s, Method::GET, "/v1/admin/models", "", None).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (401, Some("unauthorized")));
+    let (status, body) = call(&s, Method::GET, "/v1/admin/models", "", Some("wrong")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")));
+    assert_eq!(call(&s, Method::GET, "/v1/admin/models", "", Some("sekrit")).await.0, 200);
+    // Non-admin routes stay open.
+    assert_eq!(call(&s, Method::GET, "/healthz", "", None).await.0, 200);
+}
+
+#[tokio::test]
+async fn oversized_bodies_unknown_routes_and_wrong_methods() {
+    let s = service(None);
+    let big = format!(r#"{{"gguf_n_ctx": 8192, "pad": "{}"}}"#, "x".repeat(5000));
+    let (status, body) = post(&s, "/v1/admin/models/gguf/load", &big).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (413, Some("payload_too_large")));
+    assert_eq!(
+        call(&s, Method::GET, "/v1/admin/models/gguf", "", None).await.1["runtime_state"],
+        "unloaded"
+    );
+    let (status, body) = call(&s, Method::GET, "/v1/nothing", "", None).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("not_found")));
+    let (status, body) = call(&s, Method::DELETE, "/v1/admin/models", "", None).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (405, Some("method_not_allowed")));
+}
+
+#[tokio::test]
+async fn malformed_json_answers_422_with_the_parser_position() {
+    let s = service(None);
+    let (status, body) = post(&s, "/v1/admin/models/gguf/load", "{\n  \"gguf_n_ctx\": ,\n}").await;
+    assert_eq!(status, 422);
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("line 2 column"), "{message}");
+}
+
+#[tokio::test]
+async fn healthz_and_readyz() {
+    let config = hangar_config::Config::from_value(&json!({ "models": {
+        "a": { "backend": "stub", "enabled": true }, "b": { "backend": "stub" }
+    } }))
+    .unwrap();
+    let manager = Manager::new(&config, Backends::new().with(Arc::new(StubBackend::new())));
+    let s = HangarService::new(manager.clone(), ServerOptions::default());
+    let (status, body) = call(&s, Method::GET, "/readyz", "", None).await;
+    assert_eq!((status, body["not_loaded"].clone()), (503, json!(["a"])));
+    manager.load_enabled().await;
+    assert_eq!(call(&s, Method::GET, "/readyz", "", None).await.0, 200);
+    assert_eq!(call(&s, Method::GET, "/healthz", "", None).await.1["status"], "ok");
+}

@@ -1,0 +1,249 @@
+//! `cargo xtask e2e`: the demo server driven by real clients.
+//!
+//! 1. A virtualenv in `target/e2e-venv` (created once; `python3-venv` is installed with
+//!    apt when `python3 -m venv` cannot work and we are root) with the packages of
+//!    `xtask/e2e/requirements.txt` (installed only when they do not import yet).
+//! 2. `hangard serve --config fixtures/demo --port 0`, built first; the address comes from
+//!    its `hangard listening on …` line, readiness from `GET /readyz`.
+//! 3. Each script of `xtask/e2e` with `HANGAR_URL` set; each asserts and exits non-zero on
+//!    failure. Every script runs even when one fails.
+//! 4. SIGTERM to the server, which must drain and exit 0; then a report.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cargo, run as run_checked};
+
+/// The client scripts, in the order they run.
+const SCRIPTS: [&str; 3] = ["openai_client.py", "triton_client.py", "validate_openapi.py"];
+/// What the scripts import; when all import, nothing is installed.
+const IMPORTS: &str = "import openai, tritonclient.http, openapi_spec_validator";
+const LISTENING: &str = "hangard listening on ";
+
+pub(crate) fn run(root: &Path) -> Result<()> {
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let python = ensure_venv(&target.join("e2e-venv"))?;
+    ensure_packages(&python, &root.join("xtask/e2e/requirements.txt"))?;
+
+    let mut build = cargo(root);
+    build.args(["build", "--locked", "-p", "hangard"]);
+    run_checked(build)?;
+    let binary = target.join("debug").join("hangard");
+
+    let log_path = target.join("e2e-hangard.log");
+    let mut server = DemoServer::start(root, &binary, &log_path)?;
+    eprintln!("hangard listening on {} (log: {})", server.base, log_path.display());
+    server.wait_ready(Duration::from_secs(60))?;
+
+    let mut results = Vec::new();
+    for script in SCRIPTS {
+        let started = Instant::now();
+        eprintln!("$ {} xtask/e2e/{script}", python.display());
+        let status = Command::new(&python)
+            .arg(root.join("xtask/e2e").join(script))
+            .env("HANGAR_URL", &server.base)
+            .current_dir(root)
+            .status()
+            .with_context(|| format!("cannot run {script}"))?;
+        results.push((script.to_owned(), status.success(), status.to_string(), started.elapsed()));
+    }
+
+    let stopped = server.terminate(Duration::from_secs(20));
+    let (ok, detail) = match &stopped {
+        Ok(status) if status.success() => (true, "exit status 0".to_owned()),
+        Ok(status) => (false, status.to_string()),
+        Err(e) => (false, format!("{e:#}")),
+    };
+    results.push(("hangard drains and exits 0 on SIGTERM".to_owned(), ok, detail, Duration::ZERO));
+
+    eprintln!();
+    eprintln!("e2e results:");
+    for (name, ok, detail, took) in &results {
+        let mark = if *ok { "ok  " } else { "FAIL" };
+        eprintln!("  {mark}  {name}  ({detail}, {:.1}s)", took.as_secs_f64());
+    }
+    let failed = results.iter().filter(|r| !r.1).count();
+    if failed > 0 {
+        bail!("{failed} e2e check(s) failed; server log: {}", log_path.display());
+    }
+    eprintln!("all {} e2e checks passed", results.len());
+    Ok(())
+}
+
+/// The virtualenv's python, creating the virtualenv when it is missing or has no pip.
+fn ensure_venv(venv: &Path) -> Result<PathBuf> {
+    let python = venv.join("bin").join("python");
+    if quiet(Command::new(&python).args(["-m", "pip", "--version"])) {
+        return Ok(python);
+    }
+    if venv.exists() {
+        std::fs::remove_dir_all(venv)
+            .with_context(|| format!("cannot remove {}", venv.display()))?;
+    }
+    if !create_venv(venv) {
+        let _ = std::fs::remove_dir_all(venv);
+        if !is_root() {
+            bail!(
+                "`python3 -m venv` failed: install the Debian/Ubuntu package `python3-venv` \
+                 (sudo apt-get install -y python3-venv) and run `cargo xtask e2e` again"
+            );
+        }
+        eprintln!("`python3 -m venv` failed; installing python3-venv with apt-get");
+        let install = || {
+            let mut cmd = Command::new("apt-get");
+            cmd.args(["install", "-y", "--no-install-recommends", "python3-venv"]);
+            cmd.env("DEBIAN_FRONTEND", "noninteractive");
+            run_checked(cmd)
+        };
+        if install().is_err() {
+            run_checked({
+                let mut update = Command::new("apt-get");
+                update.arg("update");
+                update
+            })?;
+            install().context("apt-get install python3-venv failed")?;
+        }
+        let _ = std::fs::remove_dir_all(venv);
+        if !create_venv(venv) {
+            bail!("`python3 -m venv {}` still fails after installing python3-venv", venv.display());
+        }
+    }
+    Ok(python)
+}
+
+fn create_venv(venv: &Path) -> bool {
+    eprintln!("$ python3 -m venv {}", venv.display());
+    Command::new("python3").args(["-m", "venv"]).arg(venv).status().is_ok_and(|s| s.success())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// Installs the client packages unless they already import.
+fn ensure_packages(python: &Path, requirements: &Path) -> Result<()> {
+    if quiet(Command::new(python).args(["-c", IMPORTS])) {
+        return Ok(());
+    }
+    let mut pip = Command::new(python);
+    pip.args(["-m", "pip", "install", "--disable-pip-version-check", "--quiet", "-r"]);
+    pip.arg(requirements);
+    run_checked(pip)?;
+    if !quiet(Command::new(python).args(["-c", IMPORTS])) {
+        bail!("the e2e packages were installed but do not import: `{IMPORTS}` fails");
+    }
+    Ok(())
+}
+
+/// Runs a command with its output discarded; whether it succeeded.
+fn quiet(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// `hangard serve` on the demo config. Killed on drop if still running.
+struct DemoServer {
+    child: Child,
+    base: String,
+    addr: String,
+    exited: bool,
+}
+
+impl DemoServer {
+    fn start(root: &Path, binary: &Path, log_path: &Path) -> Result<Self> {
+        let log = std::fs::File::create(log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let mut child = Command::new(binary)
+            .args(["serve", "--config", "fixtures/demo", "--port", "0"])
+            .current_dir(root)
+            .env_remove("HANGAR_ADMIN_KEY")
+            .env_remove("HANGAR_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", binary.display()))?;
+        let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?);
+        let mut line = String::new();
+        let base = loop {
+            line.clear();
+            if stdout.read_line(&mut line)? == 0 {
+                let status = child.wait()?;
+                bail!("hangard exited ({status}) before listening; see {}", log_path.display());
+            }
+            if let Some(url) = line.trim_end().strip_prefix(LISTENING) {
+                break url.to_owned();
+            }
+        };
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        let addr = base.trim_start_matches("http://").to_owned();
+        Ok(Self { child, base, addr, exited: false })
+    }
+
+    /// Polls `GET /readyz` (every enabled model loaded) until 200 or the deadline.
+    fn wait_ready(&self, limit: Duration) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match http_status(&self.addr, "/readyz") {
+                Ok(200) => return Ok(()),
+                Ok(_) | Err(_) if Instant::now() < deadline => {}
+                Ok(status) => bail!("GET /readyz still answers {status} after {limit:?}"),
+                Err(e) => bail!("GET /readyz fails after {limit:?}: {e}"),
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// SIGTERM, then waits for the exit; SIGKILL after `grace`.
+    fn terminate(&mut self, grace: Duration) -> Result<ExitStatus> {
+        let pid = self.child.id().to_string();
+        run_checked({
+            let mut kill = Command::new("kill");
+            kill.args(["-TERM", &pid]);
+            kill
+        })?;
+        let deadline = Instant::now() + grace;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                self.exited = true;
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                bail!("hangard did not exit within {grace:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for DemoServer {
+    fn drop(&mut self) {
+        if !self.exited {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The status code of a plain HTTP/1.1 GET (no client library needed for one probe).
+fn http_status(addr: &str, path: &str) -> std::io::Result<u16> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head)?;
+    std::str::from_utf8(&head[9..12])
+        .ok()
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other("not an HTTP/1.1 status line"))
+}
