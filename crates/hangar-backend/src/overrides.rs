@@ -24,6 +24,14 @@ use crate::constraints::{LoadConstraint, load_constraints};
 pub struct LoadOverride(Map<String, Value>);
 
 impl LoadOverride {
+    /// Adds fields that are not load-override fields of the admin API but that a caller has
+    /// validated itself (the Lemonade load's `llamacpp_args` and `llamacpp_backend` become
+    /// `llama_server_extra_args` / `llama_server_binary_path`). [`LoadOverride::apply`] still
+    /// re-checks the effective definition against every config rule.
+    pub fn extend_engine_fields(&mut self, fields: Map<String, Value>) {
+        self.0.extend(fields);
+    }
+
     /// Whether the patch overrides nothing.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()

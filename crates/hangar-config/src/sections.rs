@@ -240,6 +240,9 @@ pub struct LlamaServerSettings {
     pub llama_server_reasoning: Option<Switch>,
     /// Extra native arguments; may not set `--port`, `--host` or `-m`.
     pub llama_server_extra_args: Option<Vec<String>>,
+    /// Named `llama-server` builds (e.g. `{"vulkan": "/opt/llama.cpp-vulkan/llama-server"}`);
+    /// a Lemonade-style load's `llamacpp_backend` picks one as the binary for that load.
+    pub llama_server_backends: Option<BTreeMap<String, String>>,
     /// Address the child listens on; 127.0.0.1 when unset.
     pub llama_server_host: Option<String>,
     /// Port the child listens on; a free port when unset.
@@ -274,6 +277,12 @@ impl Section for LlamaServerSettings {
         p.within("llama_server_spec_draft_n_max", self.llama_server_spec_draft_n_max, 1, 6);
         if self.llama_server_spec_draft_p_min.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
             p.push("llama_server_spec_draft_p_min", "must be between 0.0 and 1.0");
+        }
+        for (name, path) in self.llama_server_backends.iter().flatten() {
+            if name.trim().is_empty() || path.trim().is_empty() {
+                p.nested("llama_server_backends")
+                    .push(name, "names and binary paths must not be empty");
+            }
         }
         p.managed_args(
             "llama_server_extra_args",

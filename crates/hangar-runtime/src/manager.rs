@@ -54,11 +54,14 @@ pub struct LoadOptions {
     pub replicas: Option<NonZeroU32>,
     /// Backend-specific override patch; key presence matters (`null` overrides).
     pub overrides: Map<String, Value>,
+    /// Engine fields outside the admin API's override list, already validated by the
+    /// caller (see `LoadOverride::extend_engine_fields`); empty for admin loads.
+    pub engine_fields: Map<String, Value>,
 }
 
 impl LoadOptions {
     fn is_empty(&self) -> bool {
-        self.replicas.is_none() && self.overrides.is_empty()
+        self.replicas.is_none() && self.overrides.is_empty() && self.engine_fields.is_empty()
     }
 }
 
@@ -704,7 +707,8 @@ fn prepare(
             message: format!("must be <= replica_max ({})", config.replica_max),
         });
     }
-    let load_override = validate_load_override(config, &options.overrides)?;
+    let mut load_override = validate_load_override(config, &options.overrides)?;
+    load_override.extend_engine_fields(options.engine_fields.clone());
     let effective = if load_override.is_empty() {
         Arc::clone(config)
     } else {

@@ -252,23 +252,40 @@ async fn overrides_apply_to_one_load_and_only_while_unloaded_or_failed() {
     let mut overrides = serde_json::Map::new();
     overrides.insert("gguf_n_ctx".into(), json!(8192));
     overrides.insert("gguf_type_k".into(), json!(null));
-    let snap =
-        m.load("g", LoadOptions { replicas: None, overrides: overrides.clone() }).await.unwrap();
+    let snap = m
+        .load(
+            "g",
+            LoadOptions { replicas: None, overrides: overrides.clone(), ..LoadOptions::default() },
+        )
+        .await
+        .unwrap();
     assert_eq!(snap.load_override.fields(), &overrides, "key presence is kept, null included");
     assert_eq!(snap.definition["gguf_n_ctx"], 4096, "the definition is not modified");
-    let err = m.load("g", LoadOptions { replicas: None, overrides }).await.unwrap_err();
+    let err = m
+        .load("g", LoadOptions { replicas: None, overrides, ..LoadOptions::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidLoadRequest, "overrides to a loaded model");
     m.unload("g").await.unwrap();
     assert!(m.model("g").unwrap().load_override.is_empty(), "overrides last one load");
 
     let bad_value = serde_json::Map::from_iter([("gguf_type_k".to_owned(), json!("q8-0"))]);
-    let err = m.load("g", LoadOptions { replicas: None, overrides: bad_value }).await.unwrap_err();
+    let err = m
+        .load("g", LoadOptions { replicas: None, overrides: bad_value, ..LoadOptions::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidLoadRequest);
     let schema = serde_json::Map::from_iter([("gguf_n_ctx".to_owned(), json!(0))]);
-    let err = m.load("g", LoadOptions { replicas: None, overrides: schema }).await.unwrap_err();
+    let err = m
+        .load("g", LoadOptions { replicas: None, overrides: schema, ..LoadOptions::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidRequestBody);
     let foreign = serde_json::Map::from_iter([("exllama_cache_size".to_owned(), json!(8192))]);
-    let err = m.load("g", LoadOptions { replicas: None, overrides: foreign }).await.unwrap_err();
+    let err = m
+        .load("g", LoadOptions { replicas: None, overrides: foreign, ..LoadOptions::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidLoadRequest);
     assert_eq!(state(&m, "g"), "unloaded", "rejected options change no state");
 }

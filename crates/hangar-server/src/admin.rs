@@ -106,7 +106,7 @@ pub(crate) fn split_load_patch(mut fields: Map<String, Value>) -> Result<LoadOpt
             })?)
         }
     };
-    Ok(LoadOptions { replicas, overrides: fields })
+    Ok(LoadOptions { replicas, overrides: fields, ..LoadOptions::default() })
 }
 
 pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {

@@ -4,10 +4,11 @@
 //!
 //! Lemonade's load arguments map onto the admin API's override machinery
 //! (`specs/README.md`, point 5): `ctx_size` becomes the backend's context field;
-//! `llamacpp_args` and `llamacpp_backend` are validated for `llama_server` models, but this
-//! version cannot apply them at load time (a llama-server's extra arguments and binary are
-//! part of the model's definition), so a non-empty value is refused with a message saying so
-//! rather than ignored.
+//! `llamacpp_args` (validated: no `--port`, `--host`, `-m`) replaces the model's
+//! `llama_server_extra_args` for this load, and `llamacpp_backend` picks one of the model's
+//! configured `llama_server_backends` builds as `llama_server_binary_path` for this load;
+//! both only for `llama_server` models. Like every override they last one load and show in
+//! the model's `load_override`.
 
 use std::num::NonZeroU32;
 
@@ -190,6 +191,7 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
     let backend = model.resolved_backend;
     let llama_server = backend == BackendKind::LlamaServer;
 
+    let mut engine_fields = Map::new();
     let args = body.llamacpp_args.map(LlamacppArgs::into_args).unwrap_or_default();
     if !args.is_empty() {
         if !llama_server {
@@ -210,12 +212,7 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
                 ));
             }
         }
-        return Err(invalid_load(
-            "llamacpp_args",
-            "llamacpp_args cannot be applied at load time in this version: extra llama-server \
-             arguments are configured in the model definition (llama_server_extra_args)"
-                .to_owned(),
-        ));
+        engine_fields.insert("llama_server_extra_args".to_owned(), json!(args));
     }
     if let Some(build) = body.llamacpp_backend.as_deref().filter(|b| !b.trim().is_empty()) {
         if !llama_server {
@@ -227,14 +224,20 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
                 ),
             ));
         }
-        return Err(invalid_load(
-            "llamacpp_backend",
-            format!(
-                "llamacpp_backend `{build}` cannot be selected at load time in this version: the \
-                 llama-server binary is configured in the model definition \
-                 (llama_server_binary_path)"
-            ),
-        ));
+        let builds = model.definition.get("llama_server_backends").and_then(Value::as_object);
+        let Some(path) = builds.and_then(|b| b.get(build)).cloned() else {
+            let known: Vec<&str> =
+                builds.map(|b| b.keys().map(String::as_str).collect()).unwrap_or_default();
+            return Err(invalid_load(
+                "llamacpp_backend",
+                format!(
+                    "llamacpp_backend `{build}` is not one of model '{name}''s llama_server_backends \
+                     ({})",
+                    if known.is_empty() { "none configured".to_owned() } else { known.join(", ") }
+                ),
+            ));
+        };
+        engine_fields.insert("llama_server_binary_path".to_owned(), path);
     }
 
     let mut overrides = Map::new();
@@ -251,12 +254,14 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
             Some(field)
         }
     };
-    let options = LoadOptions { replicas: body.replicas, overrides };
+    let options = LoadOptions { replicas: body.replicas, overrides, engine_fields };
 
     // The same options as the running load: nothing to change.
+    let mut requested = options.overrides.clone();
+    requested.extend(options.engine_fields.clone());
     if model.is_loaded
-        && !options.overrides.is_empty()
-        && options.overrides == *model.load_override.fields()
+        && !requested.is_empty()
+        && requested == *model.load_override.fields()
         && options.replicas.is_none_or(|r| r.get() == model.replicas)
     {
         return Ok(json_response(StatusCode::OK, &model));

@@ -24,7 +24,12 @@ fn models() -> Value {
         "models": {
             "chat": { "backend": "stub", "enabled": true },
             "gguf": { "backend": "llama_cpp", "model_path": "/models/qwen3-8b.gguf", "replica_max": 2 },
-            "server": { "backend": "llama_server", "model_path": "/models/gemma.gguf" },
+            "server": {
+                "backend": "llama_server",
+                "model_path": "/models/gemma.gguf",
+                "llama_server_extra_args": ["--jinja"],
+                "llama_server_backends": { "vulkan": "/opt/llama-vulkan/llama-server" }
+            },
             "exl": { "backend": "exllamav3", "model_path": "/models/exl3" },
             "slow": { "backend": "stub", "stub": { "load_delay_ms": 1000, "unload_delay_ms": 1000 } },
             "broken": { "backend": "stub", "stub": { "fail_load": "boom" } },
@@ -623,9 +628,9 @@ async fn load_refuses_ctx_size_where_it_has_no_meaning() {
 }
 
 #[tokio::test]
-async fn load_validates_llamacpp_args_and_says_they_cannot_be_applied() {
+async fn load_maps_llamacpp_args_and_backend_onto_llama_server_overrides() {
     let s = service();
-    let cases = [
+    let refused = [
         (json!({ "model_name": "chat", "llamacpp_args": "--threads 4" }), "only to llama_server"),
         (
             json!({ "model_name": "gguf", "llamacpp_args": ["--threads", "4"] }),
@@ -635,17 +640,10 @@ async fn load_validates_llamacpp_args_and_says_they_cannot_be_applied() {
         (json!({ "model_name": "server", "llamacpp_args": "--host=0.0.0.0" }), "`--host`"),
         (json!({ "model_name": "server", "llamacpp_args": ["-m", "/other.gguf"] }), "`-m`"),
         (json!({ "model_name": "server", "llamacpp_args": ["--model=/other.gguf"] }), "`--model`"),
-        (
-            json!({ "model_name": "server", "llamacpp_args": "--threads 4" }),
-            "llama_server_extra_args",
-        ),
         (json!({ "model_name": "gguf", "llamacpp_backend": "vulkan" }), "only to llama_server"),
-        (
-            json!({ "model_name": "server", "llamacpp_backend": "vulkan" }),
-            "llama_server_binary_path",
-        ),
+        (json!({ "model_name": "server", "llamacpp_backend": "rocm" }), "vulkan"),
     ];
-    for (body, expected) in cases {
+    for (body, expected) in refused {
         let (status, answer) = post(&s, "/api/v1/load", &body.to_string()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
         assert_eq!(api_code(&answer), "invalid_load_request", "{body}");
@@ -659,14 +657,31 @@ async fn load_validates_llamacpp_args_and_says_they_cannot_be_applied() {
     for name in ["chat", "gguf", "server"] {
         assert_eq!(state(&s, name), "unloaded", "{name}");
     }
-    // Empty arguments change nothing.
-    let (status, _) = post(
-        &s,
-        "/api/v1/load",
-        r#"{"model_name": "server", "llamacpp_args": [], "llamacpp_backend": ""}"#,
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
+
+    // Accepted: the arguments replace the configured extra args and the build picks the
+    // binary, for this load only; the definition is unchanged.
+    let body = json!({
+        "model_name": "server",
+        "ctx_size": 8192,
+        "llamacpp_args": "--threads 4 --no-webui",
+        "llamacpp_backend": "vulkan"
+    });
+    let (status, model) = post(&s, "/api/v1/load", &body.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{model}");
+    assert_eq!(model["runtime_state"], "loaded");
+    assert_eq!(
+        model["load_override"],
+        json!({
+            "llama_server_n_ctx": 8192,
+            "llama_server_extra_args": ["--threads", "4", "--no-webui"],
+            "llama_server_binary_path": "/opt/llama-vulkan/llama-server"
+        })
+    );
+    assert_eq!(model["definition"]["llama_server_extra_args"], json!(["--jinja"]));
+    // The same options again: a no-op; different ones for a loaded model: refused.
+    assert_eq!(post(&s, "/api/v1/load", &body.to_string()).await.0, StatusCode::OK);
+    let other = json!({ "model_name": "server", "llamacpp_args": "--threads 8" });
+    assert_eq!(post(&s, "/api/v1/load", &other.to_string()).await.0, StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test]
