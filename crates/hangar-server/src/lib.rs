@@ -77,6 +77,7 @@ impl HangarService {
                 options,
                 metrics: Default::default(),
                 started: Instant::now(),
+                last_generation: std::sync::Mutex::new(None),
             }),
         }
     }

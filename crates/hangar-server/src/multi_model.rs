@@ -148,16 +148,26 @@ pub(crate) async fn health(ctx: Ctx) -> Result<Response, ApiError> {
 
 /// `GET /api/v1/stats`.
 ///
-/// Per-request token statistics (time to first token, tokens per second, token counts of
-/// the most recent request) arrive with the inference layer, which does not record them
-/// yet; until then this answers only what the runtime tracks: how many models are loaded,
-/// the most recently loaded one, and the manager's lifetime counters. No number is made up.
+/// Statistics of the most recent inference request, on Lemonade's fields
+/// (`time_to_first_token`, `tokens_per_second`, `input_tokens`, `output_tokens`;
+/// `null` until a generation has completed), plus the model it ran on and what the runtime
+/// tracks: loaded models and lifetime counters.
 pub(crate) async fn stats(ctx: Ctx) -> Result<Response, ApiError> {
     let manager = &ctx.state.manager;
     let loaded = manager.models().iter().filter(|m| m.is_loaded).count();
+    let last = ctx.state.last_generation.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let field =
+        |f: &dyn Fn(&crate::state::GenerationStats) -> Value| last.as_ref().map_or(Value::Null, f);
     Ok(json_response(
         StatusCode::OK,
         &json!({
+            "time_to_first_token": field(&|s| json!(s.time_to_first_token)),
+            "tokens_per_second": field(&|s| json!(s.tokens_per_second)),
+            "input_tokens": field(&|s| json!(s.input_tokens)),
+            "output_tokens": field(&|s| json!(s.output_tokens)),
+            "model": field(&|s| json!(s.model)),
+            "endpoint": field(&|s| json!(s.endpoint)),
+            "finished_unix_ms": field(&|s| json!(s.finished_unix_ms)),
             "models_loaded": loaded,
             "last_loaded_model": manager.last_loaded().map(|n| n.to_string()),
             "counters": manager.counters(),

@@ -445,7 +445,7 @@ async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
         let format = ChatStream { id, created, model, include_usage };
         return Ok(Reply::Streaming(stream_generation(guard, request, format, rec.clone())));
     }
-    let (text, summary) = generate_all(guard, request).await?;
+    let (text, summary) = generate_all(guard, request, rec).await?;
     let body = json!({
         "id": id,
         "object": "chat.completion",
@@ -507,7 +507,7 @@ async fn completion(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
         let format = CompletionStream { id, created, model, include_usage, echo };
         return Ok(Reply::Streaming(stream_generation(guard, request, format, rec.clone())));
     }
-    let (text, summary) = generate_all(guard, request).await?;
+    let (text, summary) = generate_all(guard, request, rec).await?;
     let text = match echo {
         Some(prompt) => prompt + &text,
         None => text,
@@ -604,7 +604,7 @@ async fn response(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
         let format = ResponsesStream { meta, sequence: 0, text: String::new() };
         return Ok(Reply::Streaming(stream_generation(guard, request, format, rec.clone())));
     }
-    let (text, summary) = generate_all(guard, request).await?;
+    let (text, summary) = generate_all(guard, request, rec).await?;
     Ok(Reply::Done(json_response(StatusCode::OK, &meta.finished(&text, &summary))))
 }
 
@@ -846,17 +846,22 @@ const fn thinking_str(mode: ThinkingMode) -> &'static str {
 async fn generate_all(
     guard: RequestGuard,
     request: GenerateRequest,
+    rec: &Recorder,
 ) -> Result<(String, GenerateSummary), ApiError> {
     let (tx, mut rx) = mpsc::channel(64);
+    let start = Instant::now();
     let collect = async move {
         let mut text = String::new();
+        let mut first = None;
         while let Some(GenerateEvent::Text(piece)) = rx.recv().await {
+            first.get_or_insert_with(Instant::now);
             text.push_str(&piece);
         }
-        text
+        (text, first)
     };
-    let (result, text) = tokio::join!(guard.runtime().generate(request, tx), collect);
+    let (result, (text, first)) = tokio::join!(guard.runtime().generate(request, tx), collect);
     let summary = guard.check(result)?;
+    rec.generation(&summary, start, first);
     Ok((text, summary))
 }
 
@@ -885,9 +890,14 @@ fn stream_generation(
     tokio::spawn(async move {
         let connected = send_all(&sse, format.start()).await;
         let (tx, rx) = mpsc::channel(64);
-        let forward = forward(rx, &sse, &mut format, connected);
+        let start = Instant::now();
+        let mut first = None;
+        let forward = forward(rx, &sse, &mut format, connected, &mut first);
         let (result, connected) = tokio::join!(guard.runtime().generate(request, tx), forward);
         let result = guard.check(result).map_err(ApiError::from);
+        if let Ok(summary) = &result {
+            rec.generation(summary, start, first);
+        }
         rec.record(result.as_ref().err().map_or("ok", |e| e.code));
         drop(guard);
         if !connected {
@@ -910,6 +920,7 @@ async fn forward(
     sse: &mpsc::Sender<Bytes>,
     format: &mut impl StreamFormat,
     connected: bool,
+    first: &mut Option<Instant>,
 ) -> bool {
     if !connected {
         return false;
@@ -918,6 +929,7 @@ async fn forward(
         tokio::select! {
             event = rx.recv() => match event {
                 Some(GenerateEvent::Text(text)) => {
+                    first.get_or_insert_with(Instant::now);
                     if !send_all(sse, format.delta(&text)).await {
                         return false;
                     }
@@ -1266,6 +1278,28 @@ impl Recorder {
 
     fn record(&self, outcome: &str) {
         self.state.metrics.record(self.endpoint, &self.model, outcome, self.start.elapsed());
+    }
+
+    /// Keeps the statistics of a finished generation for `GET /api/v1/stats`.
+    fn generation(&self, summary: &GenerateSummary, start: Instant, first: Option<Instant>) {
+        let now = Instant::now();
+        let decode_tokens = summary.completion_tokens.saturating_sub(1);
+        let tokens_per_second = first.and_then(|f| {
+            let secs = now.duration_since(f).as_secs_f64();
+            (decode_tokens > 0 && secs > 0.0).then(|| f64::from(decode_tokens) / secs)
+        });
+        let stats = crate::state::GenerationStats {
+            model: self.model.clone(),
+            endpoint: self.endpoint,
+            time_to_first_token: first.map(|f| f.duration_since(start).as_secs_f64()),
+            tokens_per_second,
+            input_tokens: summary.prompt_tokens,
+            output_tokens: summary.completion_tokens,
+            finished_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        };
+        *self.state.last_generation.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
     }
 
     /// Records a request that ended now (streams record themselves) and passes it on.

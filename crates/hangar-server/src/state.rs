@@ -41,4 +41,25 @@ pub(crate) struct AppState {
     pub(crate) options: ServerOptions,
     pub(crate) metrics: Metrics,
     pub(crate) started: Instant,
+    /// Statistics of the most recent completed generation (`GET /api/v1/stats`).
+    pub(crate) last_generation: std::sync::Mutex<Option<GenerationStats>>,
+}
+
+/// What `GET /api/v1/stats` reports about the most recent generation.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub(crate) struct GenerationStats {
+    /// The model that served it.
+    pub(crate) model: String,
+    /// The endpoint it came through (`chat_completions`, `completions`, `responses`).
+    pub(crate) endpoint: &'static str,
+    /// Seconds from the start of generation to the first generated piece.
+    pub(crate) time_to_first_token: Option<f64>,
+    /// Generated tokens per second after the first one.
+    pub(crate) tokens_per_second: Option<f64>,
+    /// Prompt tokens.
+    pub(crate) input_tokens: u32,
+    /// Generated tokens.
+    pub(crate) output_tokens: u32,
+    /// Unix milliseconds when it finished.
+    pub(crate) finished_unix_ms: u64,
 }

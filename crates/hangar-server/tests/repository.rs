@@ -572,6 +572,32 @@ async fn stats_reports_what_the_runtime_tracks() {
         body["counters"],
         json!({ "loads": 1, "load_failures": 1, "unloads": 0, "evictions": 0, "crashes": 0 })
     );
+    assert_eq!(body["output_tokens"], Value::Null, "no generation yet");
+
+    // After a generation: the most recent request's token statistics.
+    for (stream, max_tokens) in [(false, 3), (true, 5)] {
+        let chat = json!({
+            "model": "chat",
+            "messages": [{ "role": "user", "content": "one two three" }],
+            "max_tokens": max_tokens,
+            "stream": stream
+        });
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/v1/chat/completions")
+            .body(Full::new(Bytes::from(chat.to_string())))
+            .expect("request");
+        let resp = s.handle(req).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        // Reading the whole body waits for the end of a stream too.
+        resp.into_body().collect().await.expect("body");
+        let (_, body) = get(&s, "/api/v1/stats").await;
+        assert_eq!(body["model"], "chat");
+        assert_eq!(body["endpoint"], "chat_completions");
+        assert_eq!(body["input_tokens"], 3);
+        assert_eq!(body["output_tokens"], max_tokens);
+        assert!(body["time_to_first_token"].as_f64().is_some_and(|t| t >= 0.0), "{body}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
