@@ -1,5 +1,10 @@
 //! `cargo xtask`: project automation that `cargo test` alone cannot do.
 //!
+//! - `cargo xtask deps`: check for (and as root install) cmake and libclang, which the
+//!   llama.cpp build needs.
+//! - `cargo xtask fixtures`: write the deterministic tiny random-weight GGUF models of
+//!   `fixtures/models` (llama chat, BERT embedding, BERT reranker) that llama.cpp loads.
+//! - `cargo xtask demo`: install what the build needs, then run the server on the demo config.
 //! - `cargo xtask test`: run the whole test suite (what `.ci/run` runs after fmt and clippy).
 //! - `cargo xtask e2e`: start `hangard serve` on the demo config and drive it with real
 //!   clients (the `openai` and `tritonclient` Python packages, an OpenAPI validator) from a
@@ -15,7 +20,9 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod deps;
 mod e2e;
+mod fixtures;
 
 #[derive(Debug, Parser)]
 #[command(name = "cargo xtask", about = "Hangar project automation")]
@@ -26,6 +33,18 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
+    /// Check for (and, as root, install with apt) the system packages the llama.cpp build
+    /// needs: cmake, clang, libclang-dev.
+    Deps,
+    /// Regenerate the tiny GGUF models of `fixtures/models` (byte-identical every time).
+    Fixtures,
+    /// Install what the build needs, then run the server on the demo config
+    /// (`hangard serve --config fixtures/demo`, release build) until Ctrl-C.
+    Demo {
+        /// Extra arguments for `hangard serve` (after `--`), e.g. `-- --port 9000`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// Run every test of the workspace (unit, property, fixture and CLI tests).
     Test {
         /// Extra arguments passed to `cargo test` (after `--`).
@@ -54,7 +73,29 @@ enum Bench {
 fn main() -> Result<()> {
     let root = workspace_root();
     match Cli::parse().command {
-        Task::Test { args } => test(&root, &args),
+        Task::Deps => deps::ensure(),
+        Task::Test { args } => {
+            deps::ensure()?;
+            test(&root, &args)
+        }
+        Task::Fixtures => fixtures::run(&root),
+        Task::Demo { args } => {
+            deps::ensure()?;
+            let mut cmd = cargo(&root);
+            cmd.args([
+                "run",
+                "--locked",
+                "--release",
+                "-p",
+                "hangard",
+                "--",
+                "serve",
+                "--config",
+                "fixtures/demo",
+            ]);
+            cmd.args(&args);
+            run(cmd)
+        }
         Task::E2e => e2e::run(&root),
         Task::Bench { which } => {
             let (package, bench) = match which {

@@ -104,7 +104,29 @@ fn effective_config(args: &ServeArgs) -> Result<Config> {
 /// The engines compiled into this build. Models of other backends fail to load with
 /// `backend_unavailable`.
 fn backends() -> Backends {
-    Backends::new().with(Arc::new(StubBackend::new()))
+    let backends = Backends::new().with(Arc::new(StubBackend::new()));
+    #[cfg(feature = "llama-cpp")]
+    let backends = match llama_backend() {
+        Ok(llama) => backends.with(Arc::new(hangar_backend_llamacpp::LlamaCppBackend::new(llama))),
+        Err(e) => {
+            tracing::error!(error = %e, "llama.cpp failed to initialise; llama_cpp models are unavailable");
+            backends
+        }
+    };
+    backends
+}
+
+/// llama.cpp's process-wide backend, initialised once per process (it refuses a second init).
+#[cfg(feature = "llama-cpp")]
+fn llama_backend() -> Result<Arc<hangar_backend_llamacpp::llama_cpp_2::llama_backend::LlamaBackend>>
+{
+    use hangar_backend_llamacpp::llama_cpp_2::llama_backend::LlamaBackend;
+    static LLAMA: std::sync::OnceLock<Arc<LlamaBackend>> = std::sync::OnceLock::new();
+    if let Some(llama) = LLAMA.get() {
+        return Ok(Arc::clone(llama));
+    }
+    let llama = Arc::new(LlamaBackend::init().context("llama.cpp backend init")?);
+    Ok(Arc::clone(LLAMA.get_or_init(|| llama)))
 }
 
 async fn serve(config: Config) -> Result<ExitCode> {

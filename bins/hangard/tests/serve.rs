@@ -328,6 +328,7 @@ async fn a_failing_load_answers_500_load_failed_and_keeps_last_error() {
     assert!(row["last_error"].as_str().unwrap().contains("CUDA out of memory"), "{row}");
 }
 
+#[cfg(not(feature = "llama-cpp"))]
 #[tokio::test]
 async fn engines_not_compiled_in_fail_to_load_with_backend_unavailable() {
     let server = Server::start(&admin_config(), &[]);
@@ -337,6 +338,18 @@ async fn engines_not_compiled_in_fail_to_load_with_backend_unavailable() {
     let last_error = answer["error"]["model"]["last_error"].as_str().unwrap();
     assert!(last_error.contains("llama_cpp is not available in this build"), "{last_error}");
     assert_eq!(state(&server, "chat").await, "loaded", "an unavailable engine evicts nothing");
+}
+
+#[cfg(feature = "llama-cpp")]
+#[tokio::test]
+async fn a_llama_cpp_model_without_its_file_fails_as_not_found_and_evicts_nothing() {
+    let server = Server::start(&admin_config(), &[]);
+    assert_eq!(load(&server, "chat", json!({})).await.0, 200);
+    let (status, answer) = load(&server, "gguf", json!({ "gguf_n_ctx": 4096 })).await;
+    assert_ne!(status, 200, "{answer}");
+    let last_error = answer["error"]["model"]["last_error"].as_str().unwrap_or_default();
+    assert!(last_error.contains("/models/tiny.gguf"), "{answer}");
+    assert_eq!(state(&server, "chat").await, "loaded", "a missing file evicts nothing");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ fn demo_config_merges_local_over_settings() {
     // Objects merge key by key at the top level too.
     assert_eq!(config.max_loaded_models.llm.get(), 2);
     assert_eq!(config.max_loaded_models.embedding.get(), 2);
-    assert_eq!(config.max_loaded_models.reranking.get(), 1);
+    assert_eq!(config.max_loaded_models.reranking.get(), 2);
     // Types come from labels; devices from the backend.
     assert_eq!(config.model("embed").unwrap().model_type, ModelType::Embedding);
     assert_eq!(config.model("rerank").unwrap().model_type, ModelType::Reranking);

@@ -1,0 +1,261 @@
+//! Hangar's in-process llama.cpp engine adapter, on top of `llama-cpp-2`.
+//!
+//! This crate owns the [`LlamaCppBackend`] (a [`Backend`] for `llama_cpp` models) and the
+//! runtime of one loaded replica. Architecture invariant: no llama.cpp object ever leaves its
+//! worker thread. Each replica is one dedicated OS thread that owns the model, its context and
+//! the samplers; the async side talks to it through a bounded command channel and gets
+//! readiness through a oneshot. The llama.cpp backend itself (`LlamaBackend`, global init) is
+//! created once by the composition root and passed in as a token.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use hangar_backend_llamacpp::LlamaCppBackend;
+//! use llama_cpp_2::llama_backend::LlamaBackend;
+//!
+//! let llama = Arc::new(LlamaBackend::init().expect("llama.cpp initialises once per process"));
+//! let backend = LlamaCppBackend::new(llama);
+//! # let _ = backend;
+//! ```
+
+pub mod prompt;
+
+mod capture;
+mod settings;
+mod worker;
+
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use hangar_backend::{
+    Backend, Capabilities, EmbedRequest, Embeddings, GenerateEvent, GenerateRequest,
+    GenerateSummary, LoadError, LoadRequest, Modality, RerankRequest, Rerankings, Runtime,
+    RuntimeError,
+};
+use hangar_config::{BackendKind, ModelConfig, PromptFormat};
+pub use llama_cpp_2;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::worker::{Command, WorkerSpec};
+
+/// Tokens generated when a request sets no `max_tokens`.
+pub const DEFAULT_MAX_TOKENS: u32 = 128;
+
+/// Commands that may wait for a replica's worker before senders block.
+const COMMAND_QUEUE: usize = 64;
+
+/// The in-process llama.cpp engine. Cheap to clone.
+#[derive(Clone)]
+pub struct LlamaCppBackend {
+    llama: Arc<LlamaBackend>,
+}
+
+impl std::fmt::Debug for LlamaCppBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LlamaCppBackend")
+    }
+}
+
+impl LlamaCppBackend {
+    /// An engine using the process's llama.cpp backend. Also routes llama.cpp's own log
+    /// lines into `tracing` (process-wide, idempotent), which is how load failures get
+    /// llama.cpp's reason.
+    pub fn new(llama: Arc<LlamaBackend>) -> Self {
+        llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
+        Self { llama }
+    }
+}
+
+/// What a `llama_cpp` model supports, from its config alone: text only, multi-turn and
+/// thinking modes per its prompt format ([`prompt::multi_turn`], [`prompt::thinking_modes`]),
+/// one sequence at a time per replica.
+pub fn capabilities(model: &ModelConfig) -> Capabilities {
+    let format = model.prompt_format.unwrap_or(PromptFormat::Auto);
+    Capabilities {
+        modalities: vec![Modality::Text],
+        multi_turn: prompt::multi_turn(format),
+        thinking_modes: prompt::thinking_modes(format),
+        // One context per worker thread, requests served one after another.
+        max_parallel_sequences: Some(NonZeroU32::MIN),
+    }
+}
+
+#[async_trait]
+impl Backend for LlamaCppBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::LlamaCpp
+    }
+
+    fn capabilities(&self, model: &ModelConfig) -> Capabilities {
+        capabilities(model)
+    }
+
+    /// Checks the GGUF file exists (else [`LoadError::NotFound`]), then starts the replica's
+    /// worker thread and waits for it to load the model and create its context.
+    async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
+        let runtime: Arc<dyn Runtime> = self.load_replica(request).await?;
+        Ok(runtime)
+    }
+}
+
+impl LlamaCppBackend {
+    /// [`Backend::load`], returning the concrete runtime (whose [`LlamaCppRuntime::info`]
+    /// tells what llama.cpp made of the settings).
+    ///
+    /// # Errors
+    /// [`LoadError::NotFound`] when `model_path` is unset or no file is there,
+    /// [`LoadError::Failed`] with llama.cpp's reason when it cannot load the file or create
+    /// the context.
+    pub async fn load_replica(
+        &self,
+        request: LoadRequest,
+    ) -> Result<Arc<LlamaCppRuntime>, LoadError> {
+        let model = &request.model;
+        if model.backend != BackendKind::LlamaCpp {
+            return Err(LoadError::Failed {
+                message: format!("llama_cpp backend cannot load a {} model", model.backend),
+            });
+        }
+        let path = model.model_path.clone().ok_or_else(|| LoadError::NotFound {
+            path: model.name.to_string(),
+            message: "model_path is not set".to_owned(),
+        })?;
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => {}
+            Ok(_) => {
+                return Err(LoadError::NotFound { path, message: "not a file".to_owned() });
+            }
+            Err(e) => return Err(LoadError::NotFound { path, message: e.to_string() }),
+        }
+        request.progress.report(0.0);
+        let spec = WorkerSpec::new(model, Path::new(&path), request.progress.clone());
+        let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let llama = Arc::clone(&self.llama);
+        let thread = std::thread::Builder::new()
+            .name(format!("llama-{}-{}", model.name, request.replica))
+            .spawn(move || worker::run(&llama, spec, ready_tx, receiver))
+            .map_err(|e| LoadError::Failed { message: format!("cannot spawn worker: {e}") })?;
+        let info = match ready_rx.await {
+            Ok(Ok(info)) => info,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(LoadError::Failed {
+                    message: "llama.cpp worker thread died while loading".to_owned(),
+                });
+            }
+        };
+        request.progress.report(1.0);
+        tracing::info!(model = %model.name, replica = request.replica, n_ctx = info.n_ctx, "llama.cpp model loaded");
+        Ok(Arc::new(LlamaCppRuntime {
+            capabilities: capabilities(model),
+            info,
+            commands: Mutex::new(Some(commands)),
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+}
+
+/// Facts about a loaded replica, as llama.cpp reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuntimeInfo {
+    /// The context size in tokens (`llama_n_ctx`).
+    pub n_ctx: u32,
+    /// The logical batch size (`llama_n_batch`).
+    pub n_batch: u32,
+    /// The model's training context.
+    pub n_ctx_train: u32,
+}
+
+/// One loaded replica: a handle to its worker thread.
+pub struct LlamaCppRuntime {
+    capabilities: Capabilities,
+    info: RuntimeInfo,
+    commands: Mutex<Option<mpsc::Sender<Command>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for LlamaCppRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaCppRuntime").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+fn worker_gone() -> RuntimeError {
+    RuntimeError::Crashed { reason: "llama.cpp worker thread is gone".to_owned() }
+}
+
+impl LlamaCppRuntime {
+    /// What llama.cpp reported when this replica loaded.
+    pub fn info(&self) -> RuntimeInfo {
+        self.info
+    }
+
+    fn sender(&self) -> Result<mpsc::Sender<Command>, RuntimeError> {
+        let guard = self.commands.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match guard.as_ref() {
+            Some(tx) if !tx.is_closed() => Ok(tx.clone()),
+            Some(_) => Err(worker_gone()),
+            None => Err(RuntimeError::Failed { message: "runtime is unloaded".to_owned() }),
+        }
+    }
+
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, RuntimeError>>) -> Command,
+    ) -> Result<T, RuntimeError> {
+        let tx = self.sender()?;
+        let (reply, answer) = oneshot::channel();
+        tx.send(make(reply)).await.map_err(|_| worker_gone())?;
+        answer.await.map_err(|_| worker_gone())?
+    }
+}
+
+#[async_trait]
+impl Runtime for LlamaCppRuntime {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    async fn generate(
+        &self,
+        request: GenerateRequest,
+        events: mpsc::Sender<GenerateEvent>,
+    ) -> Result<GenerateSummary, RuntimeError> {
+        self.call(|reply| Command::Generate { request, events, reply }).await
+    }
+
+    async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, RuntimeError> {
+        self.call(|reply| Command::Embed { request, reply }).await
+    }
+
+    async fn rerank(&self, request: RerankRequest) -> Result<Rerankings, RuntimeError> {
+        self.call(|reply| Command::Rerank { request, reply }).await
+    }
+
+    async fn health(&self) -> Result<(), RuntimeError> {
+        self.sender().map(drop)
+    }
+
+    /// Closes the command channel, so the worker finishes what it has queued, drops
+    /// context and model, and exits; then joins it.
+    async fn unload(&self) {
+        let commands =
+            self.commands.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        drop(commands);
+        let thread = self.thread.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(thread) = thread {
+            let joined = tokio::task::spawn_blocking(move || thread.join()).await;
+            if !matches!(joined, Ok(Ok(()))) {
+                tracing::warn!("llama.cpp worker thread panicked");
+            }
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The llama.cpp engine on the committed tiny GGUF fixtures (`fixtures/models/`): real loads,
+//! real decoding, random weights.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use hangar_backend::{
+    Backend, ChatMessage, EmbedRequest, FinishReason, GenerateEvent, GenerateRequest,
+    GenerateSummary, LoadError, LoadRequest, ProgressSink, Prompt, RerankRequest, Role, Runtime,
+    RuntimeError, SamplingParams,
+};
+use hangar_backend_llamacpp::LlamaCppBackend;
+use hangar_backend_llamacpp::llama_cpp_2::llama_backend::LlamaBackend;
+use hangar_config::{ModelConfig, ModelName};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+fn fixture(name: &str) -> String {
+    format!("{}/../../fixtures/models/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// llama.cpp initialises once per process; every test shares it.
+fn backend() -> LlamaCppBackend {
+    static LLAMA: OnceLock<Arc<LlamaBackend>> = OnceLock::new();
+    let llama = LLAMA.get_or_init(|| Arc::new(LlamaBackend::init().expect("llama.cpp init")));
+    LlamaCppBackend::new(Arc::clone(llama))
+}
+
+fn model(extra: Value) -> Arc<ModelConfig> {
+    let mut value = json!({ "backend": "llama_cpp", "model_path": fixture("tiny-llama.gguf") });
+    for (k, v) in extra.as_object().expect("object") {
+        value[k] = v.clone();
+    }
+    Arc::new(ModelConfig::parse(&ModelName::new("tiny").unwrap(), &value).expect("valid model"))
+}
+
+fn request(model: Arc<ModelConfig>, replica: u32) -> LoadRequest {
+    LoadRequest { model, replica, progress: ProgressSink::default() }
+}
+
+async fn load(extra: Value) -> Arc<dyn Runtime> {
+    backend().load(request(model(extra), 0)).await.expect("fixture loads")
+}
+
+fn text(prompt: &str, max_tokens: u32) -> GenerateRequest {
+    GenerateRequest {
+        prompt: Prompt::Text(prompt.to_owned()),
+        params: SamplingParams { max_tokens: Some(max_tokens), ..Default::default() },
+        thinking: Default::default(),
+        translation: None,
+    }
+}
+
+async fn generate(
+    runtime: &dyn Runtime,
+    request: GenerateRequest,
+) -> (Result<GenerateSummary, RuntimeError>, Vec<String>) {
+    let (tx, mut rx) = mpsc::channel(1024);
+    let result = runtime.generate(request, tx).await;
+    let mut pieces = Vec::new();
+    while let Some(GenerateEvent::Text(piece)) = rx.recv().await {
+        pieces.push(piece);
+    }
+    (result, pieces)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn generation_stops_at_max_tokens_with_finish_reason_length() {
+    let runtime = load(json!({})).await;
+    let (summary, pieces) = generate(&*runtime, text("hello world", 8)).await;
+    let summary = summary.expect("generates");
+    assert_eq!(summary.finish_reason, FinishReason::Length);
+    assert_eq!(summary.completion_tokens, 8);
+    assert!(summary.prompt_tokens >= 2, "BOS plus the prompt: {summary:?}");
+    assert!(!pieces.is_empty());
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streamed_pieces_concatenate_to_the_same_text_every_greedy_run() {
+    let runtime = load(json!({})).await;
+    let (first, pieces) = generate(&*runtime, text("the model", 16)).await;
+    let (second, again) = generate(&*runtime, text("the model", 16)).await;
+    assert_eq!(first.unwrap(), second.unwrap());
+    assert!(pieces.len() > 1, "one event per token: {pieces:?}");
+    assert_eq!(pieces.concat(), again.concat());
+    assert!(!pieces.concat().is_empty());
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn seeded_sampling_is_reproducible() {
+    let runtime = load(json!({})).await;
+    let sampled = |seed| {
+        let mut r = text("hello", 12);
+        r.params.temperature = Some(1.0);
+        r.params.top_p = Some(0.9);
+        r.params.top_k = Some(40);
+        r.params.seed = Some(seed);
+        r
+    };
+    let (a, pa) = generate(&*runtime, sampled(7)).await;
+    let (b, pb) = generate(&*runtime, sampled(7)).await;
+    assert_eq!(a.unwrap(), b.unwrap());
+    assert_eq!(pa.concat(), pb.concat());
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_sequence_ends_generation_before_it() {
+    let runtime = load(json!({})).await;
+    let (_, pieces) = generate(&*runtime, text("abc", 24)).await;
+    let full = pieces.concat();
+    // Stop at the text's second character: what comes out is only the first.
+    let cut: String = full.chars().skip(1).take(1).collect();
+    let mut request = text("abc", 24);
+    request.params.stop = vec![cut.clone()];
+    let (summary, pieces) = generate(&*runtime, request).await;
+    let summary = summary.unwrap();
+    assert_eq!(summary.finish_reason, FinishReason::Stop);
+    let out = pieces.concat();
+    assert!(!out.contains(&cut) && full.starts_with(&out), "{out:?} vs {full:?} cut at {cut:?}");
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_prompts_use_the_embedded_template() {
+    let runtime = load(json!({})).await;
+    let chat = |content: &str| GenerateRequest {
+        prompt: Prompt::Chat(vec![
+            ChatMessage { role: Role::System, content: "be brief".into() },
+            ChatMessage { role: Role::User, content: content.into() },
+        ]),
+        ..text("", 4)
+    };
+    let (summary, _) = generate(&*runtime, chat("hi")).await;
+    let (raw, _) = generate(&*runtime, text("hi", 4)).await;
+    // ChatML wraps the message: many more prompt tokens than the bare text.
+    assert!(summary.unwrap().prompt_tokens > raw.unwrap().prompt_tokens + 4);
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dropping_the_receiver_cancels_and_the_runtime_stays_usable() {
+    let runtime = load(json!({})).await;
+    let (tx, rx) = mpsc::channel(1);
+    drop(rx);
+    let result = runtime.generate(text("hello", 64), tx).await;
+    assert_eq!(result, Err(RuntimeError::Cancelled));
+
+    // A receiver that goes away mid-stream.
+    let (tx, mut rx) = mpsc::channel(1);
+    let reader = tokio::spawn(async move {
+        let first = rx.recv().await;
+        drop(rx);
+        first
+    });
+    let result = runtime.generate(text("hello", 64), tx).await;
+    assert!(reader.await.unwrap().is_some());
+    assert_eq!(result, Err(RuntimeError::Cancelled));
+
+    let (summary, _) = generate(&*runtime, text("hello", 3)).await;
+    assert_eq!(summary.unwrap().completion_tokens, 3);
+    runtime.health().await.unwrap();
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_file_is_not_found() {
+    let err = backend()
+        .load(request(model(json!({ "model_path": "/nonexistent/tiny.gguf" })), 0))
+        .await
+        .err()
+        .expect("fails");
+    assert!(err.is_not_found(), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupt_file_is_a_load_failure_with_llama_cpps_reason() {
+    let dir = std::env::temp_dir().join(format!("hangar-llamacpp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("garbage.gguf");
+    std::fs::write(&path, b"this is not a gguf file at all, just garbage bytes\n".repeat(20))
+        .unwrap();
+    let err = backend()
+        .load(request(model(json!({ "model_path": path.to_str().unwrap() })), 0))
+        .await
+        .err()
+        .expect("fails");
+    std::fs::remove_dir_all(&dir).ok();
+    let LoadError::Failed { message } = &err else { panic!("expected Failed, got {err:?}") };
+    eprintln!("llama.cpp reason: {message}");
+    assert!(message.contains("gguf") || message.contains("magic"), "{message}");
+    assert!(!message.contains("null result"), "llama.cpp's reason, not the wrapper's: {message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn load_reports_progress_up_to_one() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = {
+        let seen = Arc::clone(&seen);
+        ProgressSink::new(move |p| seen.lock().unwrap().push(p))
+    };
+    let runtime = backend()
+        .load(LoadRequest { model: model(json!({})), replica: 0, progress: sink })
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.first(), Some(&0.0));
+    assert_eq!(seen.last(), Some(&1.0));
+    assert!(seen.len() > 2, "llama.cpp's own progress in between: {seen:?}");
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unload_then_reload_serves_again() {
+    for _ in 0..3 {
+        let runtime = load(json!({})).await;
+        let (summary, _) = generate(&*runtime, text("hello", 2)).await;
+        assert_eq!(summary.unwrap().completion_tokens, 2);
+        runtime.unload().await;
+        assert!(runtime.health().await.is_err(), "unloaded runtimes are not healthy");
+        let (after, _) = generate(&*runtime, text("hello", 2)).await;
+        assert!(after.is_err());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gguf_overrides_are_applied_to_the_context() {
+    let model = model(json!({
+        "gguf_n_ctx": 256,
+        "gguf_n_batch": 32,
+        "gguf_n_threads": 1,
+        "gguf_n_gpu_layers": 0,
+        "gguf_flash_attn": "off",
+        "gguf_type_k": "q8_0",
+        "gguf_type_v": "f16",
+    }));
+    let runtime = backend().load_replica(request(model, 0)).await.unwrap();
+    let info = runtime.info();
+    assert_eq!((info.n_ctx, info.n_batch), (256, 32), "{info:?}");
+    assert_eq!(info.n_ctx_train, 2048);
+    // A longer prompt is refused with the context's size.
+    let long = "hello world ".repeat(200);
+    let (result, _) = generate(&*runtime, text(&long, 4)).await;
+    match result {
+        Err(RuntimeError::InvalidRequest { message }) => {
+            assert!(message.ends_with("the context holds 256"), "{message}")
+        }
+        other => panic!("expected InvalidRequest, got {other:?}"),
+    }
+    // Generation stops at the context's end.
+    let (summary, _) = generate(&*runtime, text("hello", 1000)).await;
+    let summary = summary.unwrap();
+    assert_eq!(summary.finish_reason, FinishReason::Length);
+    assert_eq!(summary.prompt_tokens + summary.completion_tokens, 256);
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_gguf_n_ctx_the_context_is_the_training_context() {
+    let runtime = backend().load_replica(request(model(json!({})), 0)).await.unwrap();
+    assert_eq!(runtime.info().n_ctx, 2048);
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn configured_prompt_formats_render_through_the_prompt_module() {
+    let chat = GenerateRequest {
+        prompt: Prompt::Chat(vec![ChatMessage { role: Role::User, content: "hi".into() }]),
+        ..text("", 2)
+    };
+    let generic = load(json!({ "prompt_format": "generic" })).await;
+    let (summary, _) = generate(&*generic, chat.clone()).await;
+    // "User: hi\nAssistant:" is more than BOS + "hi".
+    assert!(summary.unwrap().prompt_tokens > 3);
+    generic.unload().await;
+
+    let translate = load(json!({ "prompt_format": "translategemma_template" })).await;
+    assert!(!translate.capabilities().multi_turn);
+    let (result, _) = generate(&*translate, chat).await;
+    assert!(matches!(result, Err(RuntimeError::InvalidRequest { .. })), "no target: {result:?}");
+    translate.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_generate_concurrently() {
+    let backend = backend();
+    let model = model(json!({}));
+    let a = backend.load(request(Arc::clone(&model), 0)).await.unwrap();
+    let b = backend.load(request(model, 1)).await.unwrap();
+    let (ra, rb) = tokio::join!(generate(&*a, text("hello", 32)), generate(&*b, text("hello", 32)));
+    let (ra, rb) = (ra.0.unwrap(), rb.0.unwrap());
+    assert_eq!(ra, rb, "same weights, same greedy output");
+    assert_eq!(ra.completion_tokens, 32);
+    a.unload().await;
+    b.health().await.expect("unloading one replica leaves the other");
+    b.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn embeddings_are_normalized_and_deterministic() {
+    let runtime = backend()
+        .load(request(
+            model(json!({ "model_path": fixture("tiny-embed.gguf"), "type": "embedding" })),
+            0,
+        ))
+        .await
+        .unwrap();
+    let inputs = vec!["hello world".to_owned(), "the quick brown fox".to_owned()];
+    let first = runtime.embed(EmbedRequest { inputs: inputs.clone() }).await.unwrap();
+    let second = runtime.embed(EmbedRequest { inputs }).await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(first.vectors.len(), 2);
+    assert!(first.prompt_tokens > 0);
+    for v in &first.vectors {
+        assert_eq!(v.len(), 64);
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    }
+    assert_ne!(first.vectors[0], first.vectors[1]);
+    let (result, _) = generate(&*runtime, text("hi", 2)).await;
+    assert!(matches!(result, Err(RuntimeError::Unsupported { .. })), "{result:?}");
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rerank_scores_every_document_deterministically() {
+    let runtime = backend()
+        .load(request(
+            model(json!({ "model_path": fixture("tiny-rerank.gguf"), "type": "reranking" })),
+            0,
+        ))
+        .await
+        .unwrap();
+    let req = RerankRequest {
+        query: "what is a fox".into(),
+        documents: vec!["a fox is an animal".into(), "paris is in france".into(), "x".into()],
+    };
+    let first = runtime.rerank(req.clone()).await.unwrap();
+    let second = runtime.rerank(req).await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(first.scores.len(), 3);
+    assert!(first.scores.iter().all(|s| s.is_finite()));
+    assert_ne!(first.scores[0], first.scores[1]);
+    assert!(matches!(
+        runtime.embed(EmbedRequest { inputs: vec!["x".into()] }).await,
+        Err(RuntimeError::Unsupported { .. })
+    ));
+    runtime.unload().await;
+}

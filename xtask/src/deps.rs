@@ -1,0 +1,113 @@
+//! `cargo xtask deps`: the system packages the llama.cpp build needs.
+//!
+//! `llama-cpp-sys-2` builds llama.cpp with CMake and generates its bindings with bindgen,
+//! which loads libclang. On a machine without them this installs `cmake`, `clang` and
+//! `libclang-dev` through apt when running as root, and otherwise says what to install.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{Result, bail};
+
+/// Debian/Ubuntu packages that provide what is missing.
+const PACKAGES: [&str; 3] = ["cmake", "clang", "libclang-dev"];
+
+/// Checks for cmake and libclang; installs them when missing and allowed to.
+pub(crate) fn ensure() -> Result<()> {
+    let missing = missing();
+    if missing.is_empty() {
+        eprintln!("deps: cmake and libclang present");
+        return Ok(());
+    }
+    eprintln!("deps: missing {}", missing.join(", "));
+    if !is_root() {
+        bail!(
+            "the llama.cpp build needs {}; install them (e.g. `sudo apt-get install -y {}`) \
+             and run again",
+            missing.join(" and "),
+            PACKAGES.join(" ")
+        );
+    }
+    if !succeeds(Command::new("apt-get").arg("--version")) {
+        bail!(
+            "the llama.cpp build needs {}, and apt-get is not available here to install {}",
+            missing.join(" and "),
+            PACKAGES.join(" ")
+        );
+    }
+    crate::run(apt(&["update"]))?;
+    let mut install = apt(&["install", "-y", "--no-install-recommends"]);
+    install.args(PACKAGES);
+    crate::run(install)?;
+    let still = self::missing();
+    if !still.is_empty() {
+        bail!("still missing after apt-get install: {}", still.join(", "));
+    }
+    Ok(())
+}
+
+fn apt(args: &[&str]) -> Command {
+    let mut cmd = Command::new("apt-get");
+    cmd.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+    cmd
+}
+
+/// What of cmake and libclang is not there.
+fn missing() -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    if !succeeds(Command::new("cmake").arg("--version")) {
+        missing.push("cmake");
+    }
+    if !has_libclang() {
+        missing.push("libclang");
+    }
+    missing
+}
+
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// libclang as bindgen finds it: `LIBCLANG_PATH`, the loader cache, or an LLVM install.
+fn has_libclang() -> bool {
+    let is_libclang = |name: &str| name.starts_with("libclang.so") || name.starts_with("libclang-");
+    let dir_has = |dir: &Path| {
+        std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                is_libclang(&name) && name.contains(".so") && !name.starts_with("libclang-cpp")
+            })
+        })
+    };
+    if std::env::var_os("LIBCLANG_PATH").is_some_and(|dir| dir_has(Path::new(&dir))) {
+        return true;
+    }
+    let ldconfig = Command::new("ldconfig").arg("-p").output();
+    if let Ok(out) = ldconfig {
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.lines().any(|l| {
+            l.trim_start().starts_with("libclang.so") || l.trim_start().starts_with("libclang-1")
+        }) {
+            return true;
+        }
+    }
+    ["/usr/lib", "/usr/lib64", "/usr/local/lib"].iter().any(|root| {
+        std::fs::read_dir(root).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                (name.starts_with("llvm") && dir_has(&e.path().join("lib")))
+                    || (name == "x86_64-linux-gnu" || name == "aarch64-linux-gnu")
+                        && dir_has(&e.path())
+            })
+        })
+    })
+}

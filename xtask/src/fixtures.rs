@@ -1,0 +1,790 @@
+//! `cargo xtask fixtures`: deterministic tiny random-weight GGUF models that llama.cpp loads
+//! for real.
+//!
+//! Three files go to `fixtures/models/`:
+//!
+//! - `tiny-llama.gguf`: a `llama`-architecture chat model (2 layers, n_embd 64, 2 heads of
+//!   32 dims, 1 KV head, n_ff 128) with a SentencePiece (`llama`) vocabulary of `<unk>`, `<s>`, `</s>`, the
+//!   256 byte-fallback tokens, word pieces, and the ChatML control tokens `<|im_start|>` /
+//!   `<|im_end|>`, plus an embedded ChatML `tokenizer.chat_template`.
+//! - `tiny-embed.gguf`: a `bert`-architecture encoder with a WordPiece (`bert`) vocabulary and
+//!   `bert.pooling_type` = 1 (mean), for the embeddings path.
+//! - `tiny-rerank.gguf`: the same encoder plus the classifier head (`cls.*`, `cls.output.*`)
+//!   and `bert.pooling_type` = 4 (rank), for the reranking path.
+//!
+//! Everything is derived from fixed seeds through a SplitMix64 generator and only IEEE
+//! additions and multiplications (no `ln`/`cos`, whose last bit may differ between C
+//! libraries), so the same command writes byte-identical files on every machine.
+//!
+//! The GGUF writer is the format of `ggml/include/gguf.h` (version 3): the magic `GGUF`,
+//! version, tensor count, key/value count, the key/values, the tensor infos (name, dims,
+//! ggml type, offset), padding to `general.alignment`, then each tensor's data padded to the
+//! alignment. All integers are little-endian.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// The alignment of the tensor data (and of every tensor's offset), written as
+/// `general.alignment`; 32 is also GGUF's default.
+pub(crate) const ALIGNMENT: usize = 32;
+
+/// The files `cargo xtask fixtures` writes, by name.
+pub(crate) const FILES: [&str; 3] = ["tiny-llama.gguf", "tiny-embed.gguf", "tiny-rerank.gguf"];
+
+/// Writes every fixture into `<root>/fixtures/models`.
+pub(crate) fn run(root: &Path) -> Result<()> {
+    let dir = root.join("fixtures").join("models");
+    for (name, len) in write_all(&dir)? {
+        eprintln!("wrote {} ({len} bytes)", dir.join(name).display());
+    }
+    Ok(())
+}
+
+/// Writes every fixture into `dir` (created when missing); returns each file's name and size.
+pub(crate) fn write_all(dir: &Path) -> Result<Vec<(&'static str, usize)>> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut written = Vec::new();
+    for (name, bytes) in generate() {
+        let path = dir.join(name);
+        fs::write(&path, &bytes).with_context(|| format!("cannot write {}", path.display()))?;
+        written.push((name, bytes.len()));
+    }
+    Ok(written)
+}
+
+/// The bytes of every fixture, in the order of [`FILES`].
+pub(crate) fn generate() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        (FILES[0], tiny_llama().to_bytes()),
+        (FILES[1], tiny_bert(Head::Embedding).to_bytes()),
+        (FILES[2], tiny_bert(Head::Rerank).to_bytes()),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic random numbers
+// ---------------------------------------------------------------------------------------------
+
+/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, and fully specified.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1) with 53 random bits (exact: an integer times a power of two).
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Approximately N(0, 1): the Irwin–Hall sum of 12 uniforms minus 6. Only additions, so
+    /// the result is bit-for-bit the same everywhere (unlike Box–Muller's `ln` and `cos`).
+    fn next_normal(&mut self) -> f64 {
+        let mut sum = 0.0;
+        for _ in 0..12 {
+            sum += self.next_f64();
+        }
+        sum - 6.0
+    }
+}
+
+/// A seed per tensor: FNV-1a of the file's seed label and the tensor name, so adding or
+/// reordering tensors never changes the others' values.
+fn seed_for(file: &str, tensor: &str) -> u64 {
+    let mut hash: u64 = 0xCBF2_9CE4_8422_2325;
+    for byte in file.bytes().chain([0u8]).chain(tensor.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    hash
+}
+
+// ---------------------------------------------------------------------------------------------
+// GGUF writer
+// ---------------------------------------------------------------------------------------------
+
+/// GGUF value type ids (`enum gguf_type` in `gguf.h`).
+mod gguf_type {
+    pub(super) const UINT32: u32 = 4;
+    pub(super) const INT32: u32 = 5;
+    pub(super) const FLOAT32: u32 = 6;
+    pub(super) const BOOL: u32 = 7;
+    pub(super) const STRING: u32 = 8;
+    pub(super) const ARRAY: u32 = 9;
+}
+
+/// ggml's id of the F32 tensor type (`GGML_TYPE_F32`).
+const GGML_TYPE_F32: u32 = 0;
+
+/// One metadata value.
+#[derive(Debug, Clone)]
+enum Value {
+    U32(u32),
+    F32(f32),
+    Bool(bool),
+    Str(String),
+    StrArray(Vec<String>),
+    F32Array(Vec<f32>),
+    I32Array(Vec<i32>),
+}
+
+/// One F32 tensor: its name, its dims in ggml order (`ne[0]` first, the contiguous one) and
+/// its elements.
+#[derive(Debug, Clone)]
+struct Tensor {
+    name: String,
+    dims: Vec<u64>,
+    data: Vec<f32>,
+}
+
+/// A GGUF file being built: key/values and tensors, written in insertion order.
+#[derive(Debug, Default)]
+struct Gguf {
+    kvs: Vec<(String, Value)>,
+    tensors: Vec<Tensor>,
+}
+
+impl Gguf {
+    fn kv(&mut self, key: &str, value: Value) {
+        self.kvs.push((key.to_owned(), value));
+    }
+
+    fn u32(&mut self, key: &str, v: u32) {
+        self.kv(key, Value::U32(v));
+    }
+
+    fn f32(&mut self, key: &str, v: f32) {
+        self.kv(key, Value::F32(v));
+    }
+
+    fn bool(&mut self, key: &str, v: bool) {
+        self.kv(key, Value::Bool(v));
+    }
+
+    fn str(&mut self, key: &str, v: &str) {
+        self.kv(key, Value::Str(v.to_owned()));
+    }
+
+    fn tensor(&mut self, name: &str, dims: &[u64], data: Vec<f32>) {
+        let n: u64 = dims.iter().product();
+        assert_eq!(n as usize, data.len(), "tensor {name}: dims {dims:?} vs {} values", data.len());
+        self.tensors.push(Tensor { name: name.to_owned(), dims: dims.to_vec(), data });
+    }
+
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(b"GGUF");
+        put_u32(&mut out, 3);
+        put_u64(&mut out, self.tensors.len() as u64);
+        put_u64(&mut out, self.kvs.len() as u64);
+        for (key, value) in &self.kvs {
+            put_str(&mut out, key);
+            put_value(&mut out, value);
+        }
+        let mut offset = 0usize;
+        for t in &self.tensors {
+            put_str(&mut out, &t.name);
+            put_u32(&mut out, t.dims.len() as u32);
+            for &d in &t.dims {
+                put_u64(&mut out, d);
+            }
+            put_u32(&mut out, GGML_TYPE_F32);
+            put_u64(&mut out, offset as u64);
+            offset += padded(t.data.len() * 4);
+        }
+        pad(&mut out);
+        for t in &self.tensors {
+            for v in &t.data {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            pad(&mut out);
+        }
+        out
+    }
+}
+
+fn padded(n: usize) -> usize {
+    n.div_ceil(ALIGNMENT) * ALIGNMENT
+}
+
+fn pad(out: &mut Vec<u8>) {
+    out.resize(padded(out.len()), 0);
+}
+
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_u64(out, s.len() as u64);
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_value(out: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::U32(v) => {
+            put_u32(out, gguf_type::UINT32);
+            put_u32(out, *v);
+        }
+        Value::F32(v) => {
+            put_u32(out, gguf_type::FLOAT32);
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        Value::Bool(v) => {
+            put_u32(out, gguf_type::BOOL);
+            out.push(u8::from(*v));
+        }
+        Value::Str(s) => {
+            put_u32(out, gguf_type::STRING);
+            put_str(out, s);
+        }
+        Value::StrArray(items) => {
+            put_u32(out, gguf_type::ARRAY);
+            put_u32(out, gguf_type::STRING);
+            put_u64(out, items.len() as u64);
+            for s in items {
+                put_str(out, s);
+            }
+        }
+        Value::F32Array(items) => {
+            put_u32(out, gguf_type::ARRAY);
+            put_u32(out, gguf_type::FLOAT32);
+            put_u64(out, items.len() as u64);
+            for v in items {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        Value::I32Array(items) => {
+            put_u32(out, gguf_type::ARRAY);
+            put_u32(out, gguf_type::INT32);
+            put_u64(out, items.len() as u64);
+            for v in items {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor contents
+// ---------------------------------------------------------------------------------------------
+
+/// Standard deviation of the random weights (the usual transformer init).
+const WEIGHT_STD: f64 = 0.02;
+
+/// Builds tensors of one file, each from its own seed.
+struct Weights<'a> {
+    file: &'a str,
+}
+
+impl Weights<'_> {
+    /// N(0, 0.02²) values.
+    fn random(&self, name: &str, dims: &[u64]) -> Vec<f32> {
+        let mut rng = SplitMix64(seed_for(self.file, name));
+        let n: u64 = dims.iter().product();
+        (0..n).map(|_| (rng.next_normal() * WEIGHT_STD) as f32).collect()
+    }
+
+    fn fill(dims: &[u64], v: f32) -> Vec<f32> {
+        vec![v; dims.iter().product::<u64>() as usize]
+    }
+
+    fn add_random(&self, g: &mut Gguf, name: &str, dims: &[u64]) {
+        let data = self.random(name, dims);
+        g.tensor(name, dims, data);
+    }
+
+    /// A normalisation weight: all ones.
+    fn add_ones(g: &mut Gguf, name: &str, dims: &[u64]) {
+        g.tensor(name, dims, Self::fill(dims, 1.0));
+    }
+
+    /// A bias: all zeros.
+    fn add_zeros(g: &mut Gguf, name: &str, dims: &[u64]) {
+        g.tensor(name, dims, Self::fill(dims, 0.0));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tiny-llama.gguf
+// ---------------------------------------------------------------------------------------------
+
+/// The ChatML template (as in Qwen2/Hermes models); llama.cpp's built-in template detection
+/// recognises it by `<|im_start|>`, and its Jinja engine runs it as is.
+pub(crate) const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// SentencePiece token types (`llama_token_type`).
+mod token_type {
+    pub(super) const NORMAL: i32 = 1;
+    pub(super) const UNKNOWN: i32 = 2;
+    pub(super) const CONTROL: i32 = 3;
+    pub(super) const BYTE: i32 = 6;
+}
+
+/// The SentencePiece vocabulary: (piece, score, type). `▁` (U+2581) marks a word start.
+///
+/// llama.cpp's SPM tokenizer starts from single characters and merges adjacent pieces whose
+/// concatenation is in the vocabulary, highest score first, so every multi-character piece
+/// here is reachable through pieces that are also in the vocabulary; anything else falls back
+/// to the byte tokens.
+fn spm_vocab() -> Vec<(String, f32, i32)> {
+    let mut vocab: Vec<(String, f32, i32)> = vec![
+        ("<unk>".into(), 0.0, token_type::UNKNOWN),
+        ("<s>".into(), 0.0, token_type::CONTROL),
+        ("</s>".into(), 0.0, token_type::CONTROL),
+    ];
+    for b in 0..=255u8 {
+        vocab.push((format!("<0x{b:02X}>"), 0.0, token_type::BYTE));
+    }
+    let mut pieces: Vec<String> = Vec::new();
+    // Single characters: the word-start marker, letters, digits, punctuation.
+    pieces.push("\u{2581}".into());
+    pieces.extend(('a'..='z').map(String::from));
+    pieces.extend(('0'..='9').map(String::from));
+    pieces.extend([".", ",", "!", "?", ":", "'", "-"].map(String::from));
+    // Word-start letters.
+    pieces.extend(('a'..='z').map(|c| format!("\u{2581}{c}")));
+    // Common bigrams, then words (with the word-start marker), each the concatenation of two
+    // pieces listed before it.
+    let bigrams = ["th", "he", "in", "er", "an", "on", "re", "at", "ll", "lo", "or", "ld"];
+    pieces.extend(bigrams.map(String::from));
+    let words = [
+        "th", "the", "an", "and", "is", "to", "of", "in", "he", "hel", "hell", "hello", "wor",
+        "world", "yo", "you", "it", "wh", "what", "on", "one",
+    ];
+    pieces.extend(words.map(|w| format!("\u{2581}{w}")));
+    // Scores: later (longer) pieces win merges over earlier ones, like SentencePiece's log
+    // probabilities of frequent merges.
+    let n = pieces.len();
+    for (i, p) in pieces.into_iter().enumerate() {
+        let score = -((n - i) as f32);
+        vocab.push((p, score, token_type::NORMAL));
+    }
+    vocab.push(("<|im_start|>".into(), 0.0, token_type::CONTROL));
+    vocab.push(("<|im_end|>".into(), 0.0, token_type::CONTROL));
+    vocab
+}
+
+fn tiny_llama() -> Gguf {
+    const FILE: &str = "tiny-llama";
+    const N_EMBD: u64 = 64;
+    // Heads of 32 dims: llama.cpp refuses a quantized KV cache (q8_0, q4_0: blocks of 32)
+    // unless the head size is a multiple of the block size, and Hangar offers those presets.
+    const N_HEAD: u64 = 2;
+    const N_HEAD_KV: u64 = 1;
+    const N_FF: u64 = 128;
+    const N_LAYER: u64 = 2;
+    const HEAD_DIM: u64 = N_EMBD / N_HEAD;
+
+    let vocab = spm_vocab();
+    let n_vocab = vocab.len() as u64;
+    let id_of = |piece: &str| vocab.iter().position(|(p, _, _)| p == piece).expect("piece") as u32;
+
+    let mut g = Gguf::default();
+    g.str("general.architecture", "llama");
+    g.str("general.name", "Hangar tiny llama (random weights)");
+    g.str(
+        "general.description",
+        "Test fixture written by `cargo xtask fixtures`; gibberish output.",
+    );
+    g.u32("general.alignment", ALIGNMENT as u32);
+    g.u32("general.file_type", 0); // ALL_F32
+    g.u32("llama.context_length", 2048);
+    g.u32("llama.embedding_length", N_EMBD as u32);
+    g.u32("llama.block_count", N_LAYER as u32);
+    g.u32("llama.feed_forward_length", N_FF as u32);
+    g.u32("llama.attention.head_count", N_HEAD as u32);
+    g.u32("llama.attention.head_count_kv", N_HEAD_KV as u32);
+    g.u32("llama.rope.dimension_count", HEAD_DIM as u32);
+    g.f32("llama.rope.freq_base", 10000.0);
+    g.f32("llama.attention.layer_norm_rms_epsilon", 1e-5);
+    g.u32("llama.vocab_size", n_vocab as u32);
+
+    g.str("tokenizer.ggml.model", "llama");
+    g.str("tokenizer.ggml.pre", "default");
+    g.kv("tokenizer.ggml.tokens", Value::StrArray(vocab.iter().map(|v| v.0.clone()).collect()));
+    g.kv("tokenizer.ggml.scores", Value::F32Array(vocab.iter().map(|v| v.1).collect()));
+    g.kv("tokenizer.ggml.token_type", Value::I32Array(vocab.iter().map(|v| v.2).collect()));
+    g.u32("tokenizer.ggml.bos_token_id", id_of("<s>"));
+    g.u32("tokenizer.ggml.eos_token_id", id_of("</s>"));
+    g.u32("tokenizer.ggml.eot_token_id", id_of("<|im_end|>"));
+    g.u32("tokenizer.ggml.unknown_token_id", id_of("<unk>"));
+    g.bool("tokenizer.ggml.add_bos_token", true);
+    g.bool("tokenizer.ggml.add_eos_token", false);
+    g.str("tokenizer.chat_template", CHATML_TEMPLATE);
+
+    let w = Weights { file: FILE };
+    w.add_random(&mut g, "token_embd.weight", &[N_EMBD, n_vocab]);
+    for i in 0..N_LAYER {
+        let blk = |t: &str| format!("blk.{i}.{t}");
+        Weights::add_ones(&mut g, &blk("attn_norm.weight"), &[N_EMBD]);
+        w.add_random(&mut g, &blk("attn_q.weight"), &[N_EMBD, HEAD_DIM * N_HEAD]);
+        w.add_random(&mut g, &blk("attn_k.weight"), &[N_EMBD, HEAD_DIM * N_HEAD_KV]);
+        w.add_random(&mut g, &blk("attn_v.weight"), &[N_EMBD, HEAD_DIM * N_HEAD_KV]);
+        w.add_random(&mut g, &blk("attn_output.weight"), &[HEAD_DIM * N_HEAD, N_EMBD]);
+        Weights::add_ones(&mut g, &blk("ffn_norm.weight"), &[N_EMBD]);
+        w.add_random(&mut g, &blk("ffn_gate.weight"), &[N_EMBD, N_FF]);
+        w.add_random(&mut g, &blk("ffn_down.weight"), &[N_FF, N_EMBD]);
+        w.add_random(&mut g, &blk("ffn_up.weight"), &[N_EMBD, N_FF]);
+    }
+    Weights::add_ones(&mut g, "output_norm.weight", &[N_EMBD]);
+    w.add_random(&mut g, "output.weight", &[N_EMBD, n_vocab]);
+    g
+}
+
+// ---------------------------------------------------------------------------------------------
+// tiny-embed.gguf / tiny-rerank.gguf
+// ---------------------------------------------------------------------------------------------
+
+/// Which head the BERT encoder gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Head {
+    /// Mean pooling of the last hidden states (`pooling_type` 1).
+    Embedding,
+    /// The sequence-classification head on the `[CLS]` state (`pooling_type` 4, rank).
+    Rerank,
+}
+
+/// The WordPiece vocabulary as llama.cpp stores it: specials first, then word-start pieces
+/// with the `▁` prefix (HF's plain tokens) and continuation pieces without it (HF's `##x`).
+fn wpm_vocab() -> Vec<(String, i32)> {
+    let mut vocab: Vec<(String, i32)> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        .into_iter()
+        .map(|s| (s.to_owned(), token_type::CONTROL))
+        .collect();
+    let mut normal = |s: String| vocab.push((s, token_type::NORMAL));
+    for c in ('a'..='z').chain('0'..='9') {
+        normal(format!("\u{2581}{c}"));
+    }
+    for c in ('a'..='z').chain('0'..='9') {
+        normal(c.to_string());
+    }
+    for p in [".", ",", "!", "?", ":", ";", "'", "\"", "-", "(", ")"] {
+        normal(format!("\u{2581}{p}"));
+    }
+    for w in [
+        "the", "a", "an", "and", "of", "to", "in", "is", "it", "that", "for", "on", "with", "as",
+        "was", "he", "she", "they", "we", "you", "this", "be", "at", "by", "from", "or", "hello",
+        "world", "cat", "dog", "paris", "france", "capital", "city", "what", "which", "where",
+        "who", "how", "model", "query", "document", "answer", "question", "search", "rank",
+    ] {
+        normal(format!("\u{2581}{w}"));
+    }
+    for suffix in ["s", "ed", "ing", "er", "est", "ly", "tion"] {
+        normal(suffix.to_owned());
+    }
+    // Keep the first occurrence of a piece listed twice (`▁a` is a letter and a word).
+    let mut seen = std::collections::HashSet::new();
+    vocab.retain(|(piece, _)| seen.insert(piece.clone()));
+    vocab
+}
+
+fn tiny_bert(head: Head) -> Gguf {
+    const N_EMBD: u64 = 64;
+    const N_HEAD: u64 = 2;
+    const N_FF: u64 = 128;
+    const N_LAYER: u64 = 2;
+    const N_CTX: u64 = 512;
+    const N_TOKEN_TYPES: u64 = 2;
+
+    let (file, name, pooling) = match head {
+        Head::Embedding => ("tiny-embed", "Hangar tiny embedding BERT (random weights)", 1),
+        Head::Rerank => ("tiny-rerank", "Hangar tiny reranking BERT (random weights)", 4),
+    };
+    let vocab = wpm_vocab();
+    let n_vocab = vocab.len() as u64;
+    let id_of = |piece: &str| vocab.iter().position(|(p, _)| p == piece).expect("piece") as u32;
+
+    let mut g = Gguf::default();
+    g.str("general.architecture", "bert");
+    g.str("general.name", name);
+    g.str("general.description", "Test fixture written by `cargo xtask fixtures`; random output.");
+    g.u32("general.alignment", ALIGNMENT as u32);
+    g.u32("general.file_type", 0); // ALL_F32
+    g.u32("bert.context_length", N_CTX as u32);
+    g.u32("bert.embedding_length", N_EMBD as u32);
+    g.u32("bert.block_count", N_LAYER as u32);
+    g.u32("bert.feed_forward_length", N_FF as u32);
+    g.u32("bert.attention.head_count", N_HEAD as u32);
+    g.f32("bert.attention.layer_norm_epsilon", 1e-12);
+    g.bool("bert.attention.causal", false);
+    g.u32("bert.pooling_type", pooling);
+    if head == Head::Rerank {
+        g.kv("bert.classifier.output_labels", Value::StrArray(vec!["LABEL_0".into()]));
+    }
+
+    g.str("tokenizer.ggml.model", "bert");
+    g.u32("tokenizer.ggml.token_type_count", N_TOKEN_TYPES as u32);
+    g.kv("tokenizer.ggml.tokens", Value::StrArray(vocab.iter().map(|v| v.0.clone()).collect()));
+    g.kv("tokenizer.ggml.scores", Value::F32Array(vec![0.0; vocab.len()]));
+    g.kv("tokenizer.ggml.token_type", Value::I32Array(vocab.iter().map(|v| v.1).collect()));
+    g.u32("tokenizer.ggml.bos_token_id", id_of("[CLS]"));
+    g.u32("tokenizer.ggml.unknown_token_id", id_of("[UNK]"));
+    g.u32("tokenizer.ggml.seperator_token_id", id_of("[SEP]"));
+    g.u32("tokenizer.ggml.padding_token_id", id_of("[PAD]"));
+    g.u32("tokenizer.ggml.cls_token_id", id_of("[CLS]"));
+    g.u32("tokenizer.ggml.mask_token_id", id_of("[MASK]"));
+    g.bool("tokenizer.ggml.add_bos_token", true);
+    g.bool("tokenizer.ggml.add_sep_token", true);
+
+    let w = Weights { file };
+    w.add_random(&mut g, "token_embd.weight", &[N_EMBD, n_vocab]);
+    w.add_random(&mut g, "token_types.weight", &[N_EMBD, N_TOKEN_TYPES]);
+    w.add_random(&mut g, "position_embd.weight", &[N_EMBD, N_CTX]);
+    Weights::add_ones(&mut g, "token_embd_norm.weight", &[N_EMBD]);
+    Weights::add_zeros(&mut g, "token_embd_norm.bias", &[N_EMBD]);
+    for i in 0..N_LAYER {
+        let blk = |t: &str| format!("blk.{i}.{t}");
+        for proj in ["attn_q", "attn_k", "attn_v", "attn_output"] {
+            w.add_random(&mut g, &blk(&format!("{proj}.weight")), &[N_EMBD, N_EMBD]);
+            Weights::add_zeros(&mut g, &blk(&format!("{proj}.bias")), &[N_EMBD]);
+        }
+        Weights::add_ones(&mut g, &blk("attn_output_norm.weight"), &[N_EMBD]);
+        Weights::add_zeros(&mut g, &blk("attn_output_norm.bias"), &[N_EMBD]);
+        w.add_random(&mut g, &blk("ffn_up.weight"), &[N_EMBD, N_FF]);
+        Weights::add_zeros(&mut g, &blk("ffn_up.bias"), &[N_FF]);
+        w.add_random(&mut g, &blk("ffn_down.weight"), &[N_FF, N_EMBD]);
+        Weights::add_zeros(&mut g, &blk("ffn_down.bias"), &[N_EMBD]);
+        Weights::add_ones(&mut g, &blk("layer_output_norm.weight"), &[N_EMBD]);
+        Weights::add_zeros(&mut g, &blk("layer_output_norm.bias"), &[N_EMBD]);
+    }
+    if head == Head::Rerank {
+        // llama.cpp's rank pooling: tanh(cls · h_[CLS] + cls_b), then cls.output → 1 score.
+        w.add_random(&mut g, "cls.weight", &[N_EMBD, N_EMBD]);
+        Weights::add_zeros(&mut g, "cls.bias", &[N_EMBD]);
+        w.add_random(&mut g, "cls.output.weight", &[N_EMBD, 1]);
+        Weights::add_zeros(&mut g, "cls.output.bias", &[1]);
+    }
+    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a minimal GGUF reader sees in a file.
+    #[derive(Debug)]
+    struct Parsed {
+        version: u32,
+        kvs: Vec<(String, u32)>,
+        strings: Vec<(String, String)>,
+        u32s: Vec<(String, u32)>,
+        tensors: Vec<(String, Vec<u64>, u32, u64)>,
+        data_start: usize,
+    }
+
+    struct Reader<'a> {
+        bytes: &'a [u8],
+        pos: usize,
+    }
+
+    impl Reader<'_> {
+        fn take(&mut self, n: usize) -> &[u8] {
+            let s = &self.bytes[self.pos..self.pos + n];
+            self.pos += n;
+            s
+        }
+        fn u32(&mut self) -> u32 {
+            u32::from_le_bytes(self.take(4).try_into().unwrap())
+        }
+        fn u64(&mut self) -> u64 {
+            u64::from_le_bytes(self.take(8).try_into().unwrap())
+        }
+        fn string(&mut self) -> String {
+            let n = self.u64() as usize;
+            String::from_utf8(self.take(n).to_vec()).expect("utf-8 string")
+        }
+        /// Skips a value of type `ty`, returning it as a string when it is one.
+        fn value(&mut self, ty: u32) -> (Option<String>, Option<u32>) {
+            match ty {
+                0 | 1 | 7 => {
+                    self.take(1);
+                }
+                2 | 3 => {
+                    self.take(2);
+                }
+                4 => return (None, Some(self.u32())),
+                5 | 6 => {
+                    self.take(4);
+                }
+                8 => return (Some(self.string()), None),
+                9 => {
+                    let elem = self.u32();
+                    let n = self.u64();
+                    for _ in 0..n {
+                        self.value(elem);
+                    }
+                }
+                10..=12 => {
+                    self.take(8);
+                }
+                other => panic!("unknown gguf type {other}"),
+            }
+            (None, None)
+        }
+    }
+
+    fn parse(bytes: &[u8]) -> Parsed {
+        let mut r = Reader { bytes, pos: 0 };
+        assert_eq!(r.take(4), b"GGUF");
+        let version = r.u32();
+        let n_tensors = r.u64();
+        let n_kv = r.u64();
+        let mut kvs = Vec::new();
+        let mut strings = Vec::new();
+        let mut u32s = Vec::new();
+        for _ in 0..n_kv {
+            let key = r.string();
+            let ty = r.u32();
+            let (s, u) = r.value(ty);
+            if let Some(s) = s {
+                strings.push((key.clone(), s));
+            }
+            if let Some(u) = u {
+                u32s.push((key.clone(), u));
+            }
+            kvs.push((key, ty));
+        }
+        let mut tensors = Vec::new();
+        for _ in 0..n_tensors {
+            let name = r.string();
+            let n_dims = r.u32();
+            let dims = (0..n_dims).map(|_| r.u64()).collect();
+            let ty = r.u32();
+            let offset = r.u64();
+            tensors.push((name, dims, ty, offset));
+        }
+        let data_start = padded(r.pos);
+        assert!(bytes[r.pos..data_start].iter().all(|&b| b == 0), "padding is zeros");
+        Parsed { version, kvs, strings, u32s, tensors, data_start }
+    }
+
+    #[test]
+    fn generating_twice_gives_identical_bytes() {
+        let a = generate();
+        let b = generate();
+        assert_eq!(a.len(), 3);
+        for ((na, ba), (nb, bb)) in a.iter().zip(&b) {
+            assert_eq!(na, nb);
+            assert!(ba == bb, "{na} differs between two runs");
+        }
+    }
+
+    #[test]
+    fn committed_fixtures_match_the_generator() {
+        let dir = std::env::temp_dir().join(format!("hangar-fixtures-{}", std::process::id()));
+        let written = write_all(&dir).unwrap();
+        let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models");
+        for (name, _) in written {
+            let fresh = fs::read(dir.join(name)).unwrap();
+            let old = fs::read(committed.join(name)).unwrap_or_else(|e| {
+                panic!("fixtures/models/{name}: {e}; run `cargo xtask fixtures`")
+            });
+            assert!(fresh == old, "fixtures/models/{name} is stale; run `cargo xtask fixtures`");
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn files_are_well_formed_gguf() {
+        for (name, bytes) in generate() {
+            assert!(bytes.len() < 2 * 1024 * 1024, "{name} is {} bytes", bytes.len());
+            let p = parse(&bytes);
+            assert_eq!(p.version, 3);
+            assert_eq!(p.data_start % ALIGNMENT, 0);
+            let get = |k: &str| p.u32s.iter().find(|(key, _)| key == k).map(|(_, v)| *v);
+            assert_eq!(get("general.alignment"), Some(ALIGNMENT as u32));
+            // Keys are unique (llama.cpp rejects duplicates).
+            let mut keys: Vec<_> = p.kvs.iter().map(|(k, _)| k.clone()).collect();
+            keys.sort();
+            keys.dedup();
+            assert_eq!(keys.len(), p.kvs.len(), "{name}: duplicate keys");
+            // Tensors: aligned, in order, non-overlapping, and the file ends after the last.
+            let mut expected = 0u64;
+            for (tname, dims, ty, offset) in &p.tensors {
+                assert_eq!(*ty, GGML_TYPE_F32, "{tname}");
+                assert_eq!(*offset, expected, "{name}: {tname} offset");
+                assert_eq!(offset % ALIGNMENT as u64, 0);
+                let size = dims.iter().product::<u64>() * 4;
+                expected += padded(size as usize) as u64;
+            }
+            assert_eq!(p.data_start as u64 + expected, bytes.len() as u64, "{name}: file size");
+            let arch = p.strings.iter().find(|(k, _)| k == "general.architecture").unwrap();
+            let n_layer = get(&format!("{}.block_count", arch.1)).unwrap();
+            assert_eq!(n_layer, 2);
+            let count = |prefix: &str| p.tensors.iter().filter(|t| t.0.starts_with(prefix)).count();
+            match name {
+                "tiny-llama.gguf" => {
+                    assert_eq!(arch.1, "llama");
+                    assert_eq!(p.tensors.len(), 3 + 2 * 9);
+                    assert_eq!(count("blk.1."), 9);
+                    let tmpl =
+                        p.strings.iter().find(|(k, _)| k == "tokenizer.chat_template").unwrap();
+                    assert!(tmpl.1.contains("<|im_start|>"));
+                }
+                "tiny-embed.gguf" => {
+                    assert_eq!(arch.1, "bert");
+                    assert_eq!(get("bert.pooling_type"), Some(1));
+                    assert_eq!(p.tensors.len(), 5 + 2 * 16);
+                    assert_eq!(count("cls"), 0);
+                }
+                "tiny-rerank.gguf" => {
+                    assert_eq!(arch.1, "bert");
+                    assert_eq!(get("bert.pooling_type"), Some(4));
+                    assert_eq!(p.tensors.len(), 5 + 2 * 16 + 4);
+                    assert_eq!(count("cls"), 4);
+                }
+                other => panic!("unexpected fixture {other}"),
+            }
+        }
+    }
+
+    #[test]
+    fn spm_vocab_has_byte_fallback_and_reachable_pieces() {
+        let vocab = spm_vocab();
+        assert_eq!(vocab[0].0, "<unk>");
+        assert_eq!(vocab[1].0, "<s>");
+        assert_eq!(vocab[2].0, "</s>");
+        for b in 0..=255usize {
+            assert_eq!(vocab[3 + b].0, format!("<0x{b:02X}>"));
+            assert_eq!(vocab[3 + b].2, token_type::BYTE);
+        }
+        assert!((290..=400).contains(&vocab.len()), "{} tokens", vocab.len());
+        let texts: std::collections::HashSet<&str> = vocab.iter().map(|v| v.0.as_str()).collect();
+        assert_eq!(texts.len(), vocab.len(), "pieces are unique");
+        // Every normal multi-character piece splits into two shorter pieces of the vocab.
+        for (piece, _, ty) in &vocab {
+            let chars: Vec<char> = piece.chars().collect();
+            if *ty != token_type::NORMAL || chars.len() < 2 {
+                continue;
+            }
+            let reachable = (1..chars.len()).any(|k| {
+                let left: String = chars[..k].iter().collect();
+                let right: String = chars[k..].iter().collect();
+                texts.contains(left.as_str()) && texts.contains(right.as_str())
+            });
+            assert!(reachable, "{piece} cannot be merged from smaller pieces");
+        }
+    }
+
+    #[test]
+    fn normal_values_look_like_n_0_002() {
+        let w = Weights { file: "stats" };
+        let v = w.random("t", &[100_000]);
+        let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
+        let var = v.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / v.len() as f64;
+        assert!(mean.abs() < 1e-3, "mean {mean}");
+        assert!((var.sqrt() - WEIGHT_STD).abs() < 1e-3, "std {}", var.sqrt());
+    }
+}
