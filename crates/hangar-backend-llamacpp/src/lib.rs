@@ -1,11 +1,14 @@
 //! Hangar's in-process llama.cpp engine adapter, on top of `llama-cpp-2`.
 //!
 //! This crate owns the [`LlamaCppBackend`] (a [`Backend`] for `llama_cpp` models) and the
-//! runtime of one loaded replica. Architecture invariant: no llama.cpp object ever leaves its
-//! worker thread. Each replica is one dedicated OS thread that owns the model, its context and
-//! the samplers; the async side talks to it through a bounded command channel and gets
-//! readiness through a oneshot. The llama.cpp backend itself (`LlamaBackend`, global init) is
-//! created once by the composition root and passed in as a token.
+//! runtime of one loaded replica. Architecture invariant: no llama.cpp context or sampler
+//! ever leaves its worker thread. Each replica is one dedicated OS thread that owns its
+//! context and samplers; the async side talks to it through a bounded command channel and
+//! gets readiness through a oneshot. The weights (`LlamaModel`, read-only once loaded) are
+//! loaded by the first replica's worker and shared by the model's other replicas, so `N`
+//! replicas cost one copy of the weights plus `N` contexts (KV caches). The llama.cpp backend
+//! itself (`LlamaBackend`, global init) is created once by the composition root and passed in
+//! as a token.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -21,11 +24,13 @@ pub mod prompt;
 
 mod capture;
 mod settings;
+mod structured;
 mod worker;
 
+use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 
 use async_trait::async_trait;
@@ -39,7 +44,7 @@ pub use llama_cpp_2;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::worker::{Command, WorkerSpec};
+use crate::worker::{Command, SharedModel, WorkerSpec};
 
 /// Tokens generated when a request sets no `max_tokens`.
 pub const DEFAULT_MAX_TOKENS: u32 = 128;
@@ -47,10 +52,18 @@ pub const DEFAULT_MAX_TOKENS: u32 = 128;
 /// Commands that may wait for a replica's worker before senders block.
 const COMMAND_QUEUE: usize = 64;
 
-/// The in-process llama.cpp engine. Cheap to clone.
+/// What makes two replicas' weights the same: the file and how many layers are offloaded.
+type WeightsKey = (PathBuf, Option<i32>);
+
+/// The weights some replica has loaded, per [`WeightsKey`]. Each slot's async lock is held
+/// while a replica of that key loads, so concurrent replica loads share one copy.
+type Weights = Mutex<HashMap<WeightsKey, Arc<tokio::sync::Mutex<Weak<SharedModel>>>>>;
+
+/// The in-process llama.cpp engine. Cheap to clone (clones share loaded weights).
 #[derive(Clone)]
 pub struct LlamaCppBackend {
     llama: Arc<LlamaBackend>,
+    weights: Arc<Weights>,
 }
 
 impl std::fmt::Debug for LlamaCppBackend {
@@ -65,7 +78,7 @@ impl LlamaCppBackend {
     /// llama.cpp's reason.
     pub fn new(llama: Arc<LlamaBackend>) -> Self {
         llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
-        Self { llama }
+        Self { llama, weights: Arc::default() }
     }
 }
 
@@ -132,15 +145,25 @@ impl LlamaCppBackend {
         }
         request.progress.report(0.0);
         let spec = WorkerSpec::new(model, Path::new(&path), request.progress.clone());
+        let key = (PathBuf::from(&path), spec.n_gpu_layers());
+        let slot = {
+            let mut weights =
+                self.weights.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Forget the weights no replica holds any more (slots not being loaded right now).
+            weights.retain(|_, slot| slot.try_lock().map_or(true, |w| w.strong_count() > 0));
+            Arc::clone(weights.entry(key).or_default())
+        };
+        let mut slot = slot.lock().await;
+        let shared = slot.upgrade();
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
         let (ready_tx, ready_rx) = oneshot::channel();
         let llama = Arc::clone(&self.llama);
         let thread = std::thread::Builder::new()
             .name(format!("llama-{}-{}", model.name, request.replica))
-            .spawn(move || worker::run(&llama, spec, ready_tx, receiver))
+            .spawn(move || worker::run(&llama, spec, shared, ready_tx, receiver))
             .map_err(|e| LoadError::Failed { message: format!("cannot spawn worker: {e}") })?;
-        let info = match ready_rx.await {
-            Ok(Ok(info)) => info,
+        let (info, weights) = match ready_rx.await {
+            Ok(Ok(ready)) => ready,
             Ok(Err(e)) => {
                 let _ = thread.join();
                 return Err(e);
@@ -152,11 +175,14 @@ impl LlamaCppBackend {
                 });
             }
         };
+        *slot = Arc::downgrade(&weights);
+        drop(slot);
         request.progress.report(1.0);
         tracing::info!(model = %model.name, replica = request.replica, n_ctx = info.n_ctx, "llama.cpp model loaded");
         Ok(Arc::new(LlamaCppRuntime {
             capabilities: capabilities(model),
             info,
+            weights: Arc::downgrade(&weights),
             commands: Mutex::new(Some(commands)),
             thread: Mutex::new(Some(thread)),
         }))
@@ -178,6 +204,8 @@ pub struct RuntimeInfo {
 pub struct LlamaCppRuntime {
     capabilities: Capabilities,
     info: RuntimeInfo,
+    /// The weights this replica serves from (its worker holds them).
+    weights: Weak<SharedModel>,
     commands: Mutex<Option<mpsc::Sender<Command>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -196,6 +224,11 @@ impl LlamaCppRuntime {
     /// What llama.cpp reported when this replica loaded.
     pub fn info(&self) -> RuntimeInfo {
         self.info
+    }
+
+    /// Whether this replica and `other` serve from one copy of the weights.
+    pub fn shares_weights_with(&self, other: &Self) -> bool {
+        self.weights.strong_count() > 0 && Weak::ptr_eq(&self.weights, &other.weights)
     }
 
     fn sender(&self) -> Result<mpsc::Sender<Command>, RuntimeError> {
@@ -229,7 +262,7 @@ impl Runtime for LlamaCppRuntime {
         request: GenerateRequest,
         events: mpsc::Sender<GenerateEvent>,
     ) -> Result<GenerateSummary, RuntimeError> {
-        self.call(|reply| Command::Generate { request, events, reply }).await
+        self.call(|reply| Command::Generate { request: Box::new(request), events, reply }).await
     }
 
     async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, RuntimeError> {

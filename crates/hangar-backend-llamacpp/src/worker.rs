@@ -2,11 +2,12 @@
 //! serves commands one at a time until its command channel closes.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use hangar_backend::{
     ChatMessage, EmbedRequest, Embeddings, FinishReason, GenerateEvent, GenerateRequest,
     GenerateSummary, LoadError, ProgressSink, Prompt, RerankRequest, Rerankings, Role,
-    RuntimeError,
+    RuntimeError, ToolCall,
 };
 use hangar_config::{BackendSettings, LlamaCppSettings, ModelConfig, ModelType, PromptFormat};
 use llama_cpp_2::context::LlamaContext;
@@ -16,15 +17,17 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::prompt::{self, RenderRequest};
+use crate::prompt::{self, RenderRequest, TOOL_CALL_OPEN};
+use crate::structured::{self, Constraint};
 use crate::{DEFAULT_MAX_TOKENS, RuntimeInfo, capture, settings};
 
 /// A request for the worker, with where its answer goes.
 pub(crate) enum Command {
     Generate {
-        request: GenerateRequest,
+        request: Box<GenerateRequest>,
         events: mpsc::Sender<GenerateEvent>,
         reply: oneshot::Sender<Result<GenerateSummary, RuntimeError>>,
     },
@@ -48,6 +51,11 @@ pub(crate) struct WorkerSpec {
 }
 
 impl WorkerSpec {
+    /// `gguf_n_gpu_layers`, which (with the file) determines the loaded weights.
+    pub(crate) fn n_gpu_layers(&self) -> Option<i32> {
+        self.settings.gguf_n_gpu_layers
+    }
+
     pub(crate) fn new(model: &ModelConfig, path: &Path, progress: ProgressSink) -> Self {
         let settings = match &model.settings {
             BackendSettings::LlamaCpp(s) => s.clone(),
@@ -63,13 +71,21 @@ impl WorkerSpec {
     }
 }
 
-/// The worker's body: load, report readiness, serve until the channel closes, drop all.
-pub(crate) fn run(
-    llama: &LlamaBackend,
-    spec: WorkerSpec,
-    ready: oneshot::Sender<Result<RuntimeInfo, LoadError>>,
-    mut commands: mpsc::Receiver<Command>,
-) {
+/// A model's weights, loaded once and shared by the workers of its replicas (read-only after
+/// load; llama.cpp supports many contexts on one model), with what is derived from its vocab.
+pub(crate) struct SharedModel {
+    model: LlamaModel,
+    /// Serializes context creation: `llama_init_from_model` mutates the model.
+    new_context: std::sync::Mutex<()>,
+    utf8: Utf8Guard,
+}
+
+/// What a worker reports once its replica is ready: llama.cpp's facts and the weights it
+/// serves from (to share with the model's next replica).
+pub(crate) type Ready = Result<(RuntimeInfo, Arc<SharedModel>), LoadError>;
+
+/// Loads the GGUF on this thread, reporting llama.cpp's progress.
+fn load_model(llama: &LlamaBackend, spec: &WorkerSpec) -> Result<Arc<SharedModel>, LoadError> {
     let progress = spec.progress.clone();
     let model_params = settings::model_params(
         &spec.settings,
@@ -80,16 +96,44 @@ pub(crate) fn run(
     );
     let (loaded, errors) =
         capture::errors_during(|| LlamaModel::load_from_file(llama, &spec.path, &model_params));
-    let model = match loaded {
-        Ok(model) => model,
+    match loaded {
+        Ok(model) => {
+            let utf8 = Utf8Guard::new(&model);
+            Ok(Arc::new(SharedModel { model, new_context: std::sync::Mutex::new(()), utf8 }))
+        }
         Err(e) => {
             let message = if errors.is_empty() { e.to_string() } else { errors.join("; ") };
-            let _ = ready.send(Err(LoadError::Failed { message }));
-            return;
+            Err(LoadError::Failed { message })
         }
+    }
+}
+
+/// The worker's body: load the weights (unless another replica shares them), create the
+/// context, report readiness, serve until the channel closes, drop all.
+pub(crate) fn run(
+    llama: &LlamaBackend,
+    spec: WorkerSpec,
+    shared: Option<Arc<SharedModel>>,
+    ready: oneshot::Sender<Ready>,
+    mut commands: mpsc::Receiver<Command>,
+) {
+    let shared = match shared {
+        Some(shared) => shared,
+        None => match load_model(llama, &spec) {
+            Ok(shared) => shared,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        },
     };
+    let model = &shared.model;
     let ctx_params = settings::context_params(&spec.settings, spec.model_type);
-    let (context, errors) = capture::errors_during(|| model.new_context(llama, ctx_params));
+    let (context, errors) = {
+        let _serialized =
+            shared.new_context.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        capture::errors_during(|| model.new_context(llama, ctx_params))
+    };
     let context = match context {
         Ok(context) => context,
         Err(e) => {
@@ -107,8 +151,8 @@ pub(crate) fn run(
         n_batch: context.n_batch(),
         n_ctx_train: model.n_ctx_train(),
     };
-    let mut worker = Worker { model: &model, context, spec };
-    if ready.send(Ok(info)).is_err() {
+    let mut worker = Worker { model, context, spec, utf8: &shared.utf8 };
+    if ready.send(Ok((info, Arc::clone(&shared)))).is_err() {
         return; // the load was abandoned
     }
     while let Some(command) = commands.blocking_recv() {
@@ -125,13 +169,84 @@ pub(crate) fn run(
             }
         }
     }
-    // Context, then model, are dropped here, on the thread that created them.
+    // The context is dropped here, on the thread that created it; the weights when the
+    // model's last replica goes.
 }
 
 struct Worker<'m> {
     model: &'m LlamaModel,
     context: LlamaContext<'m>,
     spec: WorkerSpec,
+    utf8: &'m Utf8Guard,
+}
+
+/// Keeps generated text valid UTF-8. Byte-fallback tokens (`<0x80>` …) can spell invalid
+/// sequences, and llama.cpp's grammars accept bytes leniently, so invalid output would turn
+/// into U+FFFD (and, say, overrun a schema's `maxLength`). Before each draw the guard removes
+/// the tokens that would make the text invalid: at a character boundary those whose bytes
+/// cannot start valid text; inside a multi-byte character everything except the
+/// continuations that keep it valid.
+struct Utf8Guard {
+    /// Tokens whose bytes are no valid UTF-8 (prefix) on their own.
+    invalid_alone: Vec<LlamaToken>,
+    /// Tokens whose bytes start with a continuation byte, with those bytes.
+    continuations: Vec<(LlamaToken, Vec<u8>)>,
+}
+
+/// Whether `bytes` is valid UTF-8, possibly ending inside a character.
+fn valid_prefix(bytes: &[u8]) -> bool {
+    match std::str::from_utf8(bytes) {
+        Ok(_) => true,
+        Err(e) => e.error_len().is_none(),
+    }
+}
+
+impl Utf8Guard {
+    fn new(model: &LlamaModel) -> Self {
+        let vocab = model.vocab();
+        let mut guard = Self { invalid_alone: Vec::new(), continuations: Vec::new() };
+        for id in 0..vocab.n_tokens() {
+            let token = LlamaToken::new(id);
+            let bytes = vocab.token_to_piece(token, false, None);
+            if !valid_prefix(&bytes) {
+                guard.invalid_alone.push(token);
+            }
+            if bytes.first().is_some_and(|b| (0x80..0xC0).contains(b)) {
+                guard.continuations.push((token, bytes));
+            }
+        }
+        guard
+    }
+
+    /// Masks the candidates that would make `pending` (the bytes of an unfinished character,
+    /// usually none) invalid. Leaves everything as is when nothing valid would remain.
+    fn mask(&self, candidates: &mut LlamaTokenDataArray, pending: &[u8]) {
+        let data = &mut candidates.data;
+        let len = data.len();
+        let index = |t: LlamaToken| usize::try_from(t.0).ok().filter(|&i| i < len);
+        if pending.is_empty() {
+            for &token in &self.invalid_alone {
+                if let Some(i) = index(token) {
+                    data[i].set_logit(f32::NEG_INFINITY);
+                }
+            }
+            return;
+        }
+        let allowed: Vec<usize> = self
+            .continuations
+            .iter()
+            .filter(|(_, bytes)| valid_prefix(&[pending, bytes.as_slice()].concat()))
+            .filter_map(|&(token, _)| index(token))
+            .collect();
+        if allowed.is_empty() {
+            return;
+        }
+        let kept: Vec<f32> = allowed.iter().map(|&i| data[i].logit()).collect();
+        data.iter_mut().for_each(|d| d.set_logit(f32::NEG_INFINITY));
+        for (i, logit) in allowed.into_iter().zip(kept) {
+            data[i].set_logit(logit);
+        }
+    }
 }
 
 fn failed(message: impl std::fmt::Display) -> RuntimeError {
@@ -160,14 +275,25 @@ impl Worker<'_> {
     /// The prompt text: raw prompts as they are, chat through the configured format
     /// ([`crate::prompt::render`]), or for `auto` through the GGUF's embedded template.
     fn render(&self, request: &GenerateRequest) -> Result<String, RuntimeError> {
+        let tools = request.tools.as_ref().map_or(&[][..], |t| t.tools.as_slice());
+        let prepared;
+        let prompt = match &request.prompt {
+            Prompt::Chat(messages)
+                if !tools.is_empty() || messages.iter().any(|m| !m.tool_calls.is_empty()) =>
+            {
+                prepared = Prompt::Chat(prompt::with_tools(messages, tools));
+                &prepared
+            }
+            prompt => prompt,
+        };
         let req = RenderRequest {
-            prompt: &request.prompt,
+            prompt,
             thinking: request.thinking,
             translation: request.translation.as_ref(),
         };
         match prompt::render(self.spec.prompt_format, &req) {
             Ok(Some(text)) => Ok(text),
-            Ok(None) => match &request.prompt {
+            Ok(None) => match prompt {
                 Prompt::Chat(messages) => self.embedded_template(messages),
                 Prompt::Text(text) => Ok(text.clone()),
             },
@@ -236,7 +362,35 @@ impl Worker<'_> {
         Ok(())
     }
 
-    fn sampler(request: &GenerateRequest) -> LlamaSampler {
+    /// The sampler chain: the constraint's grammar first (so only tokens it allows remain),
+    /// then greedy, or top-k / top-p / temperature / seeded draw.
+    fn sampler(
+        &self,
+        request: &GenerateRequest,
+        constraint: &Constraint,
+    ) -> Result<LlamaSampler, RuntimeError> {
+        let grammar = match constraint {
+            Constraint::Free => None,
+            Constraint::Json { grammar } | Constraint::Tools { grammar, lazy: false, .. } => {
+                Some(LlamaSampler::grammar(self.model, grammar, structured::ROOT))
+            }
+            Constraint::Tools { grammar, lazy: true, .. } => Some(LlamaSampler::grammar_lazy(
+                self.model,
+                grammar,
+                structured::ROOT,
+                [TOOL_CALL_OPEN],
+                &[],
+            )),
+        };
+        let draw = Self::draw(request);
+        match grammar {
+            None => Ok(draw),
+            Some(Ok(grammar)) => Ok(LlamaSampler::chain_simple([grammar, draw])),
+            Some(Err(e)) => Err(failed(format!("llama.cpp rejected the grammar: {e}"))),
+        }
+    }
+
+    fn draw(request: &GenerateRequest) -> LlamaSampler {
         let p = &request.params;
         match p.temperature {
             Some(t) if t > 0.0 => {
@@ -281,8 +435,9 @@ impl Worker<'_> {
             });
         }
         let max_tokens = request.params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-        let mut stream = StopStream::new(&request.params.stop);
-        let mut sampler = Self::sampler(request);
+        let constraint = structured::plan(request)?;
+        let mut sampler = self.sampler(request, &constraint)?;
+        let mut output = Output::new(&request.params.stop, &constraint);
         self.context.clear_kv_cache();
         self.decode(&prompt, 0, false)?;
 
@@ -292,23 +447,32 @@ impl Worker<'_> {
         let model = self.model;
         let vocab = model.vocab();
         let cancelled = || events.is_closed() || reply.is_closed();
-        let finish_reason = loop {
+        let send =
+            |event: GenerateEvent| events.blocking_send(event).map_err(|_| RuntimeError::Cancelled);
+        let mut finish_reason = loop {
             if completion >= max_tokens || n_past >= self.n_ctx() {
                 break FinishReason::Length;
             }
             if cancelled() {
                 return Err(RuntimeError::Cancelled);
             }
-            let token = sampler.sample(&self.context, -1);
+            let mut candidates =
+                LlamaTokenDataArray::from_iter(self.context.candidates_ith(-1), false);
+            self.utf8.mask(&mut candidates, &pending_bytes);
+            sampler.apply(&mut candidates);
+            let Some(token) = candidates.selected_token() else {
+                return Err(failed("the sampler selected no token"));
+            };
+            sampler.accept(token);
             if vocab.is_eog(token) {
                 break FinishReason::Stop;
             }
             completion += 1;
             pending_bytes.extend(vocab.token_to_piece(token, false, None));
             let piece = take_utf8(&mut pending_bytes);
-            let (out, stopped) = stream.push(&piece);
-            if !out.is_empty() && events.blocking_send(GenerateEvent::Text(out)).is_err() {
-                return Err(RuntimeError::Cancelled);
+            let (text, stopped) = output.push(&piece);
+            if !text.is_empty() {
+                send(GenerateEvent::Text(text))?;
             }
             if stopped {
                 break FinishReason::Stop;
@@ -316,11 +480,15 @@ impl Worker<'_> {
             self.decode(&[token], n_past, false)?;
             n_past += 1;
         };
-        if !stream.stopped {
-            let rest = stream.finish(&String::from_utf8_lossy(&pending_bytes));
-            if !rest.is_empty() && events.blocking_send(GenerateEvent::Text(rest)).is_err() {
-                return Err(RuntimeError::Cancelled);
-            }
+        // The guard keeps `pending_bytes` a valid prefix: what is left is the start of a
+        // character that max_tokens cut off, not text.
+        let (text, call) = output.finish();
+        if !text.is_empty() {
+            send(GenerateEvent::Text(text))?;
+        }
+        if let Some(call) = call {
+            send(GenerateEvent::ToolCall(call))?;
+            finish_reason = FinishReason::ToolCalls;
         }
         Ok(GenerateSummary {
             finish_reason,
@@ -426,6 +594,69 @@ impl Worker<'_> {
     }
 }
 
+/// Routes generated text: content through the stop sequences to the client, and, when the
+/// request has tools, everything from [`TOOL_CALL_OPEN`] on into the tool call.
+struct Output<'a> {
+    /// Content, with the request's stop sequences.
+    content: StopStream<'a>,
+    /// Watches the content for the start of a tool call (tools only).
+    opener: Option<StopStream<'static>>,
+    /// The call's text after [`TOOL_CALL_OPEN`], once the model started one.
+    call: Option<String>,
+    /// Functions a call may name.
+    names: &'a [String],
+}
+
+impl<'a> Output<'a> {
+    fn new(stops: &'a [String], constraint: &'a Constraint) -> Self {
+        let (opener, names) = match constraint {
+            Constraint::Tools { names, .. } => {
+                (Some(StopStream::with(vec![TOOL_CALL_OPEN])), names.as_slice())
+            }
+            _ => (None, &[][..]),
+        };
+        Self { content: StopStream::new(stops), opener, call: None, names }
+    }
+
+    /// Adds a piece; returns the content to send now and whether a stop sequence ended it.
+    fn push(&mut self, piece: &str) -> (String, bool) {
+        if let Some(call) = &mut self.call {
+            call.push_str(piece);
+            return (String::new(), false);
+        }
+        let Some(opener) = &mut self.opener else {
+            return self.content.push(piece);
+        };
+        let (text, opened) = opener.push(piece);
+        let (out, stopped) = self.content.push(&text);
+        if opened && !stopped {
+            self.call = Some(opener.take_after());
+        }
+        (out, stopped)
+    }
+
+    /// Ends the output: the content still held back, and the tool call if the model wrote a
+    /// complete one. An incomplete call (cut by `max_tokens`) is returned as content, as
+    /// written.
+    fn finish(mut self) -> (String, Option<ToolCall>) {
+        if let Some(call) = self.call.take() {
+            return match structured::parse_call(&call, self.names) {
+                Some(parsed) => (self.content.finish(""), Some(parsed)),
+                None => (self.content.finish(&format!("{TOOL_CALL_OPEN}{call}")), None),
+            };
+        }
+        if self.content.stopped {
+            return (String::new(), None);
+        }
+        let held = self.opener.as_mut().map(|o| o.finish("")).unwrap_or_default();
+        let (mut out, stopped) = self.content.push(&held);
+        if !stopped {
+            out.push_str(&self.content.finish(""));
+        }
+        (out, None)
+    }
+}
+
 /// Takes the longest valid UTF-8 prefix out of `bytes` (a token can end mid-character).
 fn take_utf8(bytes: &mut Vec<u8>) -> String {
     let valid = match std::str::from_utf8(bytes) {
@@ -447,23 +678,38 @@ fn take_utf8(bytes: &mut Vec<u8>) -> String {
 pub(crate) struct StopStream<'a> {
     stops: Vec<&'a str>,
     held: String,
+    /// What followed the stop sequence in the text pushed so far.
+    after: String,
     stopped: bool,
 }
 
 impl<'a> StopStream<'a> {
     pub(crate) fn new(stops: &'a [String]) -> Self {
+        Self::with(stops.iter().map(String::as_str).collect())
+    }
+
+    pub(crate) fn with(stops: Vec<&'a str>) -> Self {
         Self {
-            stops: stops.iter().map(String::as_str).filter(|s| !s.is_empty()).collect(),
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
+            after: String::new(),
             stopped: false,
         }
+    }
+
+    /// The text that followed the stop sequence (after [`Self::push`] reported a stop).
+    pub(crate) fn take_after(&mut self) -> String {
+        std::mem::take(&mut self.after)
     }
 
     /// Adds `piece`; returns what may be emitted now and whether a stop sequence completed
     /// (the text before it is emitted, the stop sequence and what follows are not).
     pub(crate) fn push(&mut self, piece: &str) -> (String, bool) {
         self.held.push_str(piece);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s)).min() {
+        let found =
+            self.stops.iter().filter_map(|s| self.held.find(s).map(|at| (at, s.len()))).min();
+        if let Some((at, len)) = found {
+            self.after = self.held.split_off(at + len);
             self.held.truncate(at);
             self.stopped = true;
             return (std::mem::take(&mut self.held), true);

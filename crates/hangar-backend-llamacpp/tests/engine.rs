@@ -43,10 +43,8 @@ async fn load(extra: Value) -> Arc<dyn Runtime> {
 
 fn text(prompt: &str, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
-        prompt: Prompt::Text(prompt.to_owned()),
         params: SamplingParams { max_tokens: Some(max_tokens), ..Default::default() },
-        thinking: Default::default(),
-        translation: None,
+        ..GenerateRequest::new(Prompt::Text(prompt.to_owned()))
     }
 }
 
@@ -127,8 +125,8 @@ async fn chat_prompts_use_the_embedded_template() {
     let runtime = load(json!({})).await;
     let chat = |content: &str| GenerateRequest {
         prompt: Prompt::Chat(vec![
-            ChatMessage { role: Role::System, content: "be brief".into() },
-            ChatMessage { role: Role::User, content: content.into() },
+            ChatMessage::new(Role::System, "be brief"),
+            ChatMessage::new(Role::User, content),
         ]),
         ..text("", 4)
     };
@@ -267,7 +265,7 @@ async fn without_gguf_n_ctx_the_context_is_the_training_context() {
 #[tokio::test(flavor = "multi_thread")]
 async fn configured_prompt_formats_render_through_the_prompt_module() {
     let chat = GenerateRequest {
-        prompt: Prompt::Chat(vec![ChatMessage { role: Role::User, content: "hi".into() }]),
+        prompt: Prompt::Chat(vec![ChatMessage::new(Role::User, "hi")]),
         ..text("", 2)
     };
     let generic = load(json!({ "prompt_format": "generic" })).await;
@@ -348,4 +346,39 @@ async fn rerank_scores_every_document_deterministically() {
         Err(RuntimeError::Unsupported { .. })
     ));
     runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_share_one_copy_of_the_weights_until_the_last_one_goes() {
+    let backend = backend();
+    let model = model(json!({}));
+    // Loaded concurrently, the second waits for the first's weights instead of loading its own.
+    let (a, b) = tokio::join!(
+        backend.load_replica(request(Arc::clone(&model), 0)),
+        backend.load_replica(request(Arc::clone(&model), 1))
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(a.shares_weights_with(&b));
+    // Other settings that change the weights (GPU layers) get their own copy.
+    let offloaded =
+        backend.load_replica(request(self::model(json!({ "gguf_n_gpu_layers": 0 })), 0));
+    let offloaded = offloaded.await.unwrap();
+    assert!(!offloaded.shares_weights_with(&a));
+    // Each replica still has its own context: both decode at once, identically.
+    let (ra, rb) = tokio::join!(generate(&*a, text("hello", 16)), generate(&*b, text("hello", 16)));
+    assert_eq!(ra.0.unwrap(), rb.0.unwrap());
+    assert_eq!(ra.1, rb.1);
+
+    a.unload().await;
+    assert!(b.shares_weights_with(&b), "the other replica keeps the weights alive");
+    let c = backend.load_replica(request(Arc::clone(&model), 2)).await.unwrap();
+    assert!(c.shares_weights_with(&b), "a new replica joins the loaded weights");
+    b.unload().await;
+    c.unload().await;
+    assert!(!c.shares_weights_with(&c), "unloading the last replica frees the weights");
+    let d = backend.load_replica(request(model, 0)).await.unwrap();
+    let (summary, _) = generate(&*d, text("hello", 4)).await;
+    assert_eq!(summary.unwrap().completion_tokens, 4, "fresh weights load and serve");
+    d.unload().await;
+    offloaded.unload().await;
 }

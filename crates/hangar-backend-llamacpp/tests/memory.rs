@@ -37,10 +37,8 @@ async fn fifty_load_unload_cycles_return_memory() {
         let runtime = backend.load(request).await.unwrap();
         let (tx, mut rx) = mpsc::channel(16);
         let generate = GenerateRequest {
-            prompt: Prompt::Text("hello".into()),
             params: SamplingParams { max_tokens: Some(2), ..Default::default() },
-            thinking: Default::default(),
-            translation: None,
+            ..GenerateRequest::new(Prompt::Text("hello".into()))
         };
         runtime.generate(generate, tx).await.unwrap();
         while rx.recv().await.is_some() {}

@@ -8,9 +8,11 @@
 
 use std::path::PathBuf;
 
-use hangar_backend::{ChatMessage, Prompt, Role, ThinkingMode, Translation};
+use hangar_backend::{
+    ChatMessage, Prompt, Role, ThinkingMode, ToolCall, ToolDefinition, Translation,
+};
 use hangar_backend_llamacpp::prompt::{
-    self, PromptError, RenderRequest, expects_bos, multi_turn, render, thinking_modes,
+    self, PromptError, RenderRequest, expects_bos, multi_turn, render, thinking_modes, with_tools,
 };
 use hangar_config::PromptFormat;
 
@@ -23,7 +25,7 @@ struct Case {
 }
 
 fn msg(role: Role, content: &str) -> ChatMessage {
-    ChatMessage { role, content: content.to_owned() }
+    ChatMessage::new(role, content)
 }
 
 fn single_turn() -> Vec<ChatMessage> {
@@ -489,4 +491,69 @@ fn errors_read_well() {
         PromptError::MissingTargetLanguage.to_string(),
         "translategemma_template needs a target_lang_code"
     );
+}
+
+/// Tool use renders as Qwen3's official template does with `tools=[…]`: the signatures in the
+/// system turn, the earlier call as a `<tool_call>` block, the result as a `<tool_response>`.
+/// The expected text is written out by hand from the template's `tools` branch.
+#[test]
+fn qwen3_tool_use_matches_the_official_template() {
+    let tools = vec![ToolDefinition {
+        name: "get_weather".to_owned(),
+        description: Some("Current weather".to_owned()),
+        parameters: serde_json::json!({
+            "type": "object",
+            "properties": { "city": { "type": "string" } },
+            "required": ["city"]
+        }),
+    }];
+    let mut call = ChatMessage::new(Role::Assistant, "");
+    call.tool_calls.push(ToolCall {
+        name: "get_weather".to_owned(),
+        arguments: r#"{"city":"Paris"}"#.to_owned(),
+    });
+    let messages = vec![
+        msg(Role::System, "You are helpful."),
+        msg(Role::User, "Weather in Paris?"),
+        call,
+        msg(Role::Tool, r#"{"temp": 21}"#),
+    ];
+    let prompt = Prompt::Chat(with_tools(&messages, &tools));
+    let req = RenderRequest { prompt: &prompt, thinking: ThinkingMode::Default, translation: None };
+    let expected = concat!(
+        "<|im_start|>system\nYou are helpful.\n\n# Tools\n\nYou may call one or more functions to ",
+        "assist with the user query.\n\nYou are provided with function signatures within ",
+        "<tools></tools> XML tags:\n<tools>\n",
+        r#"{"type": "function", "function": {"name": "get_weather", "description": "Current weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}"#,
+        "\n</tools>\n\nFor each function call, return a json object with function name and ",
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n",
+        r#"{"name": <function-name>, "arguments": <args-json-object>}"#,
+        "\n</tool_call><|im_end|>\n",
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n",
+        "<|im_start|>assistant\n<tool_call>\n",
+        r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#,
+        "\n</tool_call><|im_end|>\n",
+        "<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response><|im_end|>\n",
+        "<|im_start|>assistant\n",
+    );
+    assert_eq!(render(PromptFormat::Qwen3Template, &req), Ok(Some(expected.to_owned())));
+}
+
+#[test]
+fn tools_create_a_system_turn_and_leave_plain_chats_alone() {
+    let tools = vec![ToolDefinition {
+        name: "f".to_owned(),
+        description: None,
+        parameters: serde_json::json!({ "type": "object" }),
+    }];
+    let plain = single_turn();
+    assert_eq!(with_tools(&plain, &[]), plain);
+    let prepared = with_tools(&plain, &tools);
+    assert_eq!(prepared.len(), 2);
+    assert_eq!(prepared[0].role, Role::System);
+    assert!(prepared[0].content.starts_with("# Tools\n"));
+    assert!(prepared[0].content.contains(
+        r#"{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}"#
+    ));
+    assert_eq!(prepared[1], plain[0]);
 }

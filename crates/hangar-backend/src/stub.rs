@@ -29,6 +29,8 @@
 //!     params: SamplingParams::default(),
 //!     thinking: Default::default(),
 //!     translation: None,
+//!     tools: None,
+//!     format: None,
 //! };
 //! let summary = runtime.generate(request, tx).await.unwrap();
 //! assert_eq!(summary.completion_tokens, 2);
@@ -263,6 +265,14 @@ impl Runtime for StubRuntime {
         events: mpsc::Sender<GenerateEvent>,
     ) -> Result<GenerateSummary, RuntimeError> {
         self.admit(ModelType::Llm, "generate")?;
+        // Constrained decoding is an engine feature; the stub has no decoder to constrain.
+        if request.tools.is_some() || request.format.is_some() {
+            return Err(RuntimeError::Unsupported {
+                message:
+                    "stub: tools and response_format need a real engine (constrained decoding)"
+                        .to_owned(),
+            });
+        }
         let prompt = prompt_text(&request.prompt);
         let words: Box<dyn Iterator<Item = String> + Send> = match &self.settings.reply {
             Some(reply) => Box::new(

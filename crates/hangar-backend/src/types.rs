@@ -76,6 +76,66 @@ pub struct ChatMessage {
     pub role: Role,
     /// What was said.
     pub content: String,
+    /// Tools the assistant called in this turn (assistant messages of a tool-use history).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+impl ChatMessage {
+    /// A plain text message.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self { role, content: content.into(), tool_calls: Vec::new() }
+    }
+}
+
+/// A function the model may call (OpenAI's `tools[].function`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolDefinition {
+    /// The function's name.
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// JSON Schema of its arguments (an object schema).
+    pub parameters: serde_json::Value,
+}
+
+/// Which tool calls a generation may or must make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides between text and a tool call.
+    Auto,
+    /// The model must call one of the tools.
+    Required,
+    /// The model must call this tool.
+    Function(String),
+}
+
+/// The tools of a generation request and the request's `tool_choice`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolUse {
+    /// Callable functions; never empty.
+    pub tools: Vec<ToolDefinition>,
+    /// Whether and which tool must be called.
+    pub choice: ToolChoice,
+}
+
+/// One tool call the model made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolCall {
+    /// The called function's name.
+    pub name: String,
+    /// Its arguments: a JSON object, serialized.
+    pub arguments: String,
+}
+
+/// A structure the generated text must have, enforced while decoding (structured outputs).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputFormat {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// JSON valid against this JSON Schema (`response_format: {"type": "json_schema"}`).
+    JsonSchema(serde_json::Value),
 }
 
 /// The input of a generation.
@@ -115,6 +175,24 @@ pub struct GenerateRequest {
     pub thinking: ThinkingMode,
     /// Language codes of a TranslateGemma request, when the caller sent them.
     pub translation: Option<Translation>,
+    /// Tools the model may call; `None` when the request has none (or `tool_choice: none`).
+    pub tools: Option<ToolUse>,
+    /// A structure the text must have; `None` for free text.
+    pub format: Option<OutputFormat>,
+}
+
+impl GenerateRequest {
+    /// A request for `prompt` with default parameters, no tools and free text.
+    pub fn new(prompt: Prompt) -> Self {
+        Self {
+            prompt,
+            params: SamplingParams::default(),
+            thinking: ThinkingMode::Default,
+            translation: None,
+            tools: None,
+            format: None,
+        }
+    }
 }
 
 /// The language codes of a TranslateGemma request (`POST /v1/responses`).
@@ -132,6 +210,8 @@ pub struct Translation {
 pub enum GenerateEvent {
     /// Generated text (one token or a few).
     Text(String),
+    /// A complete tool call (sent once its arguments are complete).
+    ToolCall(ToolCall),
 }
 
 /// Why a generation stopped.
@@ -142,6 +222,8 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` reached.
     Length,
+    /// The model called tools ([`GenerateEvent::ToolCall`]).
+    ToolCalls,
 }
 
 /// The end of a generation: why it stopped and what it cost.

@@ -41,6 +41,8 @@ fn text(prompt: &str, max_tokens: Option<u32>, stop: &[&str]) -> GenerateRequest
         },
         thinking: ThinkingMode::Default,
         translation: None,
+        tools: None,
+        format: None,
     }
 }
 
@@ -320,12 +322,14 @@ async fn chat_prompts_count_the_words_of_every_message() {
     let runtime = load(&StubBackend::new(), json!({ "reply": "ok" })).await;
     let chat = GenerateRequest {
         prompt: Prompt::Chat(vec![
-            ChatMessage { role: Role::System, content: "be brief".into() },
-            ChatMessage { role: Role::User, content: "what is a hangar".into() },
+            ChatMessage::new(Role::System, "be brief"),
+            ChatMessage::new(Role::User, "what is a hangar"),
         ]),
         params: SamplingParams::default(),
         thinking: ThinkingMode::Default,
         translation: None,
+        tools: None,
+        format: None,
     };
     assert_eq!(generate(&runtime, chat).await.1.unwrap().prompt_tokens, 6);
     // An empty prompt still counts one token.

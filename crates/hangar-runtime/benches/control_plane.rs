@@ -26,6 +26,8 @@ fn request() -> GenerateRequest {
         params: SamplingParams { max_tokens: Some(1), ..SamplingParams::default() },
         thinking: ThinkingMode::Default,
         translation: None,
+        tools: None,
+        format: None,
     }
 }
 

@@ -31,6 +31,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         params: SamplingParams { max_tokens: Some(8), ..SamplingParams::default() },
         thinking: ThinkingMode::Default,
         translation: None,
+        tools: None,
+        format: None,
     };
     let generation = tokio::spawn({
         let manager = manager.clone();

@@ -38,6 +38,7 @@ mod openai;
 mod openapi;
 mod router;
 mod state;
+mod tools;
 
 use std::convert::Infallible;
 use std::future::Future;

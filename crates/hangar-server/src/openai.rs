@@ -21,7 +21,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use hangar_backend::{
     ChatMessage, EmbedRequest, FinishReason, GenerateEvent, GenerateRequest, GenerateSummary,
-    Prompt, RerankRequest, Role, SamplingParams, ThinkingMode, Translation,
+    Prompt, RerankRequest, Role, SamplingParams, ThinkingMode, ToolCall, Translation,
 };
 use hangar_runtime::{ModelSnapshot, RequestGuard};
 use http::StatusCode;
@@ -34,6 +34,9 @@ use crate::body::{Response, json_response, parse_json, sse_event, sse_response};
 use crate::error::{ApiError, codes};
 use crate::router::Ctx;
 use crate::state::AppState;
+use crate::tools::{
+    self, ChatTool, ResponseFormat, ResponsesText, ResponsesTool, ToolCallIn, ToolChoiceIn,
+};
 
 /// The metrics label of requests for models that are not in config.
 const UNKNOWN_MODEL_LABEL: &str = "_unknown";
@@ -99,6 +102,10 @@ pub(crate) struct ChatMessageIn {
     /// What was said: a string or a list of text parts. `null` is read as empty.
     #[serde(default)]
     content: Option<MessageContent>,
+    /// The tools an assistant message called (a tool-use history); answer each with a
+    /// `tool` message.
+    #[serde(default)]
+    tool_calls: Option<Vec<ToolCallIn>>,
 }
 
 /// Stop sequences: one string or a list of strings.
@@ -157,6 +164,17 @@ pub(crate) struct ChatCompletionRequest {
     /// Request-level thinking mode; must be one of the model's `capabilities.thinking_modes`,
     /// else 400 `thinking_unsupported`.
     thinking: Option<ThinkingMode>,
+    /// `{"type": "text"}` (default), `{"type": "json_object"}`, or `{"type": "json_schema",
+    /// "json_schema": {"name": …, "schema": {…}}}`: engines with constrained decoding
+    /// (llama_cpp) then only produce JSON that satisfies it. Not combinable with `tools`.
+    response_format: Option<ResponseFormat>,
+    /// Functions the model may call (`[{"type": "function", "function": {"name", "description",
+    /// "parameters"}}]`). Calls come back in `message.tool_calls` with `finish_reason:
+    /// "tool_calls"`; a generation makes at most one call.
+    tools: Option<Vec<ChatTool>>,
+    /// `auto` (default with tools: text or a call), `required` (always a call), `none`, or
+    /// `{"type": "function", "function": {"name": …}}` (always a call of that function).
+    tool_choice: Option<ToolChoiceIn>,
 }
 
 /// A completion prompt.
@@ -211,15 +229,24 @@ pub(crate) struct CompletionRequest {
 /// One input item of the Responses API: a message.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 pub(crate) struct ResponsesInputItem {
-    /// `message` (the default); other item types are refused with 400.
+    /// `message` (the default), `function_call` (a call the model made earlier) or
+    /// `function_call_output` (its result); other item types are refused with 400.
     #[serde(rename = "type", default)]
     kind: Option<String>,
-    /// Who wrote it: `system`, `developer`, `user` or `assistant`.
-    #[schemars(required)]
+    /// Messages: who wrote it, `system`, `developer`, `user` or `assistant`.
     role: Option<MessageRole>,
-    /// A string or a list of `input_text` / `output_text` parts.
+    /// Messages: a string or a list of `input_text` / `output_text` parts.
     #[serde(default)]
     content: Option<MessageContent>,
+    /// `function_call`: the called function.
+    name: Option<String>,
+    /// `function_call`: its arguments, a JSON string.
+    arguments: Option<String>,
+    /// `function_call` and `function_call_output`: the call's id.
+    #[allow(dead_code)]
+    call_id: Option<String>,
+    /// `function_call_output`: the function's result.
+    output: Option<String>,
 }
 
 /// The input of a response.
@@ -265,6 +292,14 @@ pub(crate) struct ResponsesRequest {
     source_lang_code: Option<String>,
     /// TranslateGemma: the target language code.
     target_lang_code: Option<String>,
+    /// Functions the model may call (`[{"type": "function", "name", "description",
+    /// "parameters"}]`); calls come back as `function_call` output items.
+    tools: Option<Vec<ResponsesTool>>,
+    /// `auto` (default with tools), `required`, `none`, or `{"type": "function", "name": …}`.
+    tool_choice: Option<ToolChoiceIn>,
+    /// `{"format": {"type": "json_schema", "name": …, "schema": {…}}}` or `{"format":
+    /// {"type": "json_object"}}`: structured output, enforced by constrained decoding.
+    text: Option<ResponsesText>,
 }
 
 /// Embedding input: one string or a list of strings.
@@ -420,8 +455,15 @@ async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     }
     let messages = messages
         .into_iter()
-        .map(|m| Ok(ChatMessage { role: m.role.into(), content: content_text(m.content)? }))
+        .map(|m| {
+            let mut message = ChatMessage::new(m.role.into(), content_text(m.content)?);
+            for call in m.tool_calls.unwrap_or_default() {
+                message.tool_calls.push(call.into_call()?);
+            }
+            Ok(message)
+        })
         .collect::<Result<Vec<_>, ApiError>>()?;
+    let (tools, format) = tools::chat_output(body.tools, body.tool_choice, body.response_format)?;
     let (max_tokens, max_name) = match (body.max_completion_tokens, body.max_tokens) {
         (Some(n), _) => (Some(n), "max_completion_tokens"),
         (None, n) => (n, "max_tokens"),
@@ -436,16 +478,31 @@ async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     )?;
     let user_turns = messages.iter().filter(|m| m.role == Role::User).count();
     let thinking = body.thinking.unwrap_or_default();
-    let request =
-        GenerateRequest { prompt: Prompt::Chat(messages), params, thinking, translation: None };
+    let request = GenerateRequest {
+        prompt: Prompt::Chat(messages),
+        params,
+        thinking,
+        translation: None,
+        tools,
+        format,
+    };
     let guard = admit(&ctx.state, &model, thinking, user_turns).await?;
     let (id, created) = (new_id("chatcmpl-"), unix_now());
     if body.stream.unwrap_or(false) {
         let include_usage = body.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-        let format = ChatStream { id, created, model, include_usage };
+        let format = ChatStream { id, created, model, include_usage, calls: 0 };
         return Ok(Reply::Streaming(stream_generation(guard, request, format, rec.clone())));
     }
-    let (text, summary) = generate_all(guard, request, rec).await?;
+    let Generated { text, calls, summary } = generate_all(guard, request, rec).await?;
+    let mut message = json!({ "role": "assistant", "content": text, "refusal": null });
+    if !calls.is_empty() {
+        if text.is_empty() {
+            message["content"] = Value::Null;
+        }
+        let calls: Vec<Value> =
+            calls.iter().map(|c| tools::chat_tool_call(&new_id("call_"), c, None)).collect();
+        message["tool_calls"] = calls.into();
+    }
     let body = json!({
         "id": id,
         "object": "chat.completion",
@@ -454,7 +511,7 @@ async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
         "system_fingerprint": null,
         "choices": [{
             "index": 0,
-            "message": { "role": "assistant", "content": text, "refusal": null },
+            "message": message,
             "logprobs": null,
             "finish_reason": finish_reason(summary.finish_reason),
         }],
@@ -494,12 +551,7 @@ async fn completion(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
         body.stop,
     )?;
     let echo = body.echo.unwrap_or(false).then(|| prompt.clone());
-    let request = GenerateRequest {
-        prompt: Prompt::Text(prompt),
-        params,
-        thinking: ThinkingMode::Default,
-        translation: None,
-    };
+    let request = GenerateRequest { params, ..GenerateRequest::new(Prompt::Text(prompt)) };
     let guard = admit(&ctx.state, &model, ThinkingMode::Default, 1).await?;
     let (id, created) = (new_id("cmpl-"), unix_now());
     if body.stream.unwrap_or(false) {
@@ -507,7 +559,7 @@ async fn completion(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
         let format = CompletionStream { id, created, model, include_usage, echo };
         return Ok(Reply::Streaming(stream_generation(guard, request, format, rec.clone())));
     }
-    let (text, summary) = generate_all(guard, request, rec).await?;
+    let Generated { text, summary, .. } = generate_all(guard, request, rec).await?;
     let text = match echo {
         Some(prompt) => prompt + &text,
         None => text,
@@ -535,27 +587,18 @@ async fn response(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     rec.set_model(&model);
     let mut messages = Vec::new();
     if let Some(instructions) = body.instructions.clone().filter(|s| !s.is_empty()) {
-        messages.push(ChatMessage { role: Role::System, content: instructions });
+        messages.push(ChatMessage::new(Role::System, instructions));
     }
     match body.input {
         Some(ResponsesInput::Text(text)) => {
-            messages.push(ChatMessage { role: Role::User, content: text });
+            messages.push(ChatMessage::new(Role::User, text));
         }
         Some(ResponsesInput::Items(items)) => {
             if items.is_empty() {
                 return Err(ApiError::bad_request("`input` must not be an empty array"));
             }
             for (i, item) in items.into_iter().enumerate() {
-                if let Some(kind) = item.kind.as_deref().filter(|k| *k != "message") {
-                    return Err(ApiError::bad_request(format!(
-                        "input[{i}]: items of type `{kind}` are not supported; send messages"
-                    )));
-                }
-                let role = item.role.ok_or_else(|| {
-                    ApiError::bad_request(format!("input[{i}]: `role` is required"))
-                })?;
-                messages
-                    .push(ChatMessage { role: role.into(), content: content_text(item.content)? });
+                input_item(&mut messages, i, item)?;
             }
         }
         None => return Err(ApiError::bad_request("`input` is required")),
@@ -567,6 +610,22 @@ async fn response(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
             return Err(ApiError::bad_request(format!("`{name}` must not be empty")));
         }
     }
+    let tools_echo: Value = body
+        .tools
+        .as_ref()
+        .map_or_else(Vec::new, |tools| tools.iter().map(ResponsesTool::echo).collect())
+        .into();
+    let choice_echo = body.tool_choice.as_ref().map_or_else(|| json!("auto"), ToolChoiceIn::echo);
+    let (tools, format) = tools::responses_output(body.tools, body.tool_choice, body.text)?;
+    let text_echo = match &format {
+        None => json!({ "format": { "type": "text" } }),
+        Some(hangar_backend::OutputFormat::JsonObject) => {
+            json!({ "format": { "type": "json_object" } })
+        }
+        Some(hangar_backend::OutputFormat::JsonSchema(schema)) => {
+            json!({ "format": { "type": "json_schema", "schema": schema } })
+        }
+    };
     let params = sampling(
         (body.max_output_tokens, "max_output_tokens"),
         body.temperature,
@@ -588,7 +647,14 @@ async fn response(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
             ));
         }
     };
-    let request = GenerateRequest { prompt: Prompt::Chat(messages), params, thinking, translation };
+    let request = GenerateRequest {
+        prompt: Prompt::Chat(messages),
+        params,
+        thinking,
+        translation,
+        tools,
+        format,
+    };
     let guard = admit(&ctx.state, &model, thinking, user_turns).await?;
     let meta = ResponseMeta {
         id: new_id("resp_"),
@@ -599,13 +665,66 @@ async fn response(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
         max_output_tokens: body.max_output_tokens,
         temperature: body.temperature,
         top_p: body.top_p,
+        tools: tools_echo,
+        tool_choice: choice_echo,
+        text: text_echo,
     };
     if body.stream.unwrap_or(false) {
-        let format = ResponsesStream { meta, sequence: 0, text: String::new() };
+        let format = ResponsesStream {
+            meta,
+            sequence: 0,
+            text: String::new(),
+            message_open: false,
+            calls: Vec::new(),
+        };
         return Ok(Reply::Streaming(stream_generation(guard, request, format, rec.clone())));
     }
-    let (text, summary) = generate_all(guard, request, rec).await?;
-    Ok(Reply::Done(json_response(StatusCode::OK, &meta.finished(&text, &summary))))
+    let Generated { text, calls, summary } = generate_all(guard, request, rec).await?;
+    let calls: Vec<(String, ToolCall)> = calls.into_iter().map(|c| (new_id("call_"), c)).collect();
+    let with_message = !text.is_empty() || calls.is_empty();
+    let response = meta.finished(&text, with_message, &calls, &summary);
+    Ok(Reply::Done(json_response(StatusCode::OK, &response)))
+}
+
+/// Adds one Responses API input item to the chat: a message, a `function_call` (an assistant
+/// tool call, merged into the preceding assistant turn) or a `function_call_output`.
+fn input_item(
+    messages: &mut Vec<ChatMessage>,
+    i: usize,
+    item: ResponsesInputItem,
+) -> Result<(), ApiError> {
+    let required =
+        |field: &str| ApiError::bad_request(format!("input[{i}]: `{field}` is required"));
+    match item.kind.as_deref().unwrap_or("message") {
+        "message" => {
+            let role = item.role.ok_or_else(|| required("role"))?;
+            messages.push(ChatMessage::new(role.into(), content_text(item.content)?));
+        }
+        "function_call" => {
+            let name = item.name.ok_or_else(|| required("name"))?;
+            let arguments = item.arguments.ok_or_else(|| required("arguments"))?;
+            let call = ToolCall { name, arguments };
+            match messages.last_mut() {
+                Some(last) if last.role == Role::Assistant => last.tool_calls.push(call),
+                _ => {
+                    let mut message = ChatMessage::new(Role::Assistant, "");
+                    message.tool_calls.push(call);
+                    messages.push(message);
+                }
+            }
+        }
+        "function_call_output" => {
+            let output = item.output.ok_or_else(|| required("output"))?;
+            messages.push(ChatMessage::new(Role::Tool, output));
+        }
+        kind => {
+            return Err(ApiError::bad_request(format!(
+                "input[{i}]: items of type `{kind}` are not supported; send `message`, \
+                 `function_call` or `function_call_output` items"
+            )));
+        }
+    }
+    Ok(())
 }
 
 async fn embed(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
@@ -842,27 +961,37 @@ const fn thinking_str(mode: ThinkingMode) -> &'static str {
 // Running generations
 // ---------------------------------------------------------------------------------------
 
-/// Runs a generation to its end and returns the text and summary.
+/// A finished generation: its text, tool calls and summary.
+struct Generated {
+    text: String,
+    calls: Vec<ToolCall>,
+    summary: GenerateSummary,
+}
+
+/// Runs a generation to its end.
 async fn generate_all(
     guard: RequestGuard,
     request: GenerateRequest,
     rec: &Recorder,
-) -> Result<(String, GenerateSummary), ApiError> {
+) -> Result<Generated, ApiError> {
     let (tx, mut rx) = mpsc::channel(64);
     let start = Instant::now();
     let collect = async move {
-        let mut text = String::new();
-        let mut first = None;
-        while let Some(GenerateEvent::Text(piece)) = rx.recv().await {
+        let (mut text, mut calls, mut first) = (String::new(), Vec::new(), None);
+        while let Some(event) = rx.recv().await {
             first.get_or_insert_with(Instant::now);
-            text.push_str(&piece);
+            match event {
+                GenerateEvent::Text(piece) => text.push_str(&piece),
+                GenerateEvent::ToolCall(call) => calls.push(call),
+            }
         }
-        (text, first)
+        (text, calls, first)
     };
-    let (result, (text, first)) = tokio::join!(guard.runtime().generate(request, tx), collect);
+    let (result, (text, calls, first)) =
+        tokio::join!(guard.runtime().generate(request, tx), collect);
     let summary = guard.check(result)?;
     rec.generation(&summary, start, first);
-    Ok((text, summary))
+    Ok(Generated { text, calls, summary })
 }
 
 /// How a stream's events are written, per API.
@@ -871,6 +1000,8 @@ trait StreamFormat: Send + 'static {
     fn start(&mut self) -> Vec<Bytes>;
     /// Events for one piece of generated text.
     fn delta(&mut self, text: &str) -> Vec<Bytes>;
+    /// Events for one complete tool call (only requests with tools get them).
+    fn tool_call(&mut self, call: ToolCall) -> Vec<Bytes>;
     /// Events after the generation finished.
     fn finish(&mut self, summary: &GenerateSummary) -> Vec<Bytes>;
     /// Events after the generation failed.
@@ -928,9 +1059,13 @@ async fn forward(
     loop {
         tokio::select! {
             event = rx.recv() => match event {
-                Some(GenerateEvent::Text(text)) => {
+                Some(event) => {
                     first.get_or_insert_with(Instant::now);
-                    if !send_all(sse, format.delta(&text)).await {
+                    let events = match event {
+                        GenerateEvent::Text(text) => format.delta(&text),
+                        GenerateEvent::ToolCall(call) => format.tool_call(call),
+                    };
+                    if !send_all(sse, events).await {
                         return false;
                     }
                 }
@@ -970,6 +1105,8 @@ struct ChatStream {
     created: u64,
     model: String,
     include_usage: bool,
+    /// Tool calls sent so far (the next call's `index`).
+    calls: usize,
 }
 
 impl ChatStream {
@@ -1005,6 +1142,13 @@ impl StreamFormat for ChatStream {
 
     fn delta(&mut self, text: &str) -> Vec<Bytes> {
         vec![self.chunk(Self::choice(json!({ "content": text }), None), Value::Null)]
+    }
+
+    /// The whole call in one delta (`id`, `type`, name and complete arguments).
+    fn tool_call(&mut self, call: ToolCall) -> Vec<Bytes> {
+        let entry = tools::chat_tool_call(&new_id("call_"), &call, Some(self.calls));
+        self.calls += 1;
+        vec![self.chunk(Self::choice(json!({ "tool_calls": [entry] }), None), Value::Null)]
     }
 
     fn finish(&mut self, summary: &GenerateSummary) -> Vec<Bytes> {
@@ -1065,6 +1209,11 @@ impl StreamFormat for CompletionStream {
         vec![self.chunk(Self::choice(text, None), Value::Null)]
     }
 
+    /// Completions have no tools, so engines never send calls here.
+    fn tool_call(&mut self, _call: ToolCall) -> Vec<Bytes> {
+        Vec::new()
+    }
+
     fn finish(&mut self, summary: &GenerateSummary) -> Vec<Bytes> {
         let mut events =
             vec![self.chunk(Self::choice("", Some(summary.finish_reason)), Value::Null)];
@@ -1090,6 +1239,9 @@ struct ResponseMeta {
     max_output_tokens: Option<u32>,
     temperature: Option<f64>,
     top_p: Option<f64>,
+    tools: Value,
+    tool_choice: Value,
+    text: Value,
 }
 
 impl ResponseMeta {
@@ -1114,8 +1266,9 @@ impl ResponseMeta {
             "output": output,
             "parallel_tool_calls": false,
             "temperature": self.temperature,
-            "tool_choice": "auto",
-            "tools": [],
+            "text": self.text,
+            "tool_choice": self.tool_choice,
+            "tools": self.tools,
             "top_p": self.top_p,
             "usage": usage,
             "metadata": {},
@@ -1139,10 +1292,17 @@ impl ResponseMeta {
     }
 
     /// The object of a finished response: `completed`, or `incomplete` when
-    /// `max_output_tokens` cut it short.
-    fn finished(&self, text: &str, summary: &GenerateSummary) -> Value {
+    /// `max_output_tokens` cut it short. Its output is the message (when `with_message`)
+    /// followed by one `function_call` item per call (with its `call_id`).
+    fn finished(
+        &self,
+        text: &str,
+        with_message: bool,
+        calls: &[(String, ToolCall)],
+        summary: &GenerateSummary,
+    ) -> Value {
         let (status, incomplete) = match summary.finish_reason {
-            FinishReason::Stop => ("completed", Value::Null),
+            FinishReason::Stop | FinishReason::ToolCalls => ("completed", Value::Null),
             FinishReason::Length => ("incomplete", json!({ "reason": "max_output_tokens" })),
         };
         let usage = json!({
@@ -1152,11 +1312,22 @@ impl ResponseMeta {
             "output_tokens_details": { "reasoning_tokens": 0 },
             "total_tokens": summary.prompt_tokens.saturating_add(summary.completion_tokens),
         });
-        let output = json!([self.message(status, Some(text))]);
-        let mut object = self.object(status, output, usage, Value::Null, incomplete);
+        let mut output: Vec<Value> = Vec::new();
+        if with_message {
+            output.push(self.message(status, Some(text)));
+        }
+        output.extend(calls.iter().map(|(call_id, call)| {
+            tools::function_call_item(&function_item_id(call_id), call_id, call, "completed")
+        }));
+        let mut object = self.object(status, output.into(), usage, Value::Null, incomplete);
         object["output_text"] = text.into();
         object
     }
+}
+
+/// The item id of the `function_call` with `call_id`.
+fn function_item_id(call_id: &str) -> String {
+    format!("fc_{}", call_id.trim_start_matches("call_"))
 }
 
 fn output_text(text: &str) -> Value {
@@ -1164,10 +1335,16 @@ fn output_text(text: &str) -> Value {
 }
 
 /// Responses API streaming events (`event:` lines with the type, `data:` with the event).
+/// The message item is opened by the first text (or at the end when there was neither text
+/// nor a call), so a pure tool call streams only its `function_call` item.
 struct ResponsesStream {
     meta: ResponseMeta,
     sequence: u64,
     text: String,
+    /// Whether the message item was announced (it is output item 0 then).
+    message_open: bool,
+    /// Calls streamed so far, with their `call_id`s.
+    calls: Vec<(String, ToolCall)>,
 }
 
 impl ResponsesStream {
@@ -1183,22 +1360,30 @@ impl ResponsesStream {
     fn part_fields(&self, part: Value) -> Value {
         json!({ "item_id": self.meta.message_id, "output_index": 0, "content_index": 0, "part": part })
     }
+
+    /// Announces the message item and its text part.
+    fn open_message(&mut self) -> Vec<Bytes> {
+        self.message_open = true;
+        let item = self.meta.message("in_progress", None);
+        let part = self.part_fields(output_text(""));
+        vec![
+            self.event("response.output_item.added", json!({ "output_index": 0, "item": item })),
+            self.event("response.content_part.added", part),
+        ]
+    }
 }
 
 impl StreamFormat for ResponsesStream {
     fn start(&mut self) -> Vec<Bytes> {
         let response = self.meta.in_progress();
-        let item = self.meta.message("in_progress", None);
-        let part = self.part_fields(output_text(""));
         vec![
             self.event("response.created", json!({ "response": response })),
             self.event("response.in_progress", json!({ "response": response })),
-            self.event("response.output_item.added", json!({ "output_index": 0, "item": item })),
-            self.event("response.content_part.added", part),
         ]
     }
 
     fn delta(&mut self, text: &str) -> Vec<Bytes> {
+        let mut events = if self.message_open { Vec::new() } else { self.open_message() };
         self.text.push_str(text);
         let fields = json!({
             "item_id": self.meta.message_id,
@@ -1207,29 +1392,68 @@ impl StreamFormat for ResponsesStream {
             "delta": text,
             "logprobs": [],
         });
-        vec![self.event("response.output_text.delta", fields)]
+        events.push(self.event("response.output_text.delta", fields));
+        events
+    }
+
+    /// `output_item.added`, the arguments in one delta, `arguments.done`, `output_item.done`.
+    fn tool_call(&mut self, call: ToolCall) -> Vec<Bytes> {
+        let output_index = usize::from(self.message_open) + self.calls.len();
+        let call_id = new_id("call_");
+        let item_id = function_item_id(&call_id);
+        let pending = ToolCall { name: call.name.clone(), arguments: String::new() };
+        let added = tools::function_call_item(&item_id, &call_id, &pending, "in_progress");
+        let done = tools::function_call_item(&item_id, &call_id, &call, "completed");
+        let events = vec![
+            self.event(
+                "response.output_item.added",
+                json!({ "output_index": output_index, "item": added }),
+            ),
+            self.event(
+                "response.function_call_arguments.delta",
+                json!({ "item_id": item_id, "output_index": output_index, "delta": call.arguments }),
+            ),
+            self.event(
+                "response.function_call_arguments.done",
+                json!({ "item_id": item_id, "output_index": output_index, "arguments": call.arguments }),
+            ),
+            self.event(
+                "response.output_item.done",
+                json!({ "output_index": output_index, "item": done }),
+            ),
+        ];
+        self.calls.push((call_id, call));
+        events
     }
 
     fn finish(&mut self, summary: &GenerateSummary) -> Vec<Bytes> {
+        let mut events = Vec::new();
+        if !self.message_open && self.calls.is_empty() {
+            events.extend(self.open_message());
+        }
         let text = std::mem::take(&mut self.text);
-        let response = self.meta.finished(&text, summary);
+        let calls = std::mem::take(&mut self.calls);
+        let response = self.meta.finished(&text, self.message_open, &calls, summary);
         let status = response["status"].as_str().unwrap_or("completed").to_owned();
-        let done = json!({
-            "item_id": self.meta.message_id,
-            "output_index": 0,
-            "content_index": 0,
-            "text": text,
-            "logprobs": [],
-        });
-        let part = self.part_fields(output_text(&text));
-        let item = self.meta.message(&status, Some(&text));
+        if self.message_open {
+            let done = json!({
+                "item_id": self.meta.message_id,
+                "output_index": 0,
+                "content_index": 0,
+                "text": text,
+                "logprobs": [],
+            });
+            let part = self.part_fields(output_text(&text));
+            let item = self.meta.message(&status, Some(&text));
+            events.push(self.event("response.output_text.done", done));
+            events.push(self.event("response.content_part.done", part));
+            events.push(
+                self.event("response.output_item.done", json!({ "output_index": 0, "item": item })),
+            );
+        }
         let last = if status == "completed" { "response.completed" } else { "response.incomplete" };
-        vec![
-            self.event("response.output_text.done", done),
-            self.event("response.content_part.done", part),
-            self.event("response.output_item.done", json!({ "output_index": 0, "item": item })),
-            self.event(last, json!({ "response": response })),
-        ]
+        events.push(self.event(last, json!({ "response": response })));
+        events
     }
 
     fn fail(&mut self, error: &ApiError) -> Vec<Bytes> {
@@ -1330,6 +1554,7 @@ const fn finish_reason(reason: FinishReason) -> &'static str {
     match reason {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
+        FinishReason::ToolCalls => "tool_calls",
     }
 }
 

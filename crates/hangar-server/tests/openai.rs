@@ -226,6 +226,45 @@ async fn chat_completion_accepts_parts_stop_and_unknown_openai_fields() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn tools_and_response_formats_are_checked_before_the_engine_sees_them() {
+    let svc = service().await;
+    let weather = json!([{ "type": "function", "function": { "name": "get_weather" } }]);
+    // Shapes serde cannot read are 422; what it reads but makes no sense is 400.
+    let xml = chat_body("fixed", "hi", json!({ "response_format": { "type": "xml" } }));
+    assert_error(&post(&svc, "/v1/chat/completions", xml).await, 422, "invalid_request_body");
+    let unknown = chat_body(
+        "fixed",
+        "hi",
+        json!({ "tools": weather, "tool_choice": {
+        "type": "function", "function": { "name": "get_time" } } }),
+    );
+    assert_error(&post(&svc, "/v1/chat/completions", unknown).await, 400, "invalid_request");
+    let both = chat_body(
+        "fixed",
+        "hi",
+        json!({ "tools": weather, "response_format": { "type": "json_object" } }),
+    );
+    assert_error(&post(&svc, "/v1/chat/completions", both).await, 400, "invalid_request");
+    // The stub has no decoder to constrain: an explicit refusal, not free text.
+    let forced = chat_body("fixed", "hi", json!({ "tools": weather, "tool_choice": "required" }));
+    assert_error(&post(&svc, "/v1/chat/completions", forced).await, 400, "unsupported");
+    let json_mode =
+        json!({ "model": "fixed", "input": "hi", "text": { "format": { "type": "json_object" } } });
+    assert_error(&post(&svc, "/v1/responses", json_mode).await, 400, "unsupported");
+    // `tool_choice: none` means no tools: the stub answers.
+    let none = chat_body("fixed", "hi", json!({ "tools": weather, "tool_choice": "none" }));
+    assert_eq!(post(&svc, "/v1/chat/completions", none).await.0, StatusCode::OK);
+    // A history with tool calls and results is accepted.
+    let history = json!({ "model": "fixed", "messages": [
+        { "role": "user", "content": "weather?" },
+        { "role": "assistant", "content": null, "tool_calls": [{ "id": "call_1", "type": "function",
+            "function": { "name": "get_weather", "arguments": "{}" } }] },
+        { "role": "tool", "tool_call_id": "call_1", "content": "sunny" }
+    ] });
+    assert_eq!(post(&svc, "/v1/chat/completions", history).await.0, StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
 async fn chat_stream_sends_role_deltas_finish_usage_and_done() {
     let svc = service().await;
     let extra = json!({ "max_tokens": 6, "seed": 1 });
@@ -584,9 +623,18 @@ async fn responses_answer_in_the_responses_shape() {
     let no_target = json!({ "model": "fixed", "input": "Hallo", "source_lang_code": "de" });
     assert_error(&post(&svc, "/v1/responses", no_target).await, 400, "invalid_request");
 
-    let bad_item =
-        json!({ "model": "fixed", "input": [{ "type": "function_call_output", "output": "x" }] });
+    let bad_item = json!({ "model": "fixed", "input": [{ "type": "web_search_call", "id": "x" }] });
     assert_error(&post(&svc, "/v1/responses", bad_item).await, 400, "invalid_request");
+    let no_output =
+        json!({ "model": "fixed", "input": [{ "type": "function_call_output", "call_id": "c" }] });
+    assert_error(&post(&svc, "/v1/responses", no_output).await, 400, "invalid_request");
+    // A tool-use history is accepted (the stub ignores what it cannot show).
+    let history = json!({ "model": "fixed", "input": [
+        { "role": "user", "content": "weather?" },
+        { "type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}" },
+        { "type": "function_call_output", "call_id": "call_1", "output": "sunny" }
+    ] });
+    assert_eq!(post(&svc, "/v1/responses", history).await.0, StatusCode::OK);
     assert_error(
         &post(&svc, "/v1/responses", json!({ "model": "fixed" })).await,
         400,

@@ -29,6 +29,8 @@ pub fn request(text: &str, max_tokens: u32) -> GenerateRequest {
         params: SamplingParams { max_tokens: Some(max_tokens), ..SamplingParams::default() },
         thinking: ThinkingMode::Default,
         translation: None,
+        tools: None,
+        format: None,
     }
 }
 
