@@ -264,8 +264,12 @@ fn count(n: usize) -> u32 {
 }
 
 impl Worker<'_> {
+    /// The context a request may use: llama.cpp's, or the configured `gguf_n_ctx` when that
+    /// is smaller (llama.cpp pads the context to a multiple of 256; the operator's limit is
+    /// the one requests see).
     fn n_ctx(&self) -> usize {
-        self.context.n_ctx() as usize
+        let configured = self.spec.settings.gguf_n_ctx.map_or(usize::MAX, |n| n as usize);
+        (self.context.n_ctx() as usize).min(configured)
     }
 
     fn n_batch(&self) -> usize {

@@ -382,3 +382,23 @@ async fn replicas_share_one_copy_of_the_weights_until_the_last_one_goes() {
     d.unload().await;
     offloaded.unload().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_configured_context_is_the_limit_even_when_llama_cpp_pads_it() {
+    // llama.cpp rounds n_ctx up to a multiple of 256; requests still get the 64 asked for.
+    let runtime = load(json!({ "gguf_n_ctx": 64 })).await;
+    let (result, _) = generate(&*runtime, text(&"hello world ".repeat(40), 4)).await;
+    match result {
+        Err(RuntimeError::InvalidRequest { message }) => {
+            assert!(message.ends_with("the context holds 64"), "{message}");
+        }
+        other => panic!("a prompt longer than gguf_n_ctx must be refused: {other:?}"),
+    }
+    // Prompt plus completion stop at 64 tokens.
+    let (summary, _) = generate(&*runtime, text("hello", 200)).await;
+    let summary = summary.unwrap();
+    if summary.finish_reason == FinishReason::Length {
+        assert_eq!(summary.prompt_tokens + summary.completion_tokens, 64, "{summary:?}");
+    }
+    runtime.unload().await;
+}

@@ -308,6 +308,11 @@ impl GgmlType {
             Self::Q5_1 => "q5_1",
         }
     }
+
+    /// Whether this is a quantized type (not `f32`, `f16` or `bf16`).
+    pub const fn is_quantized(self) -> bool {
+        !matches!(self, Self::F32 | Self::F16 | Self::Bf16)
+    }
 }
 
 /// The speculative-decoding mode of `llama-server`.

@@ -54,6 +54,19 @@ impl Section for LlamaCppSettings {
         p.at_least("gguf_n_gpu_layers", self.gguf_n_gpu_layers, -1);
         p.at_least("gguf_n_batch", self.gguf_n_batch, 1);
         p.at_least("gguf_n_threads", self.gguf_n_threads, 1);
+        // llama.cpp refuses to create such a context ("quantized V cache requires
+        // flash_attn"); say so before a load fails (and evicts other models to retry).
+        if let Some(v) = self.gguf_type_v.filter(|v| v.is_quantized())
+            && self.gguf_flash_attn == Some(Switch::Off)
+        {
+            p.push(
+                "gguf_type_v",
+                format!(
+                    "a quantized V cache ({}) needs flash attention; set gguf_flash_attn to \"on\" or \"auto\", or gguf_type_v to f16",
+                    v.as_str()
+                ),
+            );
+        }
     }
 }
 

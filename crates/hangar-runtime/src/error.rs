@@ -42,7 +42,7 @@ pub enum ManagerError {
         message: String,
     },
     /// The load ran and failed; the model is now `failed` and the snapshot says why.
-    #[error("load failed: {}", snapshot.last_error.as_deref().unwrap_or("unknown error"))]
+    #[error("{}", load_failed_message(snapshot.last_error.as_deref()))]
     LoadFailed {
         /// The model after the failed load.
         snapshot: Box<ModelSnapshot>,
@@ -50,6 +50,16 @@ pub enum ManagerError {
     /// The request reached a runtime and failed there.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+}
+
+/// "load failed: <reason>", without doubling the prefix the backend's reason may carry.
+fn load_failed_message(last_error: Option<&str>) -> String {
+    let reason = last_error.unwrap_or("unknown error");
+    if reason.starts_with("load failed") {
+        reason.to_owned()
+    } else {
+        format!("load failed: {reason}")
+    }
 }
 
 impl From<OverrideError> for ManagerError {
