@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::Server;
+use support::{Event, Server, Sse};
 
 // ---------------------------------------------------------------------------------------
 // Config
@@ -255,79 +255,6 @@ async fn stopping_prompt(server: &Server, model: &str, max_tokens: u32) -> Strin
 
 // ---------------------------------------------------------------------------------------
 // Server-sent events
-
-/// One server-sent event.
-#[derive(Debug, Clone)]
-struct Event {
-    /// The `event:` field, when there is one (the Responses API names its events).
-    name: Option<String>,
-    /// The `data:` lines, joined.
-    data: String,
-}
-
-impl Event {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.data).unwrap_or_else(|e| panic!("{e}: {}", self.data))
-    }
-}
-
-/// A streaming response read event by event. Bytes are split into events before they are
-/// decoded, so a UTF-8 character split across network reads is no problem.
-struct Sse {
-    response: reqwest::Response,
-    buffer: Vec<u8>,
-}
-
-impl Sse {
-    /// POSTs `body` to `path`; the answer must be a 200 event stream.
-    async fn start(server: &Server, path: &str, body: &Value) -> Self {
-        let response =
-            reqwest::Client::new().post(server.url(path)).json(body).send().await.unwrap();
-        let status = response.status();
-        if status != 200 {
-            let text = response.text().await.unwrap_or_default();
-            panic!("streaming {path} answered {status}: {text}");
-        }
-        let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
-        assert!(content_type.starts_with("text/event-stream"), "{content_type}");
-        Self { response, buffer: Vec::new() }
-    }
-
-    /// The next event with data; `None` at the end of the body.
-    async fn next(&mut self) -> Option<Event> {
-        loop {
-            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
-                let raw: Vec<u8> = self.buffer.drain(..end + 2).collect();
-                let raw = String::from_utf8(raw).expect("events are UTF-8");
-                let mut name = None;
-                let mut data = Vec::new();
-                for line in raw.lines() {
-                    if let Some(value) = line.strip_prefix("data:") {
-                        data.push(value.strip_prefix(' ').unwrap_or(value));
-                    } else if let Some(value) = line.strip_prefix("event:") {
-                        name = Some(value.trim().to_owned());
-                    }
-                }
-                if data.is_empty() {
-                    continue; // a comment or keep-alive
-                }
-                return Some(Event { name, data: data.join("\n") });
-            }
-            let chunk = self.response.chunk().await.expect("the stream reads")?;
-            self.buffer.extend_from_slice(&chunk);
-        }
-    }
-
-    /// Every remaining event.
-    async fn all(mut self) -> Vec<Event> {
-        let mut events = Vec::new();
-        while let Some(event) = self.next().await {
-            events.push(event);
-        }
-        assert!(self.buffer.iter().all(u8::is_ascii_whitespace), "a partial event at the end");
-        events
-    }
-}
 
 /// What a chat or completion stream said, checked for framing: JSON chunks of `object`
 /// sharing one id, then `[DONE]` as the last event.
@@ -1072,7 +999,7 @@ async fn a_prompt_longer_than_the_context_is_refused_with_400() {
             reqwest::Client::new().post(server.url("/v1/chat/completions")).json(&request);
         let response = response.send().await.unwrap();
         if response.status() == 200 {
-            let events = Sse { response, buffer: Vec::new() }.all().await;
+            let events = Sse::from_response(response).all().await;
             let error = events.iter().find_map(|e| {
                 let value: Value = serde_json::from_str(&e.data).ok()?;
                 value.get("error").cloned()

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Server, hangard};
+use support::{Server, Sse, hangard};
 
 // ---------------------------------------------------------------------------------------
 // HTTP helpers
@@ -90,44 +90,16 @@ fn chat_body(model: &str, max_tokens: u32, stream: bool) -> Value {
 }
 
 /// A streaming chat completion read event by event (OpenAI's SSE format).
-struct ChatStream {
-    response: reqwest::Response,
-    buffer: String,
-}
+struct ChatStream(Sse);
 
 impl ChatStream {
     async fn start(server: &Server, model: &str, max_tokens: u32) -> Self {
-        let response = reqwest::Client::new()
-            .post(server.url("/v1/chat/completions"))
-            .json(&chat_body(model, max_tokens, true))
-            .send()
-            .await
-            .unwrap();
-        let status = response.status();
-        if status != 200 {
-            let body = response.text().await.unwrap_or_default();
-            panic!("streaming chat completion answered {status}: {body}");
-        }
-        let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
-        assert!(content_type.starts_with("text/event-stream"), "{content_type}");
-        Self { response, buffer: String::new() }
+        Self(Sse::start(server, "/v1/chat/completions", &chat_body(model, max_tokens, true)).await)
     }
 
     /// The `data:` payload of the next event; `None` at the end of the body.
     async fn next(&mut self) -> Option<String> {
-        loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let event: String = self.buffer.drain(..end + 2).collect();
-                let data: Vec<&str> =
-                    event.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).collect();
-                if data.is_empty() {
-                    continue; // a comment or keep-alive
-                }
-                return Some(data.join("\n"));
-            }
-            let chunk = self.response.chunk().await.expect("the stream reads")?;
-            self.buffer.push_str(std::str::from_utf8(&chunk).unwrap());
-        }
+        self.0.next().await.map(|event| event.data)
     }
 
     /// Reads the first content event: the request is admitted and running.

@@ -162,3 +162,84 @@ impl Drop for Server {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Server-sent events
+
+/// One server-sent event.
+#[derive(Debug, Clone)]
+pub(crate) struct Event {
+    /// The `event:` field, when there is one (the Responses API names its events).
+    pub(crate) name: Option<String>,
+    /// The `data:` lines, joined.
+    pub(crate) data: String,
+}
+
+impl Event {
+    pub(crate) fn json(&self) -> Value {
+        serde_json::from_str(&self.data).unwrap_or_else(|e| panic!("{e}: {}", self.data))
+    }
+}
+
+/// A streaming response read event by event. Bytes are split into events before they are
+/// decoded, so a UTF-8 character split across network reads is no problem.
+pub(crate) struct Sse {
+    response: reqwest::Response,
+    buffer: Vec<u8>,
+}
+
+impl Sse {
+    /// POSTs `body` to `path`; the answer must be a 200 event stream.
+    pub(crate) async fn start(server: &Server, path: &str, body: &Value) -> Self {
+        let response =
+            reqwest::Client::new().post(server.url(path)).json(body).send().await.unwrap();
+        let status = response.status();
+        if status != 200 {
+            let text = response.text().await.unwrap_or_default();
+            panic!("streaming {path} answered {status}: {text}");
+        }
+        let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(content_type.starts_with("text/event-stream"), "{content_type}");
+        Self { response, buffer: Vec::new() }
+    }
+
+    /// Reads `response` (already checked) as an event stream.
+    pub(crate) fn from_response(response: reqwest::Response) -> Self {
+        Self { response, buffer: Vec::new() }
+    }
+
+    /// The next event with data; `None` at the end of the body.
+    pub(crate) async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let raw: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let raw = String::from_utf8(raw).expect("events are UTF-8");
+                let mut name = None;
+                let mut data = Vec::new();
+                for line in raw.lines() {
+                    if let Some(value) = line.strip_prefix("data:") {
+                        data.push(value.strip_prefix(' ').unwrap_or(value));
+                    } else if let Some(value) = line.strip_prefix("event:") {
+                        name = Some(value.trim().to_owned());
+                    }
+                }
+                if data.is_empty() {
+                    continue; // a comment or keep-alive
+                }
+                return Some(Event { name, data: data.join("\n") });
+            }
+            let chunk = self.response.chunk().await.expect("the stream reads")?;
+            self.buffer.extend_from_slice(&chunk);
+        }
+    }
+
+    /// Every remaining event.
+    pub(crate) async fn all(mut self) -> Vec<Event> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next().await {
+            events.push(event);
+        }
+        assert!(self.buffer.iter().all(u8::is_ascii_whitespace), "a partial event at the end");
+        events
+    }
+}
