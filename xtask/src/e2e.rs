@@ -3,8 +3,11 @@
 //! 1. A virtualenv in `target/e2e-venv` (created once; `python3-venv` is installed with
 //!    apt when `python3 -m venv` cannot work and we are root) with the packages of
 //!    `xtask/e2e/requirements.txt` (installed only when they do not import yet).
-//! 2. `hangard serve --config fixtures/demo --port 0`, built first; the address comes from
-//!    its `hangard listening on …` line, readiness from `GET /readyz`.
+//! 2. `hangard serve --config fixtures/demo --port 0`, built first by `cargo test --workspace
+//!    --locked --no-run` (the build of `cargo xtask test`, so llama.cpp is compiled once for
+//!    both; cmake and libclang are checked first as for `cargo xtask test`); the address
+//!    comes from its `hangard listening on …` line, readiness from `GET /readyz` (every
+//!    enabled model loaded: the stub models and the llama.cpp GGUF models alike).
 //! 3. Each script of `xtask/e2e` with `HANGAR_URL` set; each asserts and exits non-zero on
 //!    failure. Every script runs even when one fails.
 //! 4. SIGTERM to the server, which must drain and exit 0; then a report.
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, run as run_checked};
+use crate::{cargo, deps, run as run_checked};
 
 /// The client scripts, in the order they run.
 const SCRIPTS: [&str; 3] = ["openai_client.py", "triton_client.py", "validate_openapi.py"];
@@ -31,9 +34,8 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     let python = ensure_venv(&target.join("e2e-venv"))?;
     ensure_packages(&python, &root.join("xtask/e2e/requirements.txt"))?;
 
-    let mut build = cargo(root);
-    build.args(["build", "--locked", "-p", "hangard"]);
-    run_checked(build)?;
+    deps::ensure()?;
+    run_checked(test_build(root))?;
     let binary = target.join("debug").join("hangard");
 
     let log_path = target.join("e2e-hangard.log");
@@ -74,6 +76,19 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     }
     eprintln!("all {} e2e checks passed", results.len());
     Ok(())
+}
+
+/// `cargo xtask test`'s command (`crate::test`: `cargo test --workspace --locked`) with
+/// `--no-run`: the same units as the tests, `target/debug/hangard` among them (built for
+/// `bins/hangard/tests`), so after `cargo xtask test` it is a no-op. `cargo build -p hangard`
+/// is not: cargo builds build dependencies without debuginfo unless they are shared with a
+/// normal dependency, which depends on the packages and targets selected, so llama-cpp-sys-2's
+/// build script gets another hash and llama.cpp is compiled once more (about 10 minutes on 2
+/// cores). Keep the arguments in step with `crate::test`.
+fn test_build(root: &Path) -> Command {
+    let mut cmd = cargo(root);
+    cmd.args(["test", "--workspace", "--locked", "--no-run"]);
+    cmd
 }
 
 /// The virtualenv's python, creating the virtualenv when it is missing or has no pip.
