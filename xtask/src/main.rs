@@ -13,6 +13,9 @@
 //!   load+unload cycle time on the stub backend, each next to a same-run reference.
 //! - `cargo xtask bench server`: the server over loopback HTTP (chat completions at 1 and 64
 //!   connections, the admin model list with 10 and 1,000 models), next to `GET /healthz`.
+//! - `cargo xtask bench llamacpp`: load time, tokens/s and time to first token of Hangar's
+//!   in-process llama.cpp engine next to llama.cpp's own `llama-server` (built from the
+//!   `llama-cpp-python` sdist, cached in `target/bench/llama-server`) on the same GGUF.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +23,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod bench_llamacpp;
 mod deps;
 mod e2e;
 mod fixtures;
@@ -68,6 +72,9 @@ enum Bench {
     ControlPlane,
     /// `hangard serve` under HTTP load (bins/hangard/benches/server.rs).
     Server,
+    /// Hangar's in-process llama.cpp engine against llama.cpp's own `llama-server` on the
+    /// tiny GGUF fixture (xtask/src/bench_llamacpp.rs).
+    Llamacpp,
 }
 
 fn main() -> Result<()> {
@@ -101,6 +108,7 @@ fn main() -> Result<()> {
             let (package, bench) = match which {
                 Bench::ControlPlane => ("hangar-runtime", "control_plane"),
                 Bench::Server => ("hangard", "server"),
+                Bench::Llamacpp => return bench_llamacpp::run(&root),
             };
             let mut cmd = cargo(&root);
             cmd.args(["bench", "--locked", "-p", package, "--bench", bench]);

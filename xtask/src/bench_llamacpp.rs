@@ -1,0 +1,845 @@
+//! `cargo xtask bench llamacpp`: Hangar's in-process llama.cpp engine against llama.cpp's
+//! own `llama-server`, on the same GGUF file, in one run.
+//!
+//! 1. `llama-server` is built from the llama.cpp tree vendored in the PyPI source
+//!    distribution of `llama-cpp-python` ([`LCP_VERSION`], checked against [`LCP_SHA256`]),
+//!    with the CPU flags `llama-cpp-sys-2` gives Hangar's own llama.cpp (no `GGML_NATIVE`;
+//!    AVX2/FMA/F16C) and statically linked like it. The binary is cached in
+//!    `target/bench/llama-server/llama-cpp-python-<version>/llama-server`; a second run
+//!    builds nothing.
+//! 2. `hangard` is built in release and started on a config of one `llama_cpp` model (the
+//!    fixture [`FIXTURE`], CPU only, `auto_load: false`); `llama-server` is started on the
+//!    same file with the same context size and threads, one slot and no prompt cache (Hangar
+//!    decodes the whole prompt for every request; with the cache, `llama-server` would skip
+//!    it for these identical requests).
+//! 3. Load time, [`LOAD_ROUNDS`] times each: Hangar's `POST /v1/admin/models/{name}/load`
+//!    wall time, and for both servers process spawn → model ready (Hangar: its listening
+//!    line, then the load; `llama-server`: `GET /health` answers 200).
+//! 4. After a warm-up, [`REQUESTS`] non-streaming and [`STREAMS`] streaming chat completions
+//!    per server with one fixed prompt, temperature 0 and `max_tokens` [`MAX_TOKENS`], in
+//!    interleaved blocks (so load elsewhere on the host hits both alike): tokens/s from
+//!    `usage.completion_tokens` over client-side wall time (Σ tokens / Σ time, and the
+//!    median request, which a single stalled request cannot move), and time to first token.
+//!    Both servers run [`THREADS`] generation thread(s).
+//! 5. A table of both and their ratio (hangar / llama-server). Both servers are killed at the
+//!    end, on errors too.
+//!
+//! The HTTP client is a few lines over `std::net` (one `Connection: close` exchange per
+//! request, chunked bodies decoded as they arrive), the same for both servers.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::{cargo, deps, run as run_checked};
+
+/// The `llama-cpp-python` release whose vendored llama.cpp builds `llama-server`: the
+/// newest on PyPI, and the closest to what `llama-cpp-sys-2` 0.1.161 vendors (which is newer).
+const LCP_VERSION: &str = "0.3.36";
+/// SHA-256 of `llama_cpp_python-0.3.36.tar.gz`, as PyPI lists it.
+const LCP_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
+/// PyPI's JSON description of the project (release files and their digests).
+const PYPI_JSON: &str = "https://pypi.org/pypi/llama-cpp-python/json";
+/// CMake options of the `llama-server` build. `GGML_NATIVE=OFF` gives the same CPU
+/// instruction sets as Hangar's llama.cpp; static libraries as in Hangar.
+const CMAKE_OPTIONS: [&str; 8] = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_NATIVE=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+];
+/// The model both servers load, relative to the workspace root.
+const FIXTURE: &str = "fixtures/models/tiny-llama.gguf";
+/// The model's name in Hangar's config.
+const MODEL: &str = "tiny-llama";
+/// Context size on both servers (the fixture's training context).
+const N_CTX: u32 = 2048;
+/// CPU threads for generation and prompt processing on both servers. One: the fixture's
+/// matrices are 64 wide, so a token costs microseconds of arithmetic and a second thread
+/// only adds synchronization; on a shared 2-core machine two OpenMP threads per server also
+/// stall whenever something else holds a core, which makes the figures unreadable.
+const THREADS: usize = 1;
+/// The user message of every chat request.
+const PROMPT: &str = "Write a long story about a hangar full of aeroplanes.";
+/// Tokens per completion.
+const MAX_TOKENS: u32 = 128;
+/// Timed non-streaming requests per server.
+const REQUESTS: usize = 40;
+/// Timed streaming requests per server.
+const STREAMS: usize = 20;
+/// Interleaved blocks the timed requests are split into (hangar, llama-server, hangar, …).
+const BLOCKS: usize = 4;
+/// Process starts (and loads) measured per server.
+const LOAD_ROUNDS: usize = 5;
+/// How long a server may take to become ready.
+const READY_LIMIT: Duration = Duration::from_secs(120);
+/// How long one HTTP exchange may stall.
+const IO_TIMEOUT: Duration = Duration::from_secs(120);
+/// The start of the line `hangard serve` prints once it accepts connections.
+const LISTENING: &str = "hangard listening on ";
+
+/// Builds both servers (when needed), measures, prints the table.
+pub(crate) fn run(root: &Path) -> Result<()> {
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    deps::ensure()?;
+    let llama_server = llama_server(&target, cores)?;
+    let mut build = cargo(root);
+    build.args(["build", "--release", "--locked", "-p", "hangard"]);
+    run_checked(build)?;
+    let hangard = target.join("release").join("hangard");
+
+    let work = target.join("bench").join("llamacpp");
+    std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
+    let model = root.join(FIXTURE);
+    let model = model.canonicalize().with_context(|| format!("cannot find {}", model.display()))?;
+    let config = write_config(&work, &model)?;
+    let bench = Bench { hangard, llama_server, model, config, work };
+
+    eprintln!("load: {LOAD_ROUNDS} process starts per server");
+    let mut hangar_load = Vec::new();
+    let mut hangar_ready = Vec::new();
+    let mut llama_ready = Vec::new();
+    let mut servers = None;
+    for round in 0..LOAD_ROUNDS {
+        drop(servers.take());
+        let (hangar, llama) = if round % 2 == 0 {
+            let hangar = bench.start_hangar()?;
+            (hangar, bench.start_llama_server()?)
+        } else {
+            let llama = bench.start_llama_server()?;
+            (bench.start_hangar()?, llama)
+        };
+        eprintln!(
+            "  round {}: hangar load {:.1} ms, spawn → ready {:.1} ms; llama-server spawn → \
+             ready {:.1} ms",
+            round + 1,
+            ms(hangar.load),
+            ms(hangar.ready),
+            ms(llama.ready)
+        );
+        hangar_load.push(hangar.load);
+        hangar_ready.push(hangar.ready);
+        llama_ready.push(llama.ready);
+        servers = Some((hangar, llama));
+    }
+    let (hangar, llama) = servers.context("no load round ran")?;
+
+    let chat = |stream: bool| {
+        let mut body = json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "temperature": 0,
+            "max_tokens": MAX_TOKENS,
+        });
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body.to_string()
+    };
+    eprintln!("warm-up");
+    let mut first = Vec::new();
+    for server in [&hangar, &llama] {
+        first.push(complete(server, &chat(false))?);
+        complete(server, &chat(false))?;
+        stream(server, &chat(true))?;
+    }
+    let (h, l) = (&first[0], &first[1]);
+    eprintln!(
+        "  hangar: {} prompt + {} completion tokens ({}); llama-server: {} + {} ({}); text: {}",
+        h.prompt_tokens,
+        h.completion_tokens,
+        h.finish_reason,
+        l.prompt_tokens,
+        l.completion_tokens,
+        l.finish_reason,
+        compare_text(&h.text, &l.text)
+    );
+    if h.completion_tokens != l.completion_tokens {
+        eprintln!(
+            "  warning: the servers generate different numbers of tokens; tokens/s still \
+             divides each server's own count by its own time"
+        );
+    }
+
+    eprintln!("generation: {REQUESTS} requests and {STREAMS} streams per server");
+    let mut totals = [Totals::default(), Totals::default()];
+    for block in 0..BLOCKS {
+        let order = if block % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let server = [&hangar, &llama][i];
+            let totals = &mut totals[i];
+            for _ in 0..share(REQUESTS, block) {
+                let done = complete(server, &chat(false))?;
+                totals.tokens += u64::from(done.completion_tokens);
+                totals.counts.push(done.completion_tokens);
+                totals.time += done.elapsed;
+                totals.rates.push(rate(done.completion_tokens, done.elapsed));
+                totals.server_ms += done.server_predicted_ms;
+            }
+            for _ in 0..share(STREAMS, block) {
+                let done = stream(server, &chat(true))?;
+                totals.stream_tokens += u64::from(done.completion_tokens);
+                totals.counts.push(done.completion_tokens);
+                totals.stream_time += done.elapsed;
+                totals.stream_rates.push(rate(done.completion_tokens, done.elapsed));
+                totals.ttft.push(done.first);
+            }
+        }
+    }
+    drop(hangar);
+    drop(llama);
+
+    let rows = [
+        Row::new(
+            format!(
+                "load ms, median of {LOAD_ROUNDS} (hangar: POST …/load; llama-server: spawn → \
+                 /health 200)"
+            ),
+            ms(median(&mut hangar_load)),
+            ms(median(&mut llama_ready.clone())),
+        ),
+        Row::new(
+            format!("spawn → model ready ms, median of {LOAD_ROUNDS} (both incl. process start)"),
+            ms(median(&mut hangar_ready)),
+            ms(median(&mut llama_ready)),
+        ),
+        Row::new(
+            format!("tokens/s, Σ of {REQUESTS} non-streaming requests (higher is better)"),
+            totals[0].tokens_per_second(),
+            totals[1].tokens_per_second(),
+        ),
+        Row::new(
+            format!("tokens/s, median of {REQUESTS} non-streaming requests (higher is better)"),
+            median_f64(&mut totals[0].rates),
+            median_f64(&mut totals[1].rates),
+        ),
+        Row::new(
+            format!("tokens/s, Σ of {STREAMS} streams (higher is better)"),
+            totals[0].stream_tokens_per_second(),
+            totals[1].stream_tokens_per_second(),
+        ),
+        Row::new(
+            format!("tokens/s, median of {STREAMS} streams (higher is better)"),
+            median_f64(&mut totals[0].stream_rates),
+            median_f64(&mut totals[1].stream_rates),
+        ),
+        Row::new(
+            format!("time to first token ms, median of {STREAMS} streams"),
+            ms(median(&mut totals[0].ttft)),
+            ms(median(&mut totals[1].ttft)),
+        ),
+    ];
+    print_table(root, &bench, &rows, &totals);
+    Ok(())
+}
+
+/// Paths and settings shared by every server start.
+struct Bench {
+    hangard: PathBuf,
+    llama_server: PathBuf,
+    model: PathBuf,
+    config: PathBuf,
+    work: PathBuf,
+}
+
+impl Bench {
+    /// `hangard serve` on the bench config, then the load of the model; times both.
+    fn start_hangar(&self) -> Result<Server> {
+        let log_path = self.work.join("hangard.log");
+        let log = File::create(&log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let spawned = Instant::now();
+        let mut child = Command::new(&self.hangard)
+            .arg("serve")
+            .arg("--config")
+            .arg(&self.config)
+            .args(["--port", "0"])
+            .env_remove("HANGAR_ADMIN_KEY")
+            .env_remove("HANGAR_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.hangard.display()))?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut server = Server::new("hangar", child, String::new(), log_path);
+        let mut stdout = BufReader::new(stdout);
+        let mut line = String::new();
+        server.addr = loop {
+            line.clear();
+            if stdout.read_line(&mut line)? == 0 {
+                bail!("hangard exited before listening; see {}", server.log.display());
+            }
+            if let Some(url) = line.trim_end().strip_prefix(LISTENING) {
+                break url.trim_start_matches("http://").to_owned();
+            }
+        };
+        std::thread::spawn(move || io::copy(&mut stdout, &mut io::sink()));
+        let path = format!("/v1/admin/models/{MODEL}/load");
+        let started = Instant::now();
+        let (status, body) = exchange(&server.addr, "POST", &path, Some("{}"))?.read_all()?;
+        server.load = started.elapsed();
+        server.ready = spawned.elapsed();
+        if status != 200 {
+            bail!(
+                "POST {path} answered {status}: {}; see {}",
+                String::from_utf8_lossy(&body),
+                server.log.display()
+            );
+        }
+        Ok(server)
+    }
+
+    /// `llama-server` on the same model, context and threads; ready when `/health` is 200.
+    fn start_llama_server(&self) -> Result<Server> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let log_path = self.work.join("llama-server.log");
+        let log = File::create(&log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let threads = THREADS.to_string();
+        let spawned = Instant::now();
+        let child = Command::new(&self.llama_server)
+            .arg("-m")
+            .arg(&self.model)
+            .args(["-c", &N_CTX.to_string(), "-t", &threads, "-tb", &threads])
+            .args(["-np", "1", "--no-cache-prompt", "--no-webui", "--host", "127.0.0.1"])
+            .args(["--port", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.llama_server.display()))?;
+        let addr = format!("127.0.0.1:{port}");
+        let mut server = Server::new("llama-server", child, addr, log_path);
+        let deadline = spawned + READY_LIMIT;
+        loop {
+            if let Ok(200) =
+                exchange(&server.addr, "GET", "/health", None).and_then(|r| Ok(r.read_all()?.0))
+            {
+                break;
+            }
+            if let Some(status) = server.child.try_wait()? {
+                bail!("llama-server exited ({status}); see {}", server.log.display());
+            }
+            if Instant::now() >= deadline {
+                bail!("llama-server not ready after {READY_LIMIT:?}; see {}", server.log.display());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        server.ready = spawned.elapsed();
+        Ok(server)
+    }
+}
+
+/// A running server. Killed on drop.
+struct Server {
+    name: &'static str,
+    child: Child,
+    addr: String,
+    log: PathBuf,
+    /// Spawn → model ready.
+    ready: Duration,
+    /// The load request alone (Hangar only).
+    load: Duration,
+}
+
+impl Server {
+    /// A started server, not yet timed.
+    fn new(name: &'static str, child: Child, addr: String, log: PathBuf) -> Self {
+        Self { name, child, addr, log, ready: Duration::ZERO, load: Duration::ZERO }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The config directory of the bench: one CPU-only `llama_cpp` model, nothing loaded at start.
+fn write_config(work: &Path, model: &Path) -> Result<PathBuf> {
+    let dir = work.join("config");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let settings = json!({
+        "host": "127.0.0.1",
+        "auto_load": false,
+        "max_loaded_models": {"llm": 1},
+        "models": {
+            MODEL: {
+                "backend": "llama_cpp",
+                "enabled": false,
+                "model_path": model,
+                "prompt_format": "auto",
+                "gguf_n_ctx": N_CTX,
+                "gguf_n_gpu_layers": 0,
+                "gguf_n_threads": THREADS,
+            }
+        }
+    });
+    let path = dir.join("settings.json");
+    std::fs::write(&path, format!("{settings:#}\n"))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(dir)
+}
+
+/// The cached `llama-server` binary; downloads, unpacks and builds it when missing.
+fn llama_server(target: &Path, jobs: usize) -> Result<PathBuf> {
+    let dir =
+        target.join("bench").join("llama-server").join(format!("llama-cpp-python-{LCP_VERSION}"));
+    let binary = dir.join("llama-server");
+    let stamp = dir.join("cmake-options.txt");
+    let options = CMAKE_OPTIONS.join(" ");
+    if binary.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == options) {
+        eprintln!("llama-server: cached {}", binary.display());
+        return Ok(binary);
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let prefix = format!("llama_cpp_python-{LCP_VERSION}");
+    let sdist = dir.join(format!("{prefix}.tar.gz"));
+    if !sdist.exists() {
+        eprintln!("llama-server: downloading llama-cpp-python {LCP_VERSION} (sdist) from PyPI");
+        let mut download = Command::new("python3");
+        download.args(["-c", DOWNLOAD, PYPI_JSON, LCP_VERSION, LCP_SHA256]).arg(&sdist);
+        run_checked(download)?;
+    }
+    let source = dir.join(&prefix).join("vendor").join("llama.cpp");
+    if !source.join("CMakeLists.txt").exists() {
+        let mut unpack = Command::new("tar");
+        unpack.arg("-xzf").arg(&sdist).arg("-C").arg(&dir);
+        // The submodule's git directory too, so the build knows its commit.
+        unpack.arg(format!("{prefix}/vendor/llama.cpp"));
+        unpack.arg(format!("{prefix}/.git/modules/vendor/llama.cpp"));
+        run_checked(unpack)?;
+    }
+    let build = dir.join("build");
+    let mut configure = Command::new("cmake");
+    configure.arg("-S").arg(&source).arg("-B").arg(&build).args(CMAKE_OPTIONS);
+    run_checked(configure)?;
+    let mut compile = Command::new("cmake");
+    compile.arg("--build").arg(&build).args(["--target", "llama-server", "-j", &jobs.to_string()]);
+    run_checked(compile)?;
+    let built = build.join("bin").join("llama-server");
+    std::fs::copy(&built, &binary)
+        .with_context(|| format!("cannot copy {} to {}", built.display(), binary.display()))?;
+    std::fs::write(&stamp, format!("{options}\n"))
+        .with_context(|| format!("cannot write {}", stamp.display()))?;
+    eprintln!("llama-server: built {}", binary.display());
+    Ok(binary)
+}
+
+/// Downloads a release's sdist named by PyPI's JSON to `dest`, checking its SHA-256 (argv:
+/// JSON URL, version, sha256, dest). Relative file URLs are resolved against the JSON's.
+const DOWNLOAD: &str = r#"
+import hashlib, json, os, sys, urllib.parse, urllib.request
+index, version, sha, dest = sys.argv[1:5]
+with urllib.request.urlopen(index, timeout=120) as r:
+    meta = json.load(r)
+files = [f for f in meta["releases"].get(version, []) if f["packagetype"] == "sdist"]
+if not files:
+    sys.exit(f"no sdist of llama-cpp-python {version} on {index}")
+listed = files[0]["digests"]["sha256"]
+if listed != sha:
+    sys.exit(f"PyPI lists sha256 {listed} for {files[0]['filename']}, expected {sha}")
+url = urllib.parse.urljoin(index, files[0]["url"])
+print(url, file=sys.stderr)
+digest = hashlib.sha256()
+with urllib.request.urlopen(url, timeout=600) as r, open(dest + ".part", "wb") as out:
+    while chunk := r.read(1 << 20):
+        digest.update(chunk)
+        out.write(chunk)
+if digest.hexdigest() != sha:
+    sys.exit(f"{url}: sha256 {digest.hexdigest()}, expected {sha}")
+os.replace(dest + ".part", dest)
+"#;
+
+/// One non-streaming chat completion.
+struct Completion {
+    elapsed: Duration,
+    prompt_tokens: u64,
+    completion_tokens: u32,
+    finish_reason: String,
+    text: String,
+    /// `llama-server`'s own generation time (`timings.predicted_ms`); 0 for Hangar.
+    server_predicted_ms: f64,
+}
+
+/// One streaming chat completion.
+struct Streamed {
+    elapsed: Duration,
+    /// Request sent → first chunk with text.
+    first: Duration,
+    completion_tokens: u32,
+}
+
+/// `POST /v1/chat/completions` and its usage.
+fn complete(server: &Server, body: &str) -> Result<Completion> {
+    let started = Instant::now();
+    let (status, bytes) =
+        exchange(&server.addr, "POST", "/v1/chat/completions", Some(body))?.read_all()?;
+    let elapsed = started.elapsed();
+    let text = String::from_utf8_lossy(&bytes);
+    if status != 200 {
+        bail!("{}: chat completion answered {status}: {text}", server.name);
+    }
+    let v: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: chat completion is not JSON: {text}", server.name))?;
+    let completion_tokens = v
+        .pointer("/usage/completion_tokens")
+        .and_then(Value::as_u64)
+        .with_context(|| format!("{}: no usage.completion_tokens in {text}", server.name))?;
+    Ok(Completion {
+        elapsed,
+        prompt_tokens: v.pointer("/usage/prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
+        completion_tokens: u32::try_from(completion_tokens)?,
+        finish_reason: v
+            .pointer("/choices/0/finish_reason")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned(),
+        text: v
+            .pointer("/choices/0/message/content")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        server_predicted_ms: v
+            .pointer("/timings/predicted_ms")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0),
+    })
+}
+
+/// `POST /v1/chat/completions` with `"stream": true`, read event by event as it arrives.
+fn stream(server: &Server, body: &str) -> Result<Streamed> {
+    let started = Instant::now();
+    let response = exchange(&server.addr, "POST", "/v1/chat/completions", Some(body))?;
+    if response.status != 200 {
+        let (status, bytes) = response.read_all()?;
+        bail!("{}: stream answered {status}: {}", server.name, String::from_utf8_lossy(&bytes));
+    }
+    let mut first = None;
+    let mut completion_tokens = None;
+    for line in response.body.lines() {
+        let line = line?;
+        let Some(data) = line.strip_prefix("data:").map(str::trim) else { continue };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data)
+            .with_context(|| format!("{}: event is not JSON: {data}", server.name))?;
+        let text = v.pointer("/choices/0/delta/content").and_then(Value::as_str);
+        if first.is_none() && text.is_some_and(|t| !t.is_empty()) {
+            first = Some(started.elapsed());
+        }
+        if let Some(n) = v.pointer("/usage/completion_tokens").and_then(Value::as_u64) {
+            completion_tokens = Some(u32::try_from(n)?);
+        }
+    }
+    let elapsed = started.elapsed();
+    Ok(Streamed {
+        elapsed,
+        first: first.with_context(|| format!("{}: the stream had no text", server.name))?,
+        completion_tokens: completion_tokens
+            .with_context(|| format!("{}: the stream had no usage chunk", server.name))?,
+    })
+}
+
+/// An HTTP/1.1 response whose body is read as it arrives.
+struct Response {
+    status: u16,
+    body: Box<dyn BufRead>,
+}
+
+impl Response {
+    /// The status and the whole body.
+    fn read_all(mut self) -> io::Result<(u16, Vec<u8>)> {
+        let mut body = Vec::new();
+        self.body.read_to_end(&mut body)?;
+        Ok((self.status, body))
+    }
+}
+
+/// Sends one request on a fresh connection (`Connection: close`) and reads the head of the
+/// answer.
+fn exchange(addr: &str, method: &str, path: &str, body: Option<&str>) -> io::Result<Response> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    let body = body.unwrap_or_default();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if !body.is_empty() {
+        let _ =
+            write!(head, "Content-Type: application/json\r\nContent-Length: {}\r\n", body.len());
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| invalid(format!("bad status line {line:?}")))?;
+    let mut chunked = false;
+    let mut length = None;
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let Some((name, value)) = header.split_once(':') else { continue };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value.eq_ignore_ascii_case("chunked");
+        } else if name.eq_ignore_ascii_case("content-length") {
+            length = Some(value.parse::<u64>().map_err(|e| invalid(e.to_string()))?);
+        }
+    }
+    let body: Box<dyn BufRead> = match (chunked, length) {
+        (true, _) => Box::new(BufReader::new(Chunked { inner: reader, left: 0, done: false })),
+        (false, Some(n)) => Box::new(reader.take(n)),
+        (false, None) => Box::new(reader),
+    };
+    Ok(Response { status, body })
+}
+
+/// A `Transfer-Encoding: chunked` body, decoded as the chunks arrive.
+struct Chunked<R> {
+    inner: R,
+    /// Bytes left in the current chunk.
+    left: usize,
+    /// The last (empty) chunk was read.
+    done: bool,
+}
+
+impl<R: BufRead> Read for Chunked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.done || buf.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            let mut line = String::new();
+            if self.inner.read_line(&mut line)? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            let size = line.trim().split(';').next().unwrap_or_default();
+            self.left = usize::from_str_radix(size, 16)
+                .map_err(|_| invalid(format!("bad chunk size {line:?}")))?;
+            if self.left == 0 {
+                self.done = true;
+                return Ok(0);
+            }
+        }
+        let want = buf.len().min(self.left);
+        let n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.left -= n;
+        if self.left == 0 {
+            let mut crlf = [0; 2];
+            self.inner.read_exact(&mut crlf)?;
+        }
+        Ok(n)
+    }
+}
+
+/// An I/O error for a malformed answer.
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message)
+}
+
+/// What one server did in the timed requests.
+#[derive(Default)]
+struct Totals {
+    tokens: u64,
+    time: Duration,
+    stream_tokens: u64,
+    stream_time: Duration,
+    ttft: Vec<Duration>,
+    /// Tokens/s of each non-streaming request.
+    rates: Vec<f64>,
+    /// Tokens/s of each stream.
+    stream_rates: Vec<f64>,
+    /// `completion_tokens` of every timed request.
+    counts: Vec<u32>,
+    /// Sum of `llama-server`'s own `timings.predicted_ms`.
+    server_ms: f64,
+}
+
+impl Totals {
+    /// Σ tokens / Σ wall time of the non-streaming requests.
+    fn tokens_per_second(&self) -> f64 {
+        self.tokens as f64 / self.time.as_secs_f64()
+    }
+
+    /// Σ tokens / Σ wall time of the streams.
+    fn stream_tokens_per_second(&self) -> f64 {
+        self.stream_tokens as f64 / self.stream_time.as_secs_f64()
+    }
+
+    /// The distinct completion lengths, e.g. `128` or `97–128`.
+    fn count_range(&self) -> String {
+        let min = self.counts.iter().min().copied().unwrap_or(0);
+        let max = self.counts.iter().max().copied().unwrap_or(0);
+        if min == max { min.to_string() } else { format!("{min}–{max}") }
+    }
+}
+
+/// One line of the table; its ratio is hangar / llama-server.
+struct Row {
+    measure: String,
+    hangar: f64,
+    llama: f64,
+}
+
+impl Row {
+    /// A row of the table.
+    fn new(measure: impl Into<String>, hangar: f64, llama: f64) -> Self {
+        Self { measure: measure.into(), hangar, llama }
+    }
+}
+
+/// The table (stdout), with the machine, the binaries and the completion lengths.
+fn print_table(root: &Path, bench: &Bench, rows: &[Row], totals: &[Totals; 2]) {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!();
+    println!(
+        "{FIXTURE} on {cores} cores ({}); context {N_CTX}, {THREADS} thread(s), CPU only; \
+         chat completions with temperature 0 and max_tokens {MAX_TOKENS}",
+        cpu_model()
+    );
+    println!(
+        "hangar: {} (llama-cpp-sys-2 {})",
+        bench.hangard.display(),
+        locked_version(root, "llama-cpp-sys-2")
+    );
+    println!(
+        "llama-server: {} (llama-cpp-python {LCP_VERSION} sdist; {})",
+        bench.llama_server.display(),
+        server_version(&bench.llama_server)
+    );
+    println!();
+    println!("| measure | hangar | llama-server | ratio |");
+    println!("|---|---:|---:|---:|");
+    for r in rows {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.2} |",
+            r.measure,
+            r.hangar,
+            r.llama,
+            r.hangar / r.llama
+        );
+    }
+    println!();
+    println!(
+        "completion tokens per request: hangar {}, llama-server {}",
+        totals[0].count_range(),
+        totals[1].count_range()
+    );
+    if totals[1].server_ms > 0.0 {
+        println!(
+            "llama-server's own timings (generation only, no HTTP): {:.1} tokens/s",
+            totals[1].tokens as f64 / (totals[1].server_ms / 1000.0)
+        );
+    }
+}
+
+/// Whether two completions' texts agree, and if not, for how many characters.
+fn compare_text(hangar: &str, llama: &str) -> String {
+    if hangar == llama {
+        return format!("identical ({} characters)", hangar.chars().count());
+    }
+    let common = hangar.chars().zip(llama.chars()).take_while(|(a, b)| a == b).count();
+    format!(
+        "the first {common} characters agree (hangar {}, llama-server {} in all)",
+        hangar.chars().count(),
+        llama.chars().count()
+    )
+}
+
+/// The version of `package` in `Cargo.lock`.
+fn locked_version(root: &Path, package: &str) -> String {
+    let lock = std::fs::read_to_string(root.join("Cargo.lock")).unwrap_or_default();
+    let name = format!("name = \"{package}\"");
+    let mut lines = lock.lines();
+    lines
+        .find(|l| *l == name)
+        .and_then(|_| lines.next())
+        .and_then(|l| l.strip_prefix("version = \""))
+        .map_or_else(|| "?".to_owned(), |v| v.trim_end_matches('"').to_owned())
+}
+
+/// The `version: …` line of `llama-server --version` (build number and commit).
+fn server_version(binary: &Path) -> String {
+    Command::new(binary)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|out| {
+            let text = String::from_utf8_lossy(&out.stderr).into_owned()
+                + &String::from_utf8_lossy(&out.stdout);
+            text.lines().find(|l| l.starts_with("version:")).map(str::to_owned)
+        })
+        .unwrap_or_else(|| "version unknown".to_owned())
+}
+
+/// The CPU's model name from `/proc/cpuinfo`.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned())
+}
+
+/// How many of `total` requests run in interleaved block `block`.
+fn share(total: usize, block: usize) -> usize {
+    total / BLOCKS + usize::from(block < total % BLOCKS)
+}
+
+/// The middle sample (the upper one of an even count).
+fn median(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
+}
+
+/// [`median`] of rates.
+fn median_f64(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
+}
+
+/// Tokens per second of one request.
+fn rate(tokens: u32, elapsed: Duration) -> f64 {
+    f64::from(tokens) / elapsed.as_secs_f64()
+}
+
+/// Milliseconds.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
