@@ -264,7 +264,23 @@ impl Runtime for StubRuntime {
         request: GenerateRequest,
         events: mpsc::Sender<GenerateEvent>,
     ) -> Result<GenerateSummary, RuntimeError> {
-        self.admit(ModelType::Llm, "generate")?;
+        if let Some(e) = self.crash_error() {
+            return Err(e);
+        }
+        if let Err(e) = self.admit(ModelType::Llm, "generate") {
+            // The injected crash happens while serving: after the first word is out.
+            if let RuntimeError::Crashed { .. } = &e {
+                let prompt = prompt_text(&request.prompt);
+                let first = match &self.settings.reply {
+                    Some(reply) => reply.split_whitespace().next().map(str::to_owned),
+                    None => derived_reply(&prompt).next(),
+                };
+                if let Some(word) = first {
+                    let _ = events.send(GenerateEvent::Text(word)).await;
+                }
+            }
+            return Err(e);
+        }
         // Constrained decoding is an engine feature; the stub has no decoder to constrain.
         if request.tools.is_some() || request.format.is_some() {
             return Err(RuntimeError::Unsupported {

@@ -392,7 +392,8 @@ pub struct StubSettings {
     pub fail_load: Option<String>,
     /// When true, every load fails as "model file not found".
     pub not_found: Option<bool>,
-    /// The runtime crashes while serving request number N (1-based) after it loads.
+    /// The runtime crashes while serving request number N (1-based) after it loads (a
+    /// generation after its first word).
     pub crash_after_requests: Option<u64>,
     /// Parallel sequences the stub runtime supports; clamps `target_inflight`.
     pub max_parallel_sequences: Option<u32>,

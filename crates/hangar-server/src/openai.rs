@@ -5,8 +5,10 @@
 //! position), validate (400 `invalid_request`), check the model's capabilities (404
 //! `unknown_model`, 400 `thinking_unsupported`), admit ([`hangar_runtime::Manager::acquire`]:
 //! 503 with the state's code, 429 `queue_full`), then run. Streams are only started once
-//! admission succeeded, so admission errors are always plain JSON error responses. A
-//! stream's generation runs in its own task that forwards the backend's events as SSE
+//! admission succeeded and the generation produced its first event, so admission errors,
+//! and generations that fail before any output (a prompt longer than the context, a schema
+//! the engine cannot use), are plain JSON error responses. A stream's generation runs in its
+//! own task that forwards the backend's events as SSE
 //! chunks; when the client goes away the forwarding stops, the generation's event receiver
 //! is dropped, the backend cancels, and the request's slot is freed.
 //!
@@ -21,14 +23,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use hangar_backend::{
     ChatMessage, EmbedRequest, FinishReason, GenerateEvent, GenerateRequest, GenerateSummary,
-    Prompt, RerankRequest, Role, SamplingParams, ThinkingMode, ToolCall, Translation,
+    Prompt, RerankRequest, Role, RuntimeError, SamplingParams, ThinkingMode, ToolCall, Translation,
 };
 use hangar_runtime::{ModelSnapshot, RequestGuard};
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::body::{Response, json_response, parse_json, sse_event, sse_response};
 use crate::error::{ApiError, codes};
@@ -491,7 +493,8 @@ async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     if body.stream.unwrap_or(false) {
         let include_usage = body.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
         let format = ChatStream { id, created, model, include_usage, calls: 0 };
-        return Ok(Reply::Streaming(stream_generation(guard, request, format, rec.clone())));
+        let response = stream_generation(guard, request, format, rec.clone()).await?;
+        return Ok(Reply::Streaming(response));
     }
     let Generated { text, calls, summary } = generate_all(guard, request, rec).await?;
     let mut message = json!({ "role": "assistant", "content": text, "refusal": null });
@@ -557,7 +560,8 @@ async fn completion(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     if body.stream.unwrap_or(false) {
         let include_usage = body.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
         let format = CompletionStream { id, created, model, include_usage, echo };
-        return Ok(Reply::Streaming(stream_generation(guard, request, format, rec.clone())));
+        let response = stream_generation(guard, request, format, rec.clone()).await?;
+        return Ok(Reply::Streaming(response));
     }
     let Generated { text, summary, .. } = generate_all(guard, request, rec).await?;
     let text = match echo {
@@ -677,7 +681,8 @@ async fn response(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
             message_open: false,
             calls: Vec::new(),
         };
-        return Ok(Reply::Streaming(stream_generation(guard, request, format, rec.clone())));
+        let response = stream_generation(guard, request, format, rec.clone()).await?;
+        return Ok(Reply::Streaming(response));
     }
     let Generated { text, calls, summary } = generate_all(guard, request, rec).await?;
     let calls: Vec<(String, ToolCall)> = calls.into_iter().map(|c| (new_id("call_"), c)).collect();
@@ -1008,24 +1013,81 @@ trait StreamFormat: Send + 'static {
     fn fail(&mut self, error: &ApiError) -> Vec<Bytes>;
 }
 
-/// Starts an SSE response whose events a spawned task produces from the generation. The
-/// task owns the request's guard: when the client disconnects, forwarding stops and drops
-/// the generation's receiver, the backend cancels, and the guard (the slot) is released.
-fn stream_generation(
+/// How a streamed generation opened: its first event, its end before any event, or the
+/// client going away first.
+enum Opening {
+    Event(GenerateEvent),
+    /// The event channel closed: the generation has ended (its result is still to be read).
+    Closed,
+    Ended(Result<GenerateSummary, RuntimeError>),
+    ClientGone,
+}
+
+/// Starts a streamed generation in a spawned task and answers once it has produced its first
+/// event: then with 200 and an SSE stream that the task feeds. A generation that fails before
+/// producing anything (a prompt longer than the context, a schema the engine cannot use, a
+/// feature the model lacks) is answered like a non-streamed one, with its status and a JSON
+/// error. The task owns the request's guard: when the client disconnects, forwarding stops
+/// and drops the generation's receiver, the backend cancels, and the guard (the slot) is
+/// released.
+async fn stream_generation(
     guard: RequestGuard,
     request: GenerateRequest,
     mut format: impl StreamFormat,
     rec: Recorder,
-) -> Response {
+) -> Result<Response, ApiError> {
     let (response, sse) = sse_response();
+    let (mut ready, opened) = oneshot::channel::<Result<(), ApiError>>();
     tokio::spawn(async move {
-        let connected = send_all(&sse, format.start()).await;
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, mut rx) = mpsc::channel(64);
         let start = Instant::now();
+        let runtime = Arc::clone(guard.runtime());
+        let generation = runtime.generate(request, tx);
+        tokio::pin!(generation);
+        let opening = tokio::select! {
+            event = rx.recv() => event.map_or(Opening::Closed, Opening::Event),
+            result = &mut generation => Opening::Ended(result),
+            () = ready.closed() => Opening::ClientGone,
+        };
+        let (first_event, ended) = match opening {
+            Opening::Event(event) => (Some(event), None),
+            Opening::Closed => (None, Some((&mut generation).await)),
+            Opening::Ended(result) => (None, Some(result)),
+            Opening::ClientGone => {
+                drop(rx);
+                let result = guard.check((&mut generation).await).map_err(ApiError::from);
+                rec.record(result.as_ref().err().map_or("ok", |e| e.code));
+                return;
+            }
+        };
+        let ended = ended.map(|result| guard.check(result).map_err(ApiError::from));
+        if let Some(Err(e)) = ended.as_ref()
+            && rx.is_empty()
+        {
+            // Nothing was generated: the error is the answer (the handler records it).
+            if let Err(Err(e)) = ready.send(Err(e.clone())) {
+                rec.record(e.code);
+            }
+            return;
+        }
+        let mut connected = ready.send(Ok(())).is_ok() && send_all(&sse, format.start()).await;
         let mut first = None;
-        let forward = forward(rx, &sse, &mut format, connected, &mut first);
-        let (result, connected) = tokio::join!(guard.runtime().generate(request, tx), forward);
-        let result = guard.check(result).map_err(ApiError::from);
+        if let Some(event) = first_event {
+            first = Some(Instant::now());
+            connected = connected && send_all(&sse, event_bytes(&mut format, event)).await;
+        }
+        let result = match ended {
+            Some(result) => {
+                connected = forward(rx, &sse, &mut format, connected, &mut first).await;
+                result
+            }
+            None => {
+                let forward = forward(rx, &sse, &mut format, connected, &mut first);
+                let (result, still) = tokio::join!(&mut generation, forward);
+                connected = still;
+                guard.check(result).map_err(ApiError::from)
+            }
+        };
         if let Ok(summary) = &result {
             rec.generation(summary, start, first);
         }
@@ -1041,7 +1103,23 @@ fn stream_generation(
         };
         send_all(&sse, tail).await;
     });
-    response
+    match opened.await {
+        Ok(Ok(())) => Ok(response),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "runtime_error",
+            "the generation ended without an answer",
+        )),
+    }
+}
+
+/// The stream events of one generation event.
+fn event_bytes(format: &mut impl StreamFormat, event: GenerateEvent) -> Vec<Bytes> {
+    match event {
+        GenerateEvent::Text(text) => format.delta(&text),
+        GenerateEvent::ToolCall(call) => format.tool_call(call),
+    }
 }
 
 /// Forwards generated text to the client until the generation ends (`true`) or the client
@@ -1061,11 +1139,7 @@ async fn forward(
             event = rx.recv() => match event {
                 Some(event) => {
                     first.get_or_insert_with(Instant::now);
-                    let events = match event {
-                        GenerateEvent::Text(text) => format.delta(&text),
-                        GenerateEvent::ToolCall(call) => format.tool_call(call),
-                    };
-                    if !send_all(sse, events).await {
+                    if !send_all(sse, event_bytes(format, event)).await {
                         return false;
                     }
                 }

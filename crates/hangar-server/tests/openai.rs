@@ -478,15 +478,50 @@ async fn an_error_after_the_stream_started_is_a_final_error_event() {
         stream(&svc, "/v1/chat/completions", chat_body("crashy", "hi", json!({ "stream": true })))
             .await;
     let data: Vec<&str> = events.iter().map(|e| e.data.as_str()).collect();
-    assert_eq!(data.len(), 3, "role chunk, error, [DONE]: {data:?}");
+    assert_eq!(data.len(), 4, "role chunk, the first word, error, [DONE]: {data:?}");
     assert_eq!(events[0].json()["choices"][0]["delta"]["role"], "assistant");
-    let error = events[1].json();
+    assert!(events[1].json()["choices"][0]["delta"]["content"].is_string(), "{}", data[1]);
+    let error = events[2].json();
     assert_eq!(error["error"]["code"], "runtime_crashed", "{error}");
-    assert_eq!(data[2], "[DONE]");
+    assert_eq!(data[3], "[DONE]");
     assert_eq!(svc.manager().model("crashy").unwrap().runtime_state.as_str(), "failed");
     assert!(metrics(&svc).await.contains(
         r#"hangar_requests_total{endpoint="chat_completions",model="crashy",outcome="runtime_crashed"} 1"#
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_fails_before_its_first_token_is_a_plain_error() {
+    let svc = service().await;
+    // The stub refuses tools before generating anything: the stream never starts, and the
+    // client gets the status and code a non-streamed request gets.
+    let weather = json!([{ "type": "function", "function": { "name": "get_weather" } }]);
+    for path in ["/v1/chat/completions", "/v1/responses"] {
+        let body = if path == "/v1/responses" {
+            json!({ "model": "fixed", "input": "hi", "stream": true,
+                    "tools": [{ "type": "function", "name": "get_weather" }], "tool_choice": "required" })
+        } else {
+            chat_body(
+                "fixed",
+                "hi",
+                json!({ "stream": true, "tools": weather, "tool_choice": "required" }),
+            )
+        };
+        let response = call(&svc, Method::POST, path, &body.to_string()).await;
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/json",
+            "{path}: a JSON error, not an event stream"
+        );
+        assert_error(&json_of(response).await, 400, "unsupported");
+    }
+    let metrics = metrics(&svc).await;
+    assert!(metrics.contains(
+        r#"hangar_requests_total{endpoint="chat_completions",model="fixed",outcome="unsupported"} 1"#
+    ), "{metrics}");
+    // The slot was released: the model still answers.
+    let (status, _) = post(&svc, "/v1/chat/completions", chat_body("fixed", "hi", json!({}))).await;
+    assert_eq!(status, StatusCode::OK);
 }
 
 // ---------------------------------------------------------------------------------------
