@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Event, Server, Sse};
+use support::{Event, Server, Sse, send};
 
 // ---------------------------------------------------------------------------------------
 // Config
@@ -69,25 +69,12 @@ async fn serve(models: Value, load_now: &[&str]) -> Server {
 // ---------------------------------------------------------------------------------------
 // HTTP helpers
 
-async fn send(method: Method, url: &str, body: Option<&Value>) -> (u16, Value) {
-    let mut request = reqwest::Client::new().request(method, url);
-    if let Some(body) = body {
-        request = request.json(body);
-    }
-    let response = request.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
-    let status = response.status().as_u16();
-    let bytes = response.bytes().await.unwrap();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    (status, value)
-}
-
 async fn get(server: &Server, path: &str) -> (u16, Value) {
-    send(Method::GET, &server.url(path), None).await
+    send(Method::GET, &server.url(path), None, None).await
 }
 
 async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
-    send(Method::POST, &server.url(path), Some(&body)).await
+    send(Method::POST, &server.url(path), Some(&body), None).await
 }
 
 async fn load(server: &Server, model: &str, body: Value) -> (u16, Value) {
@@ -929,12 +916,12 @@ async fn load_progress_shows_while_loading_and_is_null_otherwise() {
 
     let slow = tokio::spawn({
         let url = server.url("/v1/admin/models/slow/load");
-        async move { send(Method::POST, &url, Some(&json!({}))).await }
+        async move { send(Method::POST, &url, Some(&json!({})), None).await }
     });
     wait_for_row(&server, "slow", "loading", |r| r["runtime_state"] == "loading").await;
     let tiny = tokio::spawn({
         let url = server.url("/v1/admin/models/tiny/load");
-        async move { send(Method::POST, &url, Some(&json!({}))).await }
+        async move { send(Method::POST, &url, Some(&json!({})), None).await }
     });
 
     // Every value the row shows while loading is a fraction that only grows.

@@ -7,26 +7,10 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Server, Sse, hangard};
+use support::{Server, Sse, hangard, send};
 
 // ---------------------------------------------------------------------------------------
 // HTTP helpers
-
-async fn send(method: Method, url: &str, body: Option<&Value>, key: Option<&str>) -> (u16, Value) {
-    let mut request = reqwest::Client::new().request(method, url);
-    if let Some(key) = key {
-        request = request.bearer_auth(key);
-    }
-    if let Some(body) = body {
-        request = request.json(body);
-    }
-    let response = request.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
-    let status = response.status().as_u16();
-    let bytes = response.bytes().await.unwrap();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    (status, value)
-}
 
 async fn get(server: &Server, path: &str) -> (u16, Value) {
     send(Method::GET, &server.url(path), None, None).await

@@ -243,3 +243,29 @@ impl Sse {
         events
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// HTTP
+
+/// A request with an optional JSON body and bearer key: `(status, JSON body)`, a body that
+/// is not JSON as a string. Error statuses are returned, not raised.
+pub(crate) async fn send(
+    method: reqwest::Method,
+    url: &str,
+    body: Option<&Value>,
+    key: Option<&str>,
+) -> (u16, Value) {
+    let mut request = reqwest::Client::new().request(method, url);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = request.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.unwrap();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, value)
+}
