@@ -86,9 +86,6 @@ const LOAD_ROUNDS: usize = 5;
 const READY_LIMIT: Duration = Duration::from_secs(120);
 /// How long one HTTP exchange may stall.
 const IO_TIMEOUT: Duration = Duration::from_secs(120);
-/// The start of the line `hangard serve` prints once it accepts connections.
-const LISTENING: &str = "hangard listening on ";
-
 /// Builds both servers (when needed), measures, prints the table.
 pub(crate) fn run(root: &Path) -> Result<()> {
     let target =
@@ -260,35 +257,11 @@ impl Bench {
     /// `hangard serve` on the bench config, then the load of the model; times both.
     fn start_hangar(&self) -> Result<Server> {
         let log_path = self.work.join("hangard.log");
-        let log = File::create(&log_path)
-            .with_context(|| format!("cannot create {}", log_path.display()))?;
         let spawned = Instant::now();
-        let mut child = Command::new(&self.hangard)
-            .arg("serve")
-            .arg("--config")
-            .arg(&self.config)
-            .args(["--port", "0"])
-            .env_remove("HANGAR_ADMIN_KEY")
-            .env_remove("HANGAR_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("cannot start {}", self.hangard.display()))?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let mut server = Server::new("hangar", child, String::new(), log_path);
-        let mut stdout = BufReader::new(stdout);
-        let mut line = String::new();
-        server.addr = loop {
-            line.clear();
-            if stdout.read_line(&mut line)? == 0 {
-                bail!("hangard exited before listening; see {}", server.log.display());
-            }
-            if let Some(url) = line.trim_end().strip_prefix(LISTENING) {
-                break url.trim_start_matches("http://").to_owned();
-            }
-        };
-        std::thread::spawn(move || io::copy(&mut stdout, &mut io::sink()));
+        let (child, base) =
+            crate::e2e::spawn_serve(&self.hangard, &self.config, &self.work, &log_path)?;
+        let addr = base.trim_start_matches("http://").to_owned();
+        let mut server = Server::new("hangar", child, addr, log_path);
         let path = format!("/v1/admin/models/{MODEL}/load");
         let started = Instant::now();
         let (status, body) = exchange(&server.addr, "POST", &path, Some("{}"))?.read_all()?;

@@ -172,33 +172,49 @@ struct DemoServer {
     exited: bool,
 }
 
+/// Starts `binary serve --config <config> --port 0` in `cwd` (stderr to `log_path`, no admin key or
+/// config from the environment) and waits for its `hangard listening on …` line; returns
+/// the child and the base URL. Shared by the e2e run and the llama.cpp benchmark.
+pub(crate) fn spawn_serve(
+    binary: &Path,
+    config: &Path,
+    cwd: &Path,
+    log_path: &Path,
+) -> Result<(Child, String)> {
+    let log = std::fs::File::create(log_path)
+        .with_context(|| format!("cannot create {}", log_path.display()))?;
+    let mut child = Command::new(binary)
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .args(["--port", "0"])
+        .current_dir(cwd)
+        .env_remove("HANGAR_ADMIN_KEY")
+        .env_remove("HANGAR_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("cannot start {}", binary.display()))?;
+    let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?);
+    let mut line = String::new();
+    let base = loop {
+        line.clear();
+        if stdout.read_line(&mut line)? == 0 {
+            let status = child.wait()?;
+            bail!("hangard exited ({status}) before listening; see {}", log_path.display());
+        }
+        if let Some(url) = line.trim_end().strip_prefix(LISTENING) {
+            break url.to_owned();
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    Ok((child, base))
+}
+
 impl DemoServer {
     fn start(root: &Path, binary: &Path, log_path: &Path) -> Result<Self> {
-        let log = std::fs::File::create(log_path)
-            .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let mut child = Command::new(binary)
-            .args(["serve", "--config", "fixtures/demo", "--port", "0"])
-            .current_dir(root)
-            .env_remove("HANGAR_ADMIN_KEY")
-            .env_remove("HANGAR_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("cannot start {}", binary.display()))?;
-        let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?);
-        let mut line = String::new();
-        let base = loop {
-            line.clear();
-            if stdout.read_line(&mut line)? == 0 {
-                let status = child.wait()?;
-                bail!("hangard exited ({status}) before listening; see {}", log_path.display());
-            }
-            if let Some(url) = line.trim_end().strip_prefix(LISTENING) {
-                break url.to_owned();
-            }
-        };
-        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        let (child, base) = spawn_serve(binary, Path::new("fixtures/demo"), root, log_path)?;
         let addr = base.trim_start_matches("http://").to_owned();
         Ok(Self { child, base, addr, exited: false })
     }

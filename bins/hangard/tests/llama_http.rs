@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Event, Server, Sse, send};
+use support::{Event, Server, Sse, get, load, post, send, unload};
 
 // ---------------------------------------------------------------------------------------
 // Config
@@ -68,22 +68,6 @@ async fn serve(models: Value, load_now: &[&str]) -> Server {
 
 // ---------------------------------------------------------------------------------------
 // HTTP helpers
-
-async fn get(server: &Server, path: &str) -> (u16, Value) {
-    send(Method::GET, &server.url(path), None, None).await
-}
-
-async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
-    send(Method::POST, &server.url(path), Some(&body), None).await
-}
-
-async fn load(server: &Server, model: &str, body: Value) -> (u16, Value) {
-    post(server, &format!("/v1/admin/models/{model}/load"), body).await
-}
-
-async fn unload(server: &Server, model: &str) -> (u16, Value) {
-    post(server, &format!("/v1/admin/models/{model}/unload"), json!({})).await
-}
 
 /// The model's admin row.
 async fn row(server: &Server, model: &str) -> Value {

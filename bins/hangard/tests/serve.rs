@@ -7,26 +7,10 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Server, Sse, hangard, send};
+use support::{Server, Sse, get, hangard, load, post, send, unload};
 
 // ---------------------------------------------------------------------------------------
 // HTTP helpers
-
-async fn get(server: &Server, path: &str) -> (u16, Value) {
-    send(Method::GET, &server.url(path), None, None).await
-}
-
-async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
-    send(Method::POST, &server.url(path), Some(&body), None).await
-}
-
-async fn load(server: &Server, model: &str, body: Value) -> (u16, Value) {
-    post(server, &format!("/v1/admin/models/{model}/load"), body).await
-}
-
-async fn unload(server: &Server, model: &str) -> (u16, Value) {
-    post(server, &format!("/v1/admin/models/{model}/unload"), json!({})).await
-}
 
 async fn state(server: &Server, model: &str) -> String {
     let (status, row) = get(server, &format!("/v1/admin/models/{model}")).await;

@@ -768,6 +768,48 @@ mod tests {
         assert_eq!(run(&["x", "bc"], &["abcx"]), ("a".to_owned(), true));
     }
 
+    /// Pushes `pieces` through an [`Output`] for tools; returns the content sent and the call.
+    fn route(pieces: &[&str], stops: &[&str]) -> (String, Option<ToolCall>) {
+        let stops: Vec<String> = stops.iter().map(|s| (*s).to_owned()).collect();
+        let constraint = Constraint::Tools {
+            grammar: String::new(),
+            lazy: true,
+            names: vec!["get_weather".to_owned()],
+        };
+        let mut output = Output::new(&stops, &constraint);
+        let mut content = String::new();
+        for piece in pieces {
+            let (text, stopped) = output.push(piece);
+            content.push_str(&text);
+            if stopped {
+                break;
+            }
+        }
+        let (rest, call) = output.finish();
+        content.push_str(&rest);
+        (content, call)
+    }
+
+    #[test]
+    fn tool_calls_are_routed_out_of_the_content_even_across_pieces() {
+        let call = r#"{"name": "get_weather", "arguments": {"unit": "c"}}"#;
+        let (content, parsed) =
+            route(&["Let me check. <tool", "_call>\n", call, "\n</tool_call>"], &[]);
+        assert_eq!(content, "Let me check. ");
+        let parsed = parsed.expect("a complete call");
+        assert_eq!(
+            (parsed.name.as_str(), parsed.arguments.as_str()),
+            ("get_weather", r#"{"unit":"c"}"#)
+        );
+        // A call cut short (max_tokens) is returned as the text the model wrote.
+        let (content, parsed) = route(&["a <tool_call>\n{\"name\": \"get_w"], &[]);
+        assert_eq!((content.as_str(), parsed), ("a <tool_call>\n{\"name\": \"get_w", None));
+        // Text that only looks like the start of a tag is released at the end.
+        assert_eq!(route(&["x <tool"], &[]), ("x <tool".to_owned(), None));
+        // Stop sequences still cut the content before a call.
+        assert_eq!(route(&["ab STOP <tool_call>", call], &["STOP"]), ("ab ".to_owned(), None));
+    }
+
     #[test]
     fn utf8_is_emitted_only_when_complete() {
         let mut bytes = vec![b'a', 0xC3];

@@ -269,3 +269,24 @@ pub(crate) async fn send(
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
     (status, value)
 }
+
+/// `GET` of `path` on `server`.
+pub(crate) async fn get(server: &Server, path: &str) -> (u16, Value) {
+    send(reqwest::Method::GET, &server.url(path), None, None).await
+}
+
+/// `POST` of `body` to `path` on `server`.
+pub(crate) async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
+    send(reqwest::Method::POST, &server.url(path), Some(&body), None).await
+}
+
+/// Loads `model` through the admin API with the load `body`.
+pub(crate) async fn load(server: &Server, model: &str, body: Value) -> (u16, Value) {
+    post(server, &format!("/v1/admin/models/{model}/load"), body).await
+}
+
+/// Unloads `model` through the admin API.
+pub(crate) async fn unload(server: &Server, model: &str) -> (u16, Value) {
+    post(server, &format!("/v1/admin/models/{model}/unload"), Value::Object(Default::default()))
+        .await
+}
