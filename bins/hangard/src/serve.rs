@@ -116,15 +116,18 @@ fn backends() -> Backends {
     backends
 }
 
-/// llama.cpp's process-wide backend, initialised once per process (it refuses a second init).
+/// llama.cpp's process-wide backend, initialised once per process (it refuses a second init),
+/// with llama.cpp's own log lines routed into `tracing` (a process-global hook, so installed
+/// here, in the composition root): that is how a failed load gets llama.cpp's reason.
 #[cfg(feature = "llama-cpp")]
 fn llama_backend() -> Result<Arc<hangar_backend_llamacpp::llama_cpp_2::llama_backend::LlamaBackend>>
 {
-    use hangar_backend_llamacpp::llama_cpp_2::llama_backend::LlamaBackend;
+    use hangar_backend_llamacpp::llama_cpp_2::{self, LogOptions, llama_backend::LlamaBackend};
     static LLAMA: std::sync::OnceLock<Arc<LlamaBackend>> = std::sync::OnceLock::new();
     if let Some(llama) = LLAMA.get() {
         return Ok(Arc::clone(llama));
     }
+    llama_cpp_2::send_logs_to_tracing(LogOptions::default());
     let llama = Arc::new(LlamaBackend::init().context("llama.cpp backend init")?);
     Ok(Arc::clone(LLAMA.get_or_init(|| llama)))
 }

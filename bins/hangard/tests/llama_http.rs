@@ -539,13 +539,13 @@ async fn embeddings_are_normalized_deterministic_and_base64_decodes_to_the_float
         assert_eq!(floats, vectors[i], "input {i}: base64 vs float");
     }
 
-    // Each model does its own job only.
+    // Each model does its own job only: refused by type before reaching the engine.
     let (status, refused) =
         post(&server, "/v1/embeddings", json!({ "model": "tiny", "input": "x" })).await;
-    assert_eq!((status, code(&refused)), (400, "unsupported"), "{refused}");
+    assert_eq!((status, code(&refused)), (400, "model_type_mismatch"), "{refused}");
     let (status, refused) =
         post(&server, "/v1/chat/completions", chat_body("embed", "hello", 2)).await;
-    assert_eq!((status, code(&refused)), (400, "unsupported"), "{refused}");
+    assert_eq!((status, code(&refused)), (400, "model_type_mismatch"), "{refused}");
     assert_eq!(row(&server, "embed").await["runtime_state"], "loaded", "a refusal is no crash");
 }
 

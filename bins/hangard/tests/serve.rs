@@ -238,7 +238,7 @@ async fn load_while_unloading_answers_409() {
     wait_for_state(&server, "slow-unload", "unloading").await;
 
     let (status, answer) = load(&server, "slow-unload", json!({})).await;
-    assert_eq!((status, code(&answer)), (409, "model_unloading"), "{answer}");
+    assert_eq!((status, code(&answer)), (409, "state_conflict"), "{answer}");
     assert_eq!(answer["error"]["runtime_state"], "unloading", "{answer}");
     let (status, row) = unload(&server, "slow-unload").await;
     assert_eq!(
@@ -252,10 +252,10 @@ async fn load_while_unloading_answers_409() {
 }
 
 #[tokio::test]
-async fn a_failing_load_answers_500_load_failed_and_keeps_last_error() {
+async fn a_failing_load_answers_400_load_failed_and_keeps_last_error() {
     let server = Server::start(&admin_config(), &[]);
     let (status, answer) = load(&server, "broken", json!({})).await;
-    assert_eq!((status, code(&answer)), (500, "load_failed"), "{answer}");
+    assert_eq!((status, code(&answer)), (400, "load_failed"), "{answer}");
     let model = &answer["error"]["model"];
     assert_eq!(model["runtime_state"], "failed", "{answer}");
     assert!(
@@ -268,15 +268,16 @@ async fn a_failing_load_answers_500_load_failed_and_keeps_last_error() {
     assert!(row["last_error"].as_str().unwrap().contains("CUDA out of memory"), "{row}");
 }
 
-#[cfg(not(feature = "llama-cpp"))]
 #[tokio::test]
-async fn engines_not_compiled_in_fail_to_load_with_backend_unavailable() {
-    let server = Server::start(&admin_config(), &[]);
+async fn an_engine_not_compiled_in_fails_to_load_and_evicts_nothing() {
+    let mut config = admin_config();
+    config["max_loaded_models"] = json!({ "llm": 1 });
+    let server = Server::start(&config, &[]);
     assert_eq!(load(&server, "chat", json!({})).await.0, 200);
-    let (status, answer) = load(&server, "gguf", json!({ "gguf_n_ctx": 4096 })).await;
-    assert_eq!((status, code(&answer)), (500, "load_failed"), "{answer}");
+    let (status, answer) = load(&server, "ls", json!({})).await;
+    assert_eq!((status, code(&answer)), (400, "load_failed"), "{answer}");
     let last_error = answer["error"]["model"]["last_error"].as_str().unwrap();
-    assert!(last_error.contains("llama_cpp is not available in this build"), "{last_error}");
+    assert!(last_error.contains("llama_server is not available in this build"), "{last_error}");
     assert_eq!(state(&server, "chat").await, "loaded", "an unavailable engine evicts nothing");
 }
 

@@ -1,9 +1,11 @@
 //! Capturing llama.cpp's own error lines while it loads a model.
 //!
-//! `llama-cpp-2` forwards llama.cpp's log callback to the calling thread's `tracing`
-//! dispatcher, and llama.cpp logs synchronously on the thread that called it. Loading on the
-//! worker thread under a capturing subscriber therefore collects exactly this load's reasons
-//! ("llama_model_load: error loading model: …"), which a bare `NullResult` lacks.
+//! Once the host has installed `llama-cpp-2`'s log hook (`llama_cpp_2::send_logs_to_tracing`,
+//! see [`crate::LlamaCppBackend::new`]), llama.cpp's log callback goes to the calling thread's
+//! `tracing` dispatcher, and llama.cpp logs synchronously on the thread that called it.
+//! Loading on the worker thread under a capturing subscriber therefore collects exactly this
+//! load's reasons ("llama_model_load: error loading model: …"), which a bare `NullResult`
+//! lacks. Without the hook llama.cpp writes to stderr and nothing is captured.
 
 use std::sync::{Arc, Mutex};
 

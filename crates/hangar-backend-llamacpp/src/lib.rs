@@ -8,13 +8,18 @@
 //! loaded by the first replica's worker and shared by the model's other replicas, so `N`
 //! replicas cost one copy of the weights plus `N` contexts (KV caches). The llama.cpp backend
 //! itself (`LlamaBackend`, global init) is created once by the composition root and passed in
-//! as a token.
+//! as a token; the composition root also routes llama.cpp's log lines into `tracing`
+//! ([`LlamaCppBackend::new`] says why). Architecture invariant: this crate installs no
+//! process-global hook.
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use hangar_backend_llamacpp::LlamaCppBackend;
 //! use llama_cpp_2::llama_backend::LlamaBackend;
 //!
+//! // The host (composition root) routes llama.cpp's own log lines into `tracing` and
+//! // initialises llama.cpp, once per process.
+//! hangar_backend_llamacpp::llama_cpp_2::send_logs_to_tracing(Default::default());
 //! let llama = Arc::new(LlamaBackend::init().expect("llama.cpp initialises once per process"));
 //! let backend = LlamaCppBackend::new(llama);
 //! # let _ = backend;
@@ -46,9 +51,6 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::worker::{Command, SharedModel, WorkerSpec};
 
-/// Tokens generated when a request sets no `max_tokens`.
-pub const DEFAULT_MAX_TOKENS: u32 = 128;
-
 /// Commands that may wait for a replica's worker before senders block.
 const COMMAND_QUEUE: usize = 64;
 
@@ -73,11 +75,14 @@ impl std::fmt::Debug for LlamaCppBackend {
 }
 
 impl LlamaCppBackend {
-    /// An engine using the process's llama.cpp backend. Also routes llama.cpp's own log
-    /// lines into `tracing` (process-wide, idempotent), which is how load failures get
-    /// llama.cpp's reason.
+    /// An engine using the process's llama.cpp backend.
+    ///
+    /// The engine installs no process-global hook. The host should route llama.cpp's own
+    /// log lines into `tracing` once, where it initialises llama.cpp
+    /// ([`llama_cpp_2::send_logs_to_tracing`]): a failed load's [`LoadError::Failed`] carries
+    /// the error lines llama.cpp logged meanwhile ("error loading model: …"), and without the
+    /// hook those lines go to stderr and the reason is only `llama-cpp-2`'s bare error.
     pub fn new(llama: Arc<LlamaBackend>) -> Self {
-        llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
         Self { llama, weights: Arc::default() }
     }
 }

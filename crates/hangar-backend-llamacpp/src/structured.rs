@@ -3,8 +3,8 @@
 //! tool call becomes a [`ToolCall`] again.
 //!
 //! - `json_object` / `json_schema`: the grammar applies from the first token, so the whole
-//!   output is JSON valid against the schema (unless `max_tokens` cuts it short, which the
-//!   finish reason `length` says).
+//!   output is JSON valid against the schema (unless `max_tokens` or the context's end cuts
+//!   it short, which the finish reason `length` says).
 //! - Tools: the grammar is one `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>` block
 //!   whose JSON is `oneOf` the allowed functions, each with its `parameters` schema. With
 //!   `tool_choice` `required` or a named function it applies from the first token, so the

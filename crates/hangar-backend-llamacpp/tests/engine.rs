@@ -1,7 +1,9 @@
 //! The llama.cpp engine on the committed tiny GGUF fixtures (`fixtures/models/`): real loads,
 //! real decoding, random weights.
 
-use std::sync::{Arc, Mutex, OnceLock};
+mod support;
+
+use std::sync::{Arc, Mutex};
 
 use hangar_backend::{
     Backend, ChatMessage, EmbedRequest, FinishReason, GenerateEvent, GenerateRequest,
@@ -9,7 +11,6 @@ use hangar_backend::{
     RuntimeError, SamplingParams,
 };
 use hangar_backend_llamacpp::LlamaCppBackend;
-use hangar_backend_llamacpp::llama_cpp_2::llama_backend::LlamaBackend;
 use hangar_config::{ModelConfig, ModelName};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -20,9 +21,7 @@ fn fixture(name: &str) -> String {
 
 /// llama.cpp initialises once per process; every test shares it.
 fn backend() -> LlamaCppBackend {
-    static LLAMA: OnceLock<Arc<LlamaBackend>> = OnceLock::new();
-    let llama = LLAMA.get_or_init(|| Arc::new(LlamaBackend::init().expect("llama.cpp init")));
-    LlamaCppBackend::new(Arc::clone(llama))
+    LlamaCppBackend::new(support::llama())
 }
 
 fn model(extra: Value) -> Arc<ModelConfig> {
@@ -400,5 +399,48 @@ async fn the_configured_context_is_the_limit_even_when_llama_cpp_pads_it() {
     if summary.finish_reason == FinishReason::Length {
         assert_eq!(summary.prompt_tokens + summary.completion_tokens, 64, "{summary:?}");
     }
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_max_tokens_generation_runs_until_the_model_stops_or_the_context_is_full() {
+    // No 128-token (or any) default cut: a request without max_tokens ends at end-of-generation
+    // or, as OpenAI and llama-server do, with `length` once the context is full. Greedy
+    // decoding on random weights ends by itself after some prompts, so the prompts are tried
+    // in turn until one fills the context; every one must end one of the two ways.
+    let runtime = load(json!({ "gguf_n_ctx": 256 })).await;
+    let chat = |text: &str| Prompt::Chat(vec![ChatMessage::new(Role::User, text)]);
+    let text = |text: &str| Prompt::Text(text.to_owned());
+    let prompts = [
+        chat("hello"),
+        text("hello"),
+        text("the model"),
+        text("abc"),
+        chat("tell me a long story"),
+        text("once upon a time"),
+        text("1 2 3 4"),
+        text("the quick brown fox"),
+    ];
+    let mut filled = None;
+    for prompt in prompts {
+        let request = GenerateRequest::new(prompt.clone());
+        assert_eq!(request.params.max_tokens, None);
+        let (summary, pieces) = generate(&*runtime, request).await;
+        let summary = summary.expect("a full context ends the generation, it is no error");
+        eprintln!("{prompt:?}: {summary:?}");
+        let used = summary.prompt_tokens + summary.completion_tokens;
+        match summary.finish_reason {
+            FinishReason::Length => {
+                assert_eq!(used, 256, "length means the context is full: {summary:?}");
+                assert!(!pieces.is_empty());
+                filled = Some(summary);
+                break;
+            }
+            FinishReason::Stop => assert!(used < 256, "{summary:?}"),
+            other => panic!("expected length or stop, got {other:?}"),
+        }
+    }
+    let summary = filled.expect("some prompt runs until the context is full");
+    assert!(summary.completion_tokens > 128, "{summary:?}");
     runtime.unload().await;
 }

@@ -1,11 +1,12 @@
 //! Memory returns after unload: its own test binary, so that no other test loads models
 //! while it measures the process's RSS.
 
+mod support;
+
 use std::sync::Arc;
 
 use hangar_backend::{Backend, GenerateRequest, LoadRequest, ProgressSink, Prompt, SamplingParams};
 use hangar_backend_llamacpp::LlamaCppBackend;
-use hangar_backend_llamacpp::llama_cpp_2::llama_backend::LlamaBackend;
 use hangar_config::{ModelConfig, ModelName};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -19,7 +20,7 @@ fn rss_bytes() -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fifty_load_unload_cycles_return_memory() {
-    let backend = LlamaCppBackend::new(Arc::new(LlamaBackend::init().unwrap()));
+    let backend = LlamaCppBackend::new(support::llama());
     let path = format!("{}/../../fixtures/models/tiny-llama.gguf", env!("CARGO_MANIFEST_DIR"));
     let model = Arc::new(
         ModelConfig::parse(

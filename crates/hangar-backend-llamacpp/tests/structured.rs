@@ -2,7 +2,9 @@
 //! the requested shape. Sampling at temperature 1 over many seeds walks many different paths
 //! through each grammar; every one must end in valid output.
 
-use std::sync::{Arc, OnceLock};
+mod support;
+
+use std::sync::Arc;
 
 use hangar_backend::{
     Backend, ChatMessage, FinishReason, GenerateEvent, GenerateRequest, GenerateSummary,
@@ -10,7 +12,6 @@ use hangar_backend::{
     ToolCall, ToolChoice, ToolDefinition, ToolUse,
 };
 use hangar_backend_llamacpp::LlamaCppBackend;
-use hangar_backend_llamacpp::llama_cpp_2::llama_backend::LlamaBackend;
 use hangar_config::{ModelConfig, ModelName};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -18,14 +19,12 @@ use tokio::sync::mpsc;
 const SEEDS: u64 = 12;
 
 async fn load() -> Arc<dyn Runtime> {
-    static LLAMA: OnceLock<Arc<LlamaBackend>> = OnceLock::new();
-    let llama = LLAMA.get_or_init(|| Arc::new(LlamaBackend::init().expect("llama.cpp init")));
     let path = format!("{}/../../fixtures/models/tiny-llama.gguf", env!("CARGO_MANIFEST_DIR"));
     let config = json!({ "backend": "llama_cpp", "model_path": path, "gguf_n_ctx": 1024 });
     let model = ModelConfig::parse(&ModelName::new("tiny").unwrap(), &config).unwrap();
     let request =
         LoadRequest { model: Arc::new(model), replica: 0, progress: ProgressSink::default() };
-    LlamaCppBackend::new(Arc::clone(llama)).load(request).await.expect("fixture loads")
+    LlamaCppBackend::new(support::llama()).load(request).await.expect("fixture loads")
 }
 
 fn chat(seed: u64) -> GenerateRequest {

@@ -28,11 +28,9 @@ use async_trait::async_trait;
 use hangar_config::{BackendKind, ModelConfig};
 use tokio::sync::mpsc;
 
-pub use constraints::{
-    ConstraintKind, LoadConstraint, LoadConstraints, LoadRecommendations, load_constraints,
-    load_recommendations,
-};
+pub use constraints::{LoadRecommendations, load_recommendations};
 pub use error::{LoadError, LoadErrorCode, RuntimeError, RuntimeErrorCode};
+pub use hangar_config::{ConstraintKind, LoadConstraint, LoadConstraints, load_constraints};
 pub use overrides::{LoadOverride, OverrideError, validate_load_override};
 pub use types::*;
 

@@ -7,11 +7,12 @@
 //! [`OverrideError::Invalid`]), and last the effective model — config with the patch merged
 //! over it — must pass config validation again.
 
-use hangar_config::{BackendKind, ModelConfig, merge, parse_cache_quant};
+use hangar_config::{
+    LoadConstraint, LoadField, LoadValueType, ModelConfig, load_constraints, load_field, merge,
+    parse_cache_quant,
+};
 use serde::Serialize;
 use serde_json::{Map, Value};
-
-use crate::constraints::{LoadConstraint, load_constraints};
 
 /// A validated runtime-only override patch. Key presence matters: a key present with `null`
 /// overrides the configured value with `null` (the engine default).
@@ -149,67 +150,6 @@ const CACHE_QUANT: &str = "exllama_cache_quant";
 const K_BITS: &str = "exllama_cache_k_bits";
 const V_BITS: &str = "exllama_cache_v_bits";
 
-/// The JSON type of an override field, as the request schema sees it.
-#[derive(Clone, Copy)]
-enum FieldType {
-    /// A positive integer no larger than the field's Rust type holds.
-    PositiveInt { max: u64 },
-    /// A number.
-    Float,
-    /// A string.
-    Str,
-}
-
-/// One override field: its name, the backends that accept it, and its JSON type. Every
-/// field also accepts `null`.
-struct OverrideField {
-    name: &'static str,
-    backends: &'static [BackendKind],
-    ty: FieldType,
-}
-
-const U32: FieldType = FieldType::PositiveInt { max: u32::MAX as u64 };
-const U64: FieldType = FieldType::PositiveInt { max: u64::MAX };
-const BITS: FieldType = FieldType::PositiveInt { max: u8::MAX as u64 };
-
-const LLAMA_CPP: &[BackendKind] = &[BackendKind::LlamaCpp];
-const EXLLAMA: &[BackendKind] = &[BackendKind::ExLlamaV3];
-const VLLM: &[BackendKind] = &[BackendKind::Vllm, BackendKind::VllmServe];
-const LLAMA_SERVER: &[BackendKind] = &[BackendKind::LlamaServer];
-
-/// Every backend's load override fields ("Supported load override fields").
-const OVERRIDE_FIELDS: &[OverrideField] = &[
-    OverrideField { name: "gguf_n_ctx", backends: LLAMA_CPP, ty: U32 },
-    OverrideField { name: "gguf_flash_attn", backends: LLAMA_CPP, ty: FieldType::Str },
-    OverrideField { name: "gguf_type_k", backends: LLAMA_CPP, ty: FieldType::Str },
-    OverrideField { name: "gguf_type_v", backends: LLAMA_CPP, ty: FieldType::Str },
-    OverrideField { name: "exllama_cache_size", backends: EXLLAMA, ty: U32 },
-    OverrideField { name: CACHE_QUANT, backends: EXLLAMA, ty: FieldType::Str },
-    OverrideField { name: K_BITS, backends: EXLLAMA, ty: BITS },
-    OverrideField { name: V_BITS, backends: EXLLAMA, ty: BITS },
-    OverrideField { name: "exllama_max_rq_tokens", backends: EXLLAMA, ty: U32 },
-    OverrideField { name: "vllm_max_model_len", backends: VLLM, ty: U32 },
-    OverrideField { name: "vllm_kv_cache_dtype", backends: VLLM, ty: FieldType::Str },
-    OverrideField { name: "vllm_kv_cache_memory_bytes", backends: VLLM, ty: U64 },
-    OverrideField { name: "vllm_max_pixels", backends: VLLM, ty: U64 },
-    OverrideField { name: "vllm_speculative_method", backends: VLLM, ty: FieldType::Str },
-    OverrideField { name: "vllm_speculative_model", backends: VLLM, ty: FieldType::Str },
-    OverrideField { name: "vllm_num_speculative_tokens", backends: VLLM, ty: U32 },
-    OverrideField { name: "llama_server_n_ctx", backends: LLAMA_SERVER, ty: U32 },
-    OverrideField { name: "llama_server_image_max_tokens", backends: LLAMA_SERVER, ty: U32 },
-    OverrideField { name: "llama_server_spec_type", backends: LLAMA_SERVER, ty: FieldType::Str },
-    OverrideField { name: "llama_server_spec_draft_n_max", backends: LLAMA_SERVER, ty: U32 },
-    OverrideField {
-        name: "llama_server_spec_draft_p_min",
-        backends: LLAMA_SERVER,
-        ty: FieldType::Float,
-    },
-];
-
-fn override_field(name: &str) -> Option<&'static OverrideField> {
-    OVERRIDE_FIELDS.iter().find(|f| f.name == name)
-}
-
 /// Validates `patch` (a load body without `replicas`, which the caller removes and handles)
 /// for `model`'s backend, and returns it ready to [`LoadOverride::apply`].
 ///
@@ -228,7 +168,7 @@ pub fn validate_load_override(
         if key == "replicas" {
             continue;
         }
-        let Some(field) = override_field(key) else {
+        let Some(field) = load_field(key) else {
             return Err(OverrideError::schema(key, "unknown field; not a load override field"));
         };
         check_type(field, value)?;
@@ -244,7 +184,7 @@ pub fn validate_load_override(
             ));
         }
         let Some(constraint) = constraints.get(key) else {
-            let owners = override_field(key).map_or(&[][..], |f| f.backends);
+            let owners = load_field(key).map_or(&[][..], |f| f.backends);
             let owners: Vec<_> = owners.iter().map(|k| k.as_str()).collect();
             let noun = if owners.len() == 1 { "backend" } else { "backends" };
             let what = if constraints.is_empty() {
@@ -272,11 +212,11 @@ pub fn validate_load_override(
 }
 
 /// The JSON type check of step 1. `null` fits every field.
-fn check_type(field: &OverrideField, value: &Value) -> Result<(), OverrideError> {
+fn check_type(field: &LoadField, value: &Value) -> Result<(), OverrideError> {
     let name = field.name;
-    match (field.ty, value) {
+    match (field.value_type, value) {
         (_, Value::Null) => Ok(()),
-        (FieldType::PositiveInt { .. }, Value::Number(n)) => {
+        (LoadValueType::PositiveInt { .. }, Value::Number(n)) => {
             if n.as_u64().is_some_and(|v| v > 0) {
                 Ok(())
             } else if n.is_i64() || n.is_u64() {
@@ -285,16 +225,16 @@ fn check_type(field: &OverrideField, value: &Value) -> Result<(), OverrideError>
                 Err(OverrideError::schema(name, format!("expected an integer, got {n}")))
             }
         }
-        (FieldType::PositiveInt { .. }, other) => Err(OverrideError::schema(
+        (LoadValueType::PositiveInt { .. }, other) => Err(OverrideError::schema(
             name,
             format!("expected an integer or null, got {}", hangar_config::json_kind(other)),
         )),
-        (FieldType::Float, Value::Number(_)) | (FieldType::Str, Value::String(_)) => Ok(()),
-        (FieldType::Float, other) => Err(OverrideError::schema(
+        (LoadValueType::Float, Value::Number(_)) | (LoadValueType::Str, Value::String(_)) => Ok(()),
+        (LoadValueType::Float, other) => Err(OverrideError::schema(
             name,
             format!("expected a number or null, got {}", hangar_config::json_kind(other)),
         )),
-        (FieldType::Str, other) => Err(OverrideError::schema(
+        (LoadValueType::Str, other) => Err(OverrideError::schema(
             name,
             format!("expected a string or null, got {}", hangar_config::json_kind(other)),
         )),
@@ -303,9 +243,9 @@ fn check_type(field: &OverrideField, value: &Value) -> Result<(), OverrideError>
 
 /// The value checks of step 2, for a non-null value whose JSON type already passed.
 fn check_value(key: &str, c: &LoadConstraint, value: &Value) -> Result<(), OverrideError> {
-    let field = override_field(key).map_or(FieldType::Str, |f| f.ty);
+    let field = load_field(key).map_or(LoadValueType::Str, |f| f.value_type);
     match field {
-        FieldType::PositiveInt { max: type_max } => {
+        LoadValueType::PositiveInt { max: type_max } => {
             let v = value.as_u64().unwrap_or_default();
             if let Some(min) = c.minimum.as_ref().and_then(|n| n.as_u64())
                 && v < min
@@ -330,7 +270,7 @@ fn check_value(key: &str, c: &LoadConstraint, value: &Value) -> Result<(), Overr
             }
             Ok(())
         }
-        FieldType::Float => {
+        LoadValueType::Float => {
             let v = value.as_f64().unwrap_or_default();
             let min = c.minimum.as_ref().and_then(|n| n.as_f64()).unwrap_or(f64::NEG_INFINITY);
             let max = c.maximum.as_ref().and_then(|n| n.as_f64()).unwrap_or(f64::INFINITY);
@@ -343,7 +283,7 @@ fn check_value(key: &str, c: &LoadConstraint, value: &Value) -> Result<(), Overr
                 ))
             }
         }
-        FieldType::Str => {
+        LoadValueType::Str => {
             let s = value.as_str().unwrap_or_default();
             match key {
                 CACHE_QUANT => {
@@ -419,46 +359,4 @@ fn normalize_cache_bits(patch: &Map<String, Value>) -> Result<Map<String, Value>
         }
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn override_fields_are_exactly_the_constraint_fields_of_each_backend() {
-        for kind in BackendKind::ALL {
-            let mut overrides: Vec<&str> = OVERRIDE_FIELDS
-                .iter()
-                .filter(|f| f.backends.contains(&kind))
-                .map(|f| f.name)
-                .collect();
-            let mut constrained: Vec<&str> = load_constraints(kind).fields().collect();
-            overrides.sort_unstable();
-            constrained.sort_unstable();
-            assert_eq!(overrides, constrained, "{kind}");
-        }
-    }
-
-    #[test]
-    fn field_types_match_the_constraint_kinds() {
-        use crate::ConstraintKind;
-        for field in OVERRIDE_FIELDS {
-            for &kind in field.backends {
-                let constraint = load_constraints(kind).get(field.name).map(|c| c.kind);
-                let expected = match field.ty {
-                    FieldType::PositiveInt { .. } => {
-                        [ConstraintKind::Integer, ConstraintKind::IntegerOrNull].as_slice()
-                    }
-                    FieldType::Float => &[ConstraintKind::Float],
-                    FieldType::Str => &[ConstraintKind::Enum, ConstraintKind::StringOrNull],
-                };
-                assert!(
-                    constraint.is_some_and(|c| expected.contains(&c)),
-                    "{kind} {}: {constraint:?}",
-                    field.name
-                );
-            }
-        }
-    }
 }

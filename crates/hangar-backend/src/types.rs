@@ -17,8 +17,22 @@ pub enum Modality {
 }
 
 /// A request-level thinking mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum ThinkingMode {
     /// Keep the model's configured behaviour.
     #[default]
@@ -27,6 +41,13 @@ pub enum ThinkingMode {
     Enabled,
     /// Ask the model not to think.
     Disabled,
+}
+
+impl ThinkingMode {
+    /// The snake_case name.
+    pub fn as_str(&self) -> &'static str {
+        self.into()
+    }
 }
 
 /// What a model supports, as the admin API reports it.
@@ -150,7 +171,8 @@ pub enum Prompt {
 /// Sampling and stopping parameters.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SamplingParams {
-    /// Most tokens to generate; the backend's default when `None`.
+    /// Most tokens to generate; `None` generates until the model stops or its context is
+    /// full (the runtime fills in a model's configured `default_max_tokens` first).
     pub max_tokens: Option<u32>,
     /// Sampling temperature.
     pub temperature: Option<f32>,

@@ -11,9 +11,22 @@ use serde::{Deserialize, Serialize};
 
 /// The engine that runs a model.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+    strum::Display,
 )]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum BackendKind {
     /// llama.cpp in-process, through `llama-cpp-2`.
@@ -26,6 +39,7 @@ pub enum BackendKind {
     VllmServe,
     /// ExLlamaV3 in a Python worker process (the bridge).
     #[serde(rename = "exllamav3")]
+    #[strum(serialize = "exllamav3")]
     ExLlamaV3,
     /// CTranslate2.
     Ct2,
@@ -49,17 +63,8 @@ impl BackendKind {
     ];
 
     /// The snake_case name used in config and JSON.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::LlamaCpp => "llama_cpp",
-            Self::LlamaServer => "llama_server",
-            Self::Vllm => "vllm",
-            Self::VllmServe => "vllm_serve",
-            Self::ExLlamaV3 => "exllamav3",
-            Self::Ct2 => "ct2",
-            Self::OpenaiRemote => "openai_remote",
-            Self::Stub => "stub",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     /// The devices a model of this backend occupies when its config names none.
@@ -79,17 +84,24 @@ impl BackendKind {
     }
 }
 
-impl fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// What a model serves; each type has its own slots in `max_loaded_models`.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+    strum::Display,
 )]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum ModelType {
     /// A chat / completion model.
     Llm,
@@ -116,18 +128,8 @@ impl ModelType {
     }
 
     /// The snake_case name used in config and JSON.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Llm => "llm",
-            Self::Embedding => "embedding",
-            Self::Reranking => "reranking",
-        }
-    }
-}
-
-impl fmt::Display for ModelType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -265,8 +267,21 @@ pub enum Switch {
 }
 
 /// A GGML tensor type accepted for the llama.cpp KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 #[allow(missing_docs)]
 pub enum GgmlType {
     F32,
@@ -295,18 +310,8 @@ impl GgmlType {
     ];
 
     /// The ggml type name (`q8_0`).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::F16 => "f16",
-            Self::Bf16 => "bf16",
-            Self::Q8_0 => "q8_0",
-            Self::Q4_0 => "q4_0",
-            Self::Q4_1 => "q4_1",
-            Self::Iq4Nl => "iq4_nl",
-            Self::Q5_0 => "q5_0",
-            Self::Q5_1 => "q5_1",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     /// Whether this is a quantized type (not `f32`, `f16` or `bf16`).
@@ -383,6 +388,9 @@ mod tests {
         }
         for ty in GgmlType::ALL {
             assert_eq!(serde_json::to_value(ty).unwrap(), json!(ty.as_str()));
+        }
+        for ty in ModelType::ALL {
+            assert_eq!(serde_json::to_value(ty).unwrap(), json!(ty.to_string()));
         }
         assert_eq!(serde_json::to_value(SpecType::DraftMtp).unwrap(), json!("draft-mtp"));
         assert!(serde_json::from_value::<GgmlType>(json!("q8-0")).is_err());

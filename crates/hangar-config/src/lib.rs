@@ -12,7 +12,9 @@
 //! - validation that reports every problem at once with its JSON path
 //!   (`models.qwen.gguf_n_ctx: must be >= 1`), unknown keys with a "did you mean", and
 //!   fields that belong to another backend;
-//! - the JSON Schema of the whole config ([`config_schema`]).
+//! - the JSON Schema of the whole config ([`config_schema`]);
+//! - the live-load fields a load request may override, each declared once with its UI
+//!   constraint ([`LOAD_FIELDS`], [`load_constraints`]).
 //!
 //! It knows nothing of tokio, HTTP or engines.
 //!
@@ -31,7 +33,9 @@
 //! ```
 
 mod config;
+mod constraint;
 mod kinds;
+mod load_fields;
 mod merge;
 mod model;
 mod name;
@@ -44,7 +48,12 @@ pub use config::{
     Config, ConfigError, DEFAULT_MAX_QUEUE_DEPTH, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT,
     MaxLoadedModels,
 };
+pub use constraint::{ConstraintKind, LoadConstraint, LoadConstraints};
 pub use kinds::{BackendKind, Device, GgmlType, ModelType, PromptFormat, SpecType, Switch};
+pub use load_fields::{
+    LOAD_FIELDS, LoadField, LoadValueType, context_size_field, load_constraints, load_field,
+    load_fields,
+};
 pub use merge::{LOCAL_FILE, SETTINGS_FILE, merge, merged, read_json, read_merged};
 pub use model::{BackendSettings, ModelConfig};
 pub use name::{MAX_MODEL_NAME_LEN, ModelName, ModelNameError};

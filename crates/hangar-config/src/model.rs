@@ -41,6 +41,9 @@ pub(crate) struct ModelFields {
     pub(crate) model_type: Option<ModelType>,
     /// Load on first request instead of refusing; the global `auto_load` when unset.
     pub(crate) auto_load: Option<bool>,
+    /// Most tokens a generation makes when its request sets no `max_tokens`; unset, it
+    /// runs until the model stops or its context is full (as OpenAI and llama-server do).
+    pub(crate) default_max_tokens: Option<u32>,
 }
 
 impl Section for ModelFields {
@@ -50,6 +53,7 @@ impl Section for ModelFields {
         p.at_least("replicas", self.replicas, 1);
         p.at_least("target_inflight", self.target_inflight, 1);
         p.at_least("replica_max", self.replica_max, 1);
+        p.at_least("default_max_tokens", self.default_max_tokens, 1);
         if let (Some(max), Some(replicas)) = (self.replica_max, self.replicas)
             && max >= 1
             && max < replicas
@@ -148,6 +152,9 @@ pub struct ModelConfig {
     pub model_type: ModelType,
     /// Per-model auto-load; `None` defers to the global setting.
     pub auto_load: Option<bool>,
+    /// `max_tokens` of requests that set none; `None` generates until the model stops or
+    /// the context is full.
+    pub default_max_tokens: Option<NonZeroU32>,
     /// Backend-specific settings.
     pub settings: BackendSettings,
     raw: Map<String, Value>,
@@ -205,6 +212,7 @@ impl ModelConfig {
         put("target_inflight", self.target_inflight.get().into());
         put("labels", self.labels.clone().into());
         put("auto_load", self.auto_load.into());
+        put("default_max_tokens", self.default_max_tokens.map(NonZeroU32::get).into());
         for section in self.settings.to_json() {
             if let Value::Object(fields) = section {
                 out.extend(fields);
@@ -340,6 +348,7 @@ fn parse_model(
         model_type: fields.model_type.unwrap_or_else(|| ModelType::from_labels(&labels)),
         labels,
         auto_load: fields.auto_load,
+        default_max_tokens: fields.default_max_tokens.and_then(NonZeroU32::new),
         settings,
         raw: obj.clone(),
     })

@@ -17,6 +17,7 @@ const COMMON: &[&str] = &[
     "target_inflight",
     "labels",
     "auto_load",
+    "default_max_tokens",
 ];
 
 fn minimal(kind: BackendKind) -> Value {

@@ -1,7 +1,6 @@
 //! The values the policy reads ([`LoadedModel`], [`Incoming`], [`LoadFailure`]) and the
 //! plan it returns ([`EvictionPlan`] of [`Victim`]s).
 
-use std::fmt;
 use std::time::Instant;
 
 use hangar_config::{Device, ModelName, ModelType};
@@ -49,7 +48,8 @@ pub struct Incoming {
 }
 
 /// Why a model is to be evicted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum EvictionReason {
     /// The incoming model's type has no free slot; this is the least recently used model of
@@ -64,18 +64,8 @@ pub enum EvictionReason {
 
 impl EvictionReason {
     /// The snake_case name, for logs and metric labels.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::SlotLimit => "slot_limit",
-            Self::ExclusiveDevice => "exclusive_device",
-            Self::LoadFailureRetry => "load_failure_retry",
-        }
-    }
-}
-
-impl fmt::Display for EvictionReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

@@ -39,8 +39,9 @@ pub enum AdmissionError {
 }
 
 /// The fieldless code of an [`AdmissionError`]: the JSON `code` and the metrics label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum AdmissionCode {
     /// No such model in config.
     UnknownModel,
@@ -68,15 +69,8 @@ impl AdmissionCode {
     ];
 
     /// The snake_case code.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::UnknownModel => "unknown_model",
-            Self::ModelNotLoaded => "model_not_loaded",
-            Self::ModelLoading => "model_loading",
-            Self::ModelUnloading => "model_unloading",
-            Self::ModelFailed => "model_failed",
-            Self::QueueFull => "queue_full",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

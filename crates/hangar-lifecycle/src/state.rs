@@ -1,13 +1,24 @@
 //! The per-model state machine, with its transition table as data.
 
-use std::fmt;
-
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The live runtime state of a configured model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum ModelState {
     /// Known from config; no runtime is loaded. Requests are rejected (`model_not_loaded`);
     /// the model may be loaded.
@@ -31,14 +42,8 @@ impl ModelState {
         [Self::Unloaded, Self::Loading, Self::Loaded, Self::Unloading, Self::Failed];
 
     /// The snake_case name used in JSON.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Unloaded => "unloaded",
-            Self::Loading => "loading",
-            Self::Loaded => "loaded",
-            Self::Unloading => "unloading",
-            Self::Failed => "failed",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     /// Whether a load may pick replicas and overrides now: only while unloaded or failed.
@@ -62,12 +67,6 @@ impl ModelState {
     }
 }
 
-impl fmt::Display for ModelState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// What happens to a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -84,6 +83,9 @@ pub enum LifecycleEvent {
     UnloadCompleted,
     /// A runtime died while loaded.
     Crashed,
+    /// A loaded model's runtimes were replaced by new ones (a reload with other options);
+    /// the old ones served until the new ones were ready.
+    Reloaded,
 }
 
 /// Every legal move: `(from, event, to)`. Anything else is an [`IllegalTransition`].
@@ -98,6 +100,7 @@ pub const TRANSITIONS: &[(ModelState, LifecycleEvent, ModelState)] = {
         (Loaded, StartUnload, Unloading),
         (Unloading, UnloadCompleted, Unloaded),
         (Loaded, Crashed, Failed),
+        (Loaded, Reloaded, Loaded),
     ]
 };
 
@@ -170,7 +173,7 @@ impl Lifecycle {
             LifecycleEvent::LoadFailed | LifecycleEvent::Crashed => {
                 self.last_error = Some(error.unwrap_or_else(|| "unknown error".to_owned()));
             }
-            LifecycleEvent::LoadSucceeded => self.last_error = None,
+            LifecycleEvent::LoadSucceeded | LifecycleEvent::Reloaded => self.last_error = None,
             _ => {}
         }
         self.state = to;
@@ -184,8 +187,8 @@ mod tests {
     use LifecycleEvent::*;
     use ModelState::*;
 
-    const EVENTS: [LifecycleEvent; 6] =
-        [StartLoad, LoadSucceeded, LoadFailed, StartUnload, UnloadCompleted, Crashed];
+    const EVENTS: [LifecycleEvent; 7] =
+        [StartLoad, LoadSucceeded, LoadFailed, StartUnload, UnloadCompleted, Crashed, Reloaded];
 
     /// Every (state, event) pair: the expected outcome, written out independently of the table.
     #[test]
@@ -198,6 +201,7 @@ mod tests {
                 (Loaded, StartUnload) => Some(Unloading),
                 (Unloading, UnloadCompleted) => Some(Unloaded),
                 (Loaded, Crashed) => Some(Failed),
+                (Loaded, Reloaded) => Some(Loaded),
                 _ => None,
             }
         };

@@ -116,11 +116,15 @@ async fn main() {
         );
     }
 
-    // Admission: acquire + release of one in-flight slot, one caller.
+    // Admission: the work check, acquire and release of one in-flight slot, one caller.
+    let work = hangar_runtime::Work::Generate {
+        thinking: hangar_backend::ThinkingMode::Default,
+        user_turns: 1,
+    };
     let n = 200_000u32;
     let start = Instant::now();
     for _ in 0..n {
-        drop(manager.acquire("chat").await.expect("acquire"));
+        drop(manager.admit("chat", work).await.expect("admit"));
     }
     let admission_ns = start.elapsed().as_nanos() as f64 / f64::from(n);
     let semaphore = Semaphore::new(64);

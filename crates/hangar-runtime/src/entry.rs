@@ -32,7 +32,7 @@ pub(crate) struct Slot {
     pub(crate) effective: Arc<ModelConfig>,
     pub(crate) load_override: LoadOverride,
     pub(crate) replicas: NonZeroU32,
-    pub(crate) capabilities: Capabilities,
+    pub(crate) capabilities: Arc<Capabilities>,
     pub(crate) last_use: Option<(Instant, SystemTime)>,
     /// Requests that triggered an auto-load and hold the model until they are admitted.
     pub(crate) pins: u32,
@@ -54,7 +54,7 @@ impl ModelEntry {
                 effective: Arc::clone(&config),
                 load_override: LoadOverride::default(),
                 replicas: config.replicas,
-                capabilities,
+                capabilities: Arc::new(capabilities),
                 last_use: None,
                 pins: 0,
                 load_progress: None,

@@ -1,9 +1,10 @@
 //! The manager's error type and the one list of machine-readable error codes.
 
-use hangar_backend::{OverrideError, RuntimeError};
+use hangar_backend::{OverrideError, RuntimeError, ThinkingMode};
+use hangar_config::ModelType;
 use hangar_lifecycle::{AdmissionError, ModelState};
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::snapshot::ModelSnapshot;
 
@@ -16,7 +17,7 @@ pub enum ManagerError {
     #[error(transparent)]
     Admission(#[from] AdmissionError),
     /// The model's state does not allow the operation now (load while unloading, unload
-    /// while loading, options for a model that is already loading).
+    /// while loading, other options for a model that is already loading).
     #[error("{message}")]
     Conflict {
         /// The model's state.
@@ -41,11 +42,50 @@ pub enum ManagerError {
         /// What is wrong.
         message: String,
     },
-    /// The load ran and failed; the model is now `failed` and the snapshot says why.
-    #[error("{}", load_failed_message(snapshot.last_error.as_deref()))]
+    /// The load ran and failed. After a load the model is `failed` and its `last_error`
+    /// says why; after a failed reload the previous runtimes keep serving.
+    #[error("{message}")]
     LoadFailed {
-        /// The model after the failed load.
+        /// What failed, starting with "load failed" or "reload failed".
+        message: String,
+        /// The model after the attempt.
         snapshot: Box<ModelSnapshot>,
+    },
+    /// The request asks for work the model's type does not do (embeddings from an llm,
+    /// chat from an embedding model). Checked before admission, so nothing is loaded.
+    #[error("model '{model}' is of type {model_type}; {work} needs a model of type {needs}")]
+    ModelTypeMismatch {
+        /// The model.
+        model: String,
+        /// Its type.
+        model_type: ModelType,
+        /// What the request asked for.
+        work: &'static str,
+        /// The type that does it.
+        needs: ModelType,
+    },
+    /// The request's `thinking` mode is not one the model advertises.
+    #[error(
+        "model '{model}' does not support thinking `{requested}`; its thinking_modes are [{}]",
+        supported.iter().map(ThinkingMode::as_str).collect::<Vec<_>>().join(", ")
+    )]
+    ThinkingUnsupported {
+        /// The model.
+        model: String,
+        /// The mode asked for.
+        requested: ThinkingMode,
+        /// The model's `capabilities.thinking_modes`.
+        supported: Vec<ThinkingMode>,
+    },
+    /// More than one user message for a single-turn model (`capabilities.multi_turn` false).
+    #[error(
+        "model '{model}' is single-turn (capabilities.multi_turn is false): send one user message, got {user_turns}"
+    )]
+    SingleTurn {
+        /// The model.
+        model: String,
+        /// User messages in the request.
+        user_turns: usize,
     },
     /// The request reached a runtime and failed there.
     #[error(transparent)]
@@ -53,8 +93,7 @@ pub enum ManagerError {
 }
 
 /// "load failed: <reason>", without doubling the prefix the backend's reason may carry.
-fn load_failed_message(last_error: Option<&str>) -> String {
-    let reason = last_error.unwrap_or("unknown error");
+pub(crate) fn load_failed_message(reason: &str) -> String {
     if reason.starts_with("load failed") {
         reason.to_owned()
     } else {
@@ -76,8 +115,21 @@ impl From<OverrideError> for ManagerError {
 
 /// Every machine-readable error code Hangar's control plane produces: the JSON `code` of
 /// error responses and the `outcome` label of metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum ErrorCode {
     /// No such model in config.
@@ -92,6 +144,13 @@ pub enum ErrorCode {
     ModelFailed,
     /// The model's request queue is full.
     QueueFull,
+    /// The model's state does not allow the operation now (e.g. unload while loading);
+    /// `runtime_state` says which state.
+    StateConflict,
+    /// The request's `thinking` mode is not one of the model's `thinking_modes`.
+    ThinkingUnsupported,
+    /// The request asks for work the model's type does not do.
+    ModelTypeMismatch,
     /// Load options fail the request schema.
     InvalidRequestBody,
     /// Load options are wrong for the model's backend or state.
@@ -110,6 +169,13 @@ pub enum ErrorCode {
     RuntimeError,
 }
 
+impl ErrorCode {
+    /// The snake_case code.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
 impl ManagerError {
     /// This error's code.
     pub fn code(&self) -> ErrorCode {
@@ -124,8 +190,10 @@ impl ManagerError {
                 A::ModelFailed => ErrorCode::ModelFailed,
                 A::QueueFull => ErrorCode::QueueFull,
             },
-            Self::Conflict { state: ModelState::Unloading, .. } => ErrorCode::ModelUnloading,
-            Self::Conflict { .. } => ErrorCode::ModelLoading,
+            Self::Conflict { .. } => ErrorCode::StateConflict,
+            Self::ModelTypeMismatch { .. } => ErrorCode::ModelTypeMismatch,
+            Self::ThinkingUnsupported { .. } => ErrorCode::ThinkingUnsupported,
+            Self::SingleTurn { .. } => ErrorCode::InvalidRequest,
             Self::InvalidLoadSchema { .. } => ErrorCode::InvalidRequestBody,
             Self::InvalidLoadRequest { .. } => ErrorCode::InvalidLoadRequest,
             Self::LoadFailed { .. } => ErrorCode::LoadFailed,

@@ -4,7 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hangar_config::ModelName;
 use hangar_lifecycle::{LifecycleEvent, ModelState};
-use serde::Serialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 /// One move of a model's lifecycle.
@@ -21,7 +22,7 @@ pub struct StateChange {
 }
 
 /// Lifetime counters of the manager.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ManagerCounters {
     /// Loads that succeeded.
     pub loads: u64,

@@ -6,7 +6,12 @@
 //! - a registry of the configured models (a `DashMap` of entries, each owning its
 //!   lifecycle behind one lock);
 //! - a serialized load queue; the eviction plan (`hangar-eviction`) is made when a load
-//!   leaves the queue, not when it enters, and executed as graceful unloads;
+//!   leaves the queue, not when it enters, and executed as graceful unloads; loads are
+//!   idempotent for the same options, and a reload ([`Manager::reload`]) swaps in new
+//!   runtimes only once they loaded, the old ones serving meanwhile;
+//! - admission ([`Manager::admit`]): a request is checked against the model's type and
+//!   capabilities before anything is loaded, then queued for a replica; the
+//!   [`RequestGuard`] runs it and reports a crashed runtime itself;
 //! - last-use timestamps, updated at load start and completion and at request start and
 //!   completion;
 //! - auto-load (global `auto_load`, overridable per model) that pins the model so the
@@ -30,13 +35,16 @@
 //! # });
 //! ```
 
+mod admission;
 mod entry;
 mod error;
 mod events;
+mod load;
 mod manager;
 mod snapshot;
 
+pub use admission::{RequestGuard, Work};
 pub use error::{ErrorCode, ManagerError};
 pub use events::{ManagerCounters, StateChange};
-pub use manager::{Backends, LoadOptions, Manager, RequestGuard};
-pub use snapshot::{ModelSnapshot, VramEstimateSource};
+pub use manager::{Backends, LoadOptions, Manager};
+pub use snapshot::{ModelFilter, ModelSnapshot, ModelStatus, VramEstimateSource};

@@ -1,15 +1,22 @@
-//! [`ModelSnapshot`]: one row of `GET /v1/admin/models`, as a plain value.
+//! [`ModelSnapshot`]: one model's configured definition and live state, as a plain value,
+//! and [`ModelFilter`] to list some of them.
 
-use hangar_backend::{Capabilities, LoadConstraints, LoadOverride, LoadRecommendations};
-use hangar_config::{BackendKind, Device, ModelType};
-use hangar_lifecycle::ModelState;
+use std::sync::Arc;
+
+use hangar_backend::{Capabilities, LoadOverride};
+use hangar_config::{BackendKind, Device, ModelConfig, ModelType};
+use hangar_lifecycle::{ModelState, Scheduler, effective_target};
 use schemars::JsonSchema;
-use serde::Serialize;
-use serde_json::{Map, Value};
+use serde::{Deserialize, Serialize};
+
+use crate::entry::{ModelEntry, Slot};
 
 /// Where a VRAM estimate comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, strum::IntoStaticStr,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum VramEstimateSource {
     /// Measured as the GPU memory delta across the load.
     ObservedLoadDelta,
@@ -19,19 +26,20 @@ pub enum VramEstimateSource {
     Unavailable,
 }
 
-/// Everything the admin API says about one configured model: its configured definition and
-/// its live runtime state, kept apart.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+/// Everything the admin API says about one configured model: its configured definition
+/// (shared, never copied) and its live runtime state, kept apart.
+///
+/// Taking a snapshot reads the live fields under the model's lock and shares the config:
+/// it costs the same for a model with a large definition as for a small one.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModelSnapshot {
-    /// The model's name.
-    pub name: String,
+    /// The configured definition (merged config, before any load override).
+    pub config: Arc<ModelConfig>,
     /// The backend that runs it.
     pub resolved_backend: BackendKind,
     /// What it serves.
-    #[serde(rename = "type")]
     pub model_type: ModelType,
     /// Devices it occupies.
-    #[schemars(with = "Vec<String>")]
     pub device: Device,
     /// `enabled` as the merged config says.
     pub configured_enabled: bool,
@@ -68,16 +76,94 @@ pub struct ModelSnapshot {
     pub vram_estimate_replica_count: u32,
     /// Where the estimate comes from.
     pub vram_estimate_source: VramEstimateSource,
-    /// Backend-specific fields a load request may override, with their value rules.
-    pub load_constraints: LoadConstraints,
-    /// Recommended presets for UI defaults.
-    pub load_recommendations: LoadRecommendations,
-    /// The runtime-only override of the current (or last) load; `{}` when none.
-    #[schemars(with = "Map<String, Value>")]
+    /// The runtime-only override of the current (or last) load; empty when none.
     pub load_override: LoadOverride,
-    /// What the model supports.
-    pub capabilities: Capabilities,
-    /// Configured definition: common fields plus only the backend's fields.
-    #[schemars(with = "Map<String, Value>")]
-    pub definition: Map<String, Value>,
+    /// What the model supports (from the loaded runtime once loaded, else from config).
+    pub capabilities: Arc<Capabilities>,
+}
+
+impl ModelSnapshot {
+    /// The model's name.
+    pub fn name(&self) -> &str {
+        self.config.name.as_str()
+    }
+}
+
+/// A model's name, live state and last error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelStatus {
+    /// The model.
+    pub name: hangar_config::ModelName,
+    /// Its live state.
+    pub state: ModelState,
+    /// Why its last load failed or its runtime crashed.
+    pub last_error: Option<String>,
+}
+
+/// Which models a listing returns; `None` fields match everything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelFilter {
+    /// Only models in this runtime state.
+    pub state: Option<ModelState>,
+    /// Only models of this type.
+    pub model_type: Option<ModelType>,
+}
+
+impl ModelFilter {
+    /// Whether a model of `model_type` in `state` passes.
+    pub fn matches(&self, state: ModelState, model_type: ModelType) -> bool {
+        self.state.is_none_or(|s| s == state) && self.model_type.is_none_or(|t| t == model_type)
+    }
+}
+
+/// The snapshot of `entry`, whose slot the caller holds locked.
+pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
+    let config = &entry.config;
+    let state = slot.lifecycle.state();
+    let stats = slot.scheduler.as_ref().map(Scheduler::stats);
+    let (runtime_inflight, queue_depth) =
+        stats.as_ref().map_or((0, 0), |s| (s.runtime_inflight, s.queue_depth as u32));
+    let effective_target = stats.as_ref().map_or_else(
+        || effective_target(config.target_inflight, slot.capabilities.max_parallel_sequences).get(),
+        |s| s.effective_target,
+    );
+    let replicas = match state {
+        ModelState::Loading | ModelState::Loaded | ModelState::Unloading => slot.replicas.get(),
+        ModelState::Unloaded | ModelState::Failed => config.replicas.get(),
+    };
+    let loaded_replicas = match state {
+        ModelState::Loaded | ModelState::Unloading => slot.loaded_replicas,
+        _ => 0,
+    };
+    ModelSnapshot {
+        config: Arc::clone(config),
+        resolved_backend: config.backend,
+        model_type: config.model_type,
+        device: config.device,
+        configured_enabled: config.enabled,
+        runtime_state: state,
+        is_loaded: state == ModelState::Loaded,
+        replicas,
+        replica_max: config.replica_max.get(),
+        loaded_replicas,
+        inflight_requests: runtime_inflight + queue_depth,
+        queue_depth,
+        runtime_inflight,
+        configured_target_inflight: config.target_inflight.get(),
+        effective_target_inflight: effective_target,
+        last_error: slot.lifecycle.last_error().map(str::to_owned),
+        load_progress: if state == ModelState::Loading { slot.load_progress } else { None },
+        last_use_unix_ms: slot.last_use.and_then(|(_, wall)| {
+            wall.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as u64)
+        }),
+        vram_estimate_mib: entry.artifact_mib.map(|mib| mib * u64::from(replicas)),
+        vram_estimate_replica_count: replicas,
+        vram_estimate_source: if entry.artifact_mib.is_some() {
+            VramEstimateSource::ModelArtifactSize
+        } else {
+            VramEstimateSource::Unavailable
+        },
+        load_override: slot.load_override.clone(),
+        capabilities: Arc::clone(&slot.capabilities),
+    }
 }

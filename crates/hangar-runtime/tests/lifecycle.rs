@@ -110,7 +110,7 @@ async fn load_while_unloading_and_unload_while_loading_conflict() {
     });
     settle().await;
     let err = m.unload("a").await.unwrap_err();
-    assert_eq!(err.code(), ErrorCode::ModelLoading);
+    assert_eq!(err.code(), ErrorCode::StateConflict);
     assert!(matches!(err, hangar_runtime::ManagerError::Conflict { .. }));
     loading.await.unwrap().unwrap();
 
@@ -122,7 +122,11 @@ async fn load_while_unloading_and_unload_while_loading_conflict() {
     });
     settle().await;
     let err = m.load("a", LoadOptions::default()).await.unwrap_err();
-    assert_eq!(err.code(), ErrorCode::ModelUnloading);
+    assert_eq!(err.code(), ErrorCode::StateConflict);
+    assert!(
+        matches!(err, hangar_runtime::ManagerError::Conflict { state: ModelState::Unloading, .. }),
+        "{err:?}"
+    );
     assert!(matches!(err, hangar_runtime::ManagerError::Conflict { .. }));
     // Unload of an unloading model answers with the current state.
     assert_eq!(m.unload("a").await.unwrap().runtime_state, ModelState::Unloading);
@@ -214,7 +218,11 @@ async fn replicas_are_chosen_per_load_all_or_nothing_and_bounded_by_replica_max(
     let three = LoadOptions { replicas: NonZeroU32::new(3), ..LoadOptions::default() };
     let snap = m.load("a", three).await.unwrap();
     assert_eq!((snap.replicas, snap.loaded_replicas), (3, 3));
-    assert_eq!(snap.definition["replicas"], 1, "the definition keeps the configured count");
+    assert_eq!(
+        snap.config.definition()["replicas"],
+        1,
+        "the definition keeps the configured count"
+    );
     assert_eq!(stub.live_runtimes(), 3);
     // Requests spread over the least-loaded replicas.
     let a = spawn_generate(&m, "a", 10);
@@ -260,7 +268,7 @@ async fn overrides_apply_to_one_load_and_only_while_unloaded_or_failed() {
         .await
         .unwrap();
     assert_eq!(snap.load_override.fields(), &overrides, "key presence is kept, null included");
-    assert_eq!(snap.definition["gguf_n_ctx"], 4096, "the definition is not modified");
+    assert_eq!(snap.config.definition()["gguf_n_ctx"], 4096, "the definition is not modified");
     let err = m
         .load("g", LoadOptions { replicas: None, overrides, ..LoadOptions::default() })
         .await
@@ -342,8 +350,9 @@ async fn load_enabled_loads_the_enabled_models_and_unload_all_unloads_everything
     assert_eq!(loaded(&m), ["a", "b", "e"]);
     let running = spawn_generate(&m, "a", 5);
     settle().await;
-    let after = m.unload_all().await;
-    assert!(after.iter().all(|s| s.runtime_state == ModelState::Unloaded));
+    let unloaded = m.unload_all().await;
+    assert_eq!(unloaded, ["a", "b", "e"], "unload-all names the models it unloaded");
+    assert!(m.models().iter().all(|s| s.runtime_state == ModelState::Unloaded));
     assert!(running.await.unwrap().is_ok(), "unload-all drains too");
     assert_eq!(stub.live_runtimes(), 0);
 }

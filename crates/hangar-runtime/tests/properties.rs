@@ -274,7 +274,7 @@ proptest! {
             m.unload_all().await;
             tokio::time::sleep(Duration::from_secs(1)).await; // crash teardowns
             for s in m.models() {
-                assert!(matches!(s.runtime_state, ModelState::Unloaded | ModelState::Failed), "{} is {}", s.name, s.runtime_state);
+                assert!(matches!(s.runtime_state, ModelState::Unloaded | ModelState::Failed), "{} is {}", s.name(), s.runtime_state);
                 assert_eq!((s.loaded_replicas, s.inflight_requests), (0, 0));
             }
             assert_eq!(watched.inner.live_runtimes(), 0, "a runtime outlived unload-all");

@@ -48,7 +48,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Loading another llm with a limit of 1 evicts the least recently used one.
     manager.load("other", LoadOptions::default()).await?;
     for m in manager.models() {
-        println!("{:<6} {}", m.name, m.runtime_state);
+        println!("{:<6} {}", m.name(), m.runtime_state);
     }
     while let Ok(change) = changes.try_recv() {
         println!("  {}: {} -> {}", change.model, change.from, change.to);

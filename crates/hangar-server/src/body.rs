@@ -21,23 +21,32 @@ pub type Response = http::Response<ResponseBody>;
 
 /// A JSON response.
 pub(crate) fn json_response<T: Serialize + ?Sized>(status: StatusCode, value: &T) -> Response {
-    let bytes = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
-    let mut resp = http::Response::new(Full::new(Bytes::from(bytes)).boxed());
+    let bytes = serde_json::to_vec(value).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "a response body did not encode");
+        b"{}".to_vec()
+    });
+    bytes_response(status, "application/json", Bytes::from(bytes))
+}
+
+/// A response of encoded bytes with a content type.
+pub(crate) fn bytes_response(
+    status: StatusCode,
+    content_type: &'static str,
+    bytes: Bytes,
+) -> Response {
+    let mut resp = http::Response::new(Full::new(bytes).boxed());
     *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
-/// A plain-text response with a content type.
+/// A text response with a content type.
 pub(crate) fn text_response(
     status: StatusCode,
     content_type: &'static str,
     text: String,
 ) -> Response {
-    let mut resp = http::Response::new(Full::new(Bytes::from(text)).boxed());
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    resp
+    bytes_response(status, content_type, Bytes::from(text))
 }
 
 /// An empty response.
@@ -84,9 +93,4 @@ pub(crate) fn sse_response() -> (Response, mpsc::Sender<Bytes>) {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     (resp, tx)
-}
-
-/// One SSE event carrying `data`.
-pub(crate) fn sse_event(data: &str) -> Bytes {
-    Bytes::from(format!("data: {data}\n\n"))
 }

@@ -1,139 +1,233 @@
-//! The one place where errors become HTTP statuses and the error envelope.
+//! One error vocabulary: [`ErrorCode`] (the control plane's codes and the HTTP layer's own),
+//! the one mapping from a code to its HTTP status ([`ErrorCode::status`]), and the one
+//! envelope type ([`ErrorBody`]) used by JSON error responses and SSE error events alike.
+//! The KServe v2 routes answer their spec's [`V2ErrorBody`] instead.
 
-use hangar_runtime::{ErrorCode, ManagerError};
+use hangar_lifecycle::ModelState;
+use hangar_runtime::ManagerError;
 use http::StatusCode;
-use serde_json::{Map, Value, json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
+use crate::admin::ModelRow;
 use crate::body::{Response, json_response};
 
-/// An error answer: status, machine-readable code, message, and optional extra fields
-/// merged into the envelope's `error` object.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ApiError {
-    /// HTTP status.
-    pub status: StatusCode,
-    /// Machine-readable snake_case code.
-    pub code: &'static str,
-    /// Human-readable message.
-    pub message: String,
-    /// Extra fields of the `error` object (e.g. `model` for `load_failed`).
-    pub extra: Map<String, Value>,
+/// Every machine-readable error code Hangar answers with: the `code` of the error envelope
+/// and the `outcome` label of request metrics. Each code has exactly one HTTP status.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+    strum::EnumString,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum ErrorCode {
+    /// 404: the model is not configured.
+    UnknownModel,
+    /// 503: the model is unloaded; requests are admitted only while it is loaded.
+    ModelNotLoaded,
+    /// 503: the model is loading.
+    ModelLoading,
+    /// 503: the model is unloading.
+    ModelUnloading,
+    /// 503: the model's last load failed or its runtime crashed; see `last_error`.
+    ModelFailed,
+    /// 429: the model's request queue is full.
+    QueueFull,
+    /// 409: the model's state does not allow the operation now (unload while loading, load
+    /// while unloading); `runtime_state` says which state.
+    StateConflict,
+    /// 422: the body is not valid JSON or fails the request schema; the message carries the
+    /// parser's line and column, `field` names the offending field when one is to blame.
+    InvalidRequestBody,
+    /// 400: load options are well-formed but wrong for the model's backend or state.
+    InvalidLoadRequest,
+    /// 400: the load ran and failed (the model is `failed`, `last_error` says why), or a
+    /// reload failed and the previous runtime keeps serving.
+    LoadFailed,
+    /// 500: the runtime crashed while serving the request; the model is now `failed`.
+    RuntimeCrashed,
+    /// 499: the caller went away (only logged and counted).
+    Cancelled,
+    /// 400: the request is not valid for the model or the route.
+    InvalidRequest,
+    /// 400: the model's engine does not support what the request asks.
+    Unsupported,
+    /// 500: the engine failed the request.
+    RuntimeError,
+    /// 400: the requested `thinking` mode is not one of the model's `thinking_modes`.
+    ThinkingUnsupported,
+    /// 400: the route serves another model type (embeddings from an llm, …).
+    ModelTypeMismatch,
+    /// 404: no route matches the request path.
+    NotFound,
+    /// 405: the path exists, but not with this method (see the `Allow` header).
+    MethodNotAllowed,
+    /// 413: the body exceeds `max_request_body_bytes`.
+    PayloadTooLarge,
+    /// 401: an admin route was called without `Authorization: Bearer <admin key>`.
+    Unauthorized,
+    /// 403: the admin key given is not the configured one.
+    Forbidden,
+    /// 404: the multi-model unload names a model that is not loaded.
+    NothingToUnload,
+    /// 400: KServe v2 model readiness of a configured model that is not ready.
+    ModelNotReady,
 }
 
-/// Codes produced by the HTTP layer itself (the control plane's are [`ErrorCode`]).
-pub(crate) mod codes {
-    pub(crate) const NOT_FOUND: &str = "not_found";
-    pub(crate) const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
-    pub(crate) const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
-    pub(crate) const INVALID_REQUEST_BODY: &str = "invalid_request_body";
-    pub(crate) const INVALID_REQUEST: &str = "invalid_request";
-    pub(crate) const UNAUTHORIZED: &str = "unauthorized";
-    pub(crate) const FORBIDDEN: &str = "forbidden";
-    pub(crate) const THINKING_UNSUPPORTED: &str = "thinking_unsupported";
-    pub(crate) const INVALID_LOAD_REQUEST: &str = "invalid_load_request";
-    pub(crate) const MODEL_NOT_LOADED: &str = "model_not_loaded";
+impl ErrorCode {
+    /// The one mapping from a code to its HTTP status.
+    pub fn status(self) -> StatusCode {
+        use ErrorCode::*;
+        match self {
+            UnknownModel | NotFound | NothingToUnload => StatusCode::NOT_FOUND,
+            ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            StateConflict => StatusCode::CONFLICT,
+            InvalidRequestBody => StatusCode::UNPROCESSABLE_ENTITY,
+            InvalidLoadRequest | LoadFailed | InvalidRequest | Unsupported
+            | ThinkingUnsupported | ModelTypeMismatch | ModelNotReady => StatusCode::BAD_REQUEST,
+            RuntimeCrashed | RuntimeError => StatusCode::INTERNAL_SERVER_ERROR,
+            Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Unauthorized => StatusCode::UNAUTHORIZED,
+            Forbidden => StatusCode::FORBIDDEN,
+        }
+    }
+
+    /// The snake_case code.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl From<hangar_runtime::ErrorCode> for ErrorCode {
+    fn from(code: hangar_runtime::ErrorCode) -> Self {
+        // Both enums spell codes the same; a test checks every runtime code has its twin.
+        code.as_str().parse().unwrap_or(Self::RuntimeError)
+    }
+}
+
+/// An error answer: its code (hence its status), message and optional details.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// Machine-readable code; decides the status.
+    pub code: ErrorCode,
+    /// Human-readable message.
+    pub message: String,
+    /// With `load_failed`: the model after the attempt.
+    pub model: Option<Box<ModelRow>>,
+    /// The offending field, when one is to blame.
+    pub field: Option<String>,
+    /// With `state_conflict`: the model's state.
+    pub runtime_state: Option<ModelState>,
+}
+
+/// The error envelope of every non-2xx JSON answer (and of SSE error events).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorObject,
+}
+
+/// The `error` object of [`ErrorBody`].
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ErrorObject {
+    /// Machine-readable snake_case code.
+    pub code: ErrorCode,
+    /// Human-readable message.
+    pub message: String,
+    /// With `load_failed`: the model after the attempt, `last_error` saying why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<Box<ModelRow>>,
+    /// With `invalid_request_body` / `invalid_load_request`: the offending field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// With `state_conflict`: the model's state that does not allow the operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_state: Option<ModelState>,
+}
+
+/// The KServe v2 error envelope of the model-repository routes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct V2ErrorBody {
+    /// Human-readable message.
+    pub error: String,
 }
 
 impl ApiError {
-    /// An error with no extra fields.
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), extra: Map::new() }
+    /// An error with no details.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), model: None, field: None, runtime_state: None }
     }
 
-    /// Adds an extra field to the `error` object.
-    pub fn with(mut self, key: &str, value: Value) -> Self {
-        self.extra.insert(key.to_owned(), value);
+    /// Names the offending field.
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
         self
     }
 
-    /// 422 with the parser's message (which carries line and column).
+    /// 422 `invalid_request_body`.
     pub(crate) fn body(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID_REQUEST_BODY, message)
+        Self::new(ErrorCode::InvalidRequestBody, message)
     }
 
     /// 400 `invalid_request`.
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, codes::INVALID_REQUEST, message)
+        Self::new(ErrorCode::InvalidRequest, message)
     }
 
-    /// The `{"error": {"code", "message", …}}` envelope.
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        self.code.status()
+    }
+
+    /// The envelope.
+    pub fn to_body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorObject {
+                code: self.code,
+                message: self.message.clone(),
+                model: self.model.clone(),
+                field: self.field.clone(),
+                runtime_state: self.runtime_state,
+            },
+        }
+    }
+
+    /// The `{"error": {"code", "message", …}}` response.
     pub fn into_response(self) -> Response {
-        let mut error = Map::new();
-        error.insert("code".into(), self.code.into());
-        error.insert("message".into(), self.message.into());
-        error.extend(self.extra);
-        json_response(self.status, &json!({ "error": error }))
+        json_response(self.status(), &self.to_body())
     }
 
-    /// The KServe v2 envelope, `{"error": "…"}`, with the same status.
+    /// The KServe v2 response, `{"error": "…"}`, with the same status.
     pub fn into_v2_response(self) -> Response {
-        json_response(self.status, &json!({ "error": self.message }))
-    }
-}
-
-/// The HTTP status and code of every control-plane error: the one mapping.
-pub fn status_of(err: &ManagerError) -> StatusCode {
-    match err {
-        ManagerError::Conflict { .. } => StatusCode::CONFLICT,
-        ManagerError::InvalidLoadSchema { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-        ManagerError::InvalidLoadRequest { .. } => StatusCode::BAD_REQUEST,
-        ManagerError::LoadFailed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-        _ => match err.code() {
-            ErrorCode::UnknownModel => StatusCode::NOT_FOUND,
-            ErrorCode::QueueFull => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::ModelNotLoaded
-            | ErrorCode::ModelLoading
-            | ErrorCode::ModelUnloading
-            | ErrorCode::ModelFailed => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::InvalidRequest | ErrorCode::Unsupported | ErrorCode::InvalidLoadRequest => {
-                StatusCode::BAD_REQUEST
-            }
-            ErrorCode::InvalidRequestBody => StatusCode::UNPROCESSABLE_ENTITY,
-            // The caller is gone; the status is only logged.
-            ErrorCode::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        },
-    }
-}
-
-/// The snake_case code of an [`ErrorCode`].
-pub fn code_str(code: ErrorCode) -> &'static str {
-    match code {
-        ErrorCode::UnknownModel => "unknown_model",
-        ErrorCode::ModelNotLoaded => "model_not_loaded",
-        ErrorCode::ModelLoading => "model_loading",
-        ErrorCode::ModelUnloading => "model_unloading",
-        ErrorCode::ModelFailed => "model_failed",
-        ErrorCode::QueueFull => "queue_full",
-        ErrorCode::InvalidRequestBody => "invalid_request_body",
-        ErrorCode::InvalidLoadRequest => "invalid_load_request",
-        ErrorCode::LoadFailed => "load_failed",
-        ErrorCode::RuntimeCrashed => "runtime_crashed",
-        ErrorCode::Cancelled => "cancelled",
-        ErrorCode::InvalidRequest => "invalid_request",
-        ErrorCode::Unsupported => "unsupported",
-        _ => "runtime_error",
+        json_response(self.status(), &V2ErrorBody { error: self.message })
     }
 }
 
 impl From<ManagerError> for ApiError {
     fn from(err: ManagerError) -> Self {
-        let status = status_of(&err);
-        let code = code_str(err.code());
-        let mut api = ApiError::new(status, code, err.to_string());
-        match &err {
-            ManagerError::LoadFailed { snapshot } => {
-                api = api.with("model", serde_json::to_value(snapshot).unwrap_or_default());
+        let mut api = ApiError::new(err.code().into(), err.to_string());
+        match err {
+            ManagerError::LoadFailed { snapshot, .. } => {
+                api.model = Some(Box::new(ModelRow::of(&snapshot)));
             }
-            ManagerError::InvalidLoadSchema { field, .. } => {
-                api = api.with("field", field.clone().into());
-            }
-            ManagerError::InvalidLoadRequest { field: Some(field), .. } => {
-                api = api.with("field", field.clone().into());
-            }
-            ManagerError::Conflict { state, .. } => {
-                api = api.with("runtime_state", state.as_str().into());
-            }
+            ManagerError::InvalidLoadSchema { field, .. } => api.field = Some(field),
+            ManagerError::InvalidLoadRequest { field, .. } => api.field = field,
+            ManagerError::Conflict { state, .. } => api.runtime_state = Some(state),
             _ => {}
         }
         api
@@ -143,7 +237,22 @@ impl From<ManagerError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hangar_lifecycle::{AdmissionError, ModelState};
+    use hangar_lifecycle::AdmissionError;
+    use strum::IntoEnumIterator;
+
+    #[test]
+    fn every_runtime_code_has_its_twin() {
+        for code in hangar_runtime::ErrorCode::iter() {
+            assert_eq!(ErrorCode::from(code).as_str(), code.as_str());
+        }
+    }
+
+    #[test]
+    fn serde_and_strum_agree_on_names() {
+        for code in ErrorCode::iter() {
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
+        }
+    }
 
     #[test]
     fn statuses_follow_the_spec() {
@@ -157,12 +266,7 @@ mod tests {
             (
                 ManagerError::Conflict { state: ModelState::Unloading, message: "m".into() },
                 409,
-                "model_unloading",
-            ),
-            (
-                ManagerError::Conflict { state: ModelState::Loading, message: "m".into() },
-                409,
-                "model_loading",
+                "state_conflict",
             ),
             (
                 ManagerError::InvalidLoadSchema { field: "f".into(), message: "m".into() },
@@ -177,7 +281,7 @@ mod tests {
         ];
         for (err, status, code) in cases {
             let api = ApiError::from(err.clone());
-            assert_eq!((api.status.as_u16(), api.code), (status, code), "{err:?}");
+            assert_eq!((api.status().as_u16(), api.code.as_str()), (status, code), "{err:?}");
         }
     }
 }

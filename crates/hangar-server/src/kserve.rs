@@ -7,19 +7,21 @@
 //! control-plane errors ([`ApiError::from`]).
 //!
 //! Load follows Triton's reload rule (`specs/README.md`, point 4): an already loaded model
-//! without `parameters.config` is a no-op; with it, the model is unloaded and loaded again
-//! with that config as the runtime-only override patch. `file:` parameters are refused: no
-//! model definitions arrive over the API.
+//! without `parameters.config` is a no-op; with it, the model is reloaded with that config
+//! as the runtime-only override patch — atomically ([`hangar_runtime::Manager::reload`]):
+//! the patch is checked first, and the old runtime serves until the new one is loaded, or
+//! keeps serving when the reload fails. `file:` parameters are refused: no model
+//! definitions arrive over the API.
 
 use hangar_lifecycle::ModelState;
-use hangar_runtime::{LoadOptions, ModelSnapshot};
+use hangar_runtime::LoadOptions;
 use http::StatusCode;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use crate::body::{Response, empty_response, json_response, parse_json};
-use crate::error::{ApiError, codes};
+use crate::error::{ApiError, ErrorCode};
 use crate::health::not_ready;
 use crate::router::Ctx;
 
@@ -34,7 +36,7 @@ const FILE_PARAMETER_PREFIX: &str = "file:";
 
 /// Body of `POST /v2/repository/index`. The body may also be empty (as Triton's clients send
 /// it), which reads as `{}`.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[schemars(rename = "RepositoryIndexBody")]
 pub(crate) struct IndexBody {
     /// When true, list only the models ready for inferencing (`READY`). Default false.
@@ -43,7 +45,7 @@ pub(crate) struct IndexBody {
 }
 
 /// Body of `POST /v2/repository/models/{name}/load`. The body may also be empty.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(rename = "RepositoryLoadBody")]
 pub(crate) struct LoadBody {
@@ -53,7 +55,7 @@ pub(crate) struct LoadBody {
 }
 
 /// The parameters of a repository load.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[schemars(rename = "RepositoryLoadParameters")]
 pub(crate) struct LoadParameters {
     /// The runtime-only override patch for this load: a JSON object, or a string holding
@@ -71,7 +73,7 @@ pub(crate) struct LoadParameters {
 }
 
 /// Body of `POST /v2/repository/models/{name}/unload`. The body may also be empty.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(rename = "RepositoryUnloadBody")]
 pub(crate) struct UnloadBody {
@@ -81,7 +83,7 @@ pub(crate) struct UnloadBody {
 }
 
 /// The parameters of a repository unload.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[schemars(rename = "RepositoryUnloadParameters")]
 pub(crate) struct UnloadParameters {
     /// Accepted for Triton compatibility; Hangar models have no dependents, so it changes
@@ -105,42 +107,75 @@ fn config_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// A model's state in the repository index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub(crate) enum IndexState {
+    /// Loaded.
+    Ready,
+    /// Loading.
+    Loading,
+    /// Unloading.
+    Unloading,
+    /// Not loaded (`reason` says why: unloaded, or the load error).
+    Unavailable,
+}
+
 /// One row of the repository index.
-#[derive(Debug, Serialize)]
-struct IndexEntry {
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct IndexEntry {
+    /// The model.
     name: String,
-    version: &'static str,
-    state: &'static str,
+    /// Always `1`: Hangar models are not versioned.
+    version: String,
+    /// Its state.
+    state: IndexState,
+    /// Why it is unavailable; empty otherwise.
     reason: String,
 }
 
 impl IndexEntry {
-    fn of(model: ModelSnapshot) -> Self {
-        let (state, reason) = match model.runtime_state {
-            ModelState::Loaded => ("READY", String::new()),
-            ModelState::Loading => ("LOADING", String::new()),
-            ModelState::Unloading => ("UNLOADING", String::new()),
+    fn of(name: String, state: ModelState, last_error: Option<String>) -> Self {
+        let (state, reason) = match state {
+            ModelState::Loaded => (IndexState::Ready, String::new()),
+            ModelState::Loading => (IndexState::Loading, String::new()),
+            ModelState::Unloading => (IndexState::Unloading, String::new()),
             ModelState::Failed => {
-                ("UNAVAILABLE", model.last_error.unwrap_or_else(|| "load failed".to_owned()))
+                (IndexState::Unavailable, last_error.unwrap_or_else(|| "load failed".to_owned()))
             }
-            ModelState::Unloaded => ("UNAVAILABLE", "unloaded".to_owned()),
+            ModelState::Unloaded => (IndexState::Unavailable, "unloaded".to_owned()),
         };
-        Self { name: model.name, version: MODEL_VERSION, state, reason }
+        Self { name, version: MODEL_VERSION.to_owned(), state, reason }
     }
 }
 
-/// The empty JSON object Triton answers on a successful load or unload.
+/// `GET /v2`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct ServerMetadata {
+    /// Always `hangar`.
+    name: String,
+    /// Hangar's version.
+    version: String,
+    /// Always `["model_repository"]`.
+    extensions: Vec<String>,
+}
+
+/// The empty object Triton answers on a successful load or unload.
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Empty {}
+
 fn empty_object() -> Response {
-    json_response(StatusCode::OK, &json!({}))
+    json_response(StatusCode::OK, &Empty {})
 }
 
 /// `GET /v2`: server metadata.
 pub(crate) async fn server_metadata(_ctx: Ctx) -> Result<Response, ApiError> {
-    let metadata = json!({
-        "name": SERVER_NAME,
-        "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["model_repository"],
-    });
+    let metadata = ServerMetadata {
+        name: SERVER_NAME.to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        extensions: vec!["model_repository".to_owned()],
+    };
     Ok(json_response(StatusCode::OK, &metadata))
 }
 
@@ -157,8 +192,7 @@ pub(crate) async fn ready(ctx: Ctx) -> Result<Response, ApiError> {
         return Ok(empty_response(StatusCode::OK));
     }
     Err(ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        codes::MODEL_NOT_LOADED,
+        ErrorCode::ModelNotLoaded,
         format!("not ready: enabled models not loaded: {}", waiting.join(", ")),
     ))
 }
@@ -170,11 +204,12 @@ pub(crate) async fn model_ready(ctx: Ctx) -> Result<Response, ApiError> {
     if model.is_loaded {
         return Ok(empty_response(StatusCode::OK));
     }
-    let mut message = format!("model '{}' is not ready: it is {}", model.name, model.runtime_state);
+    let mut message =
+        format!("model '{}' is not ready: it is {}", model.name(), model.runtime_state);
     if let (ModelState::Failed, Some(error)) = (model.runtime_state, &model.last_error) {
         message.push_str(&format!(" ({error})"));
     }
-    Err(ApiError::new(StatusCode::BAD_REQUEST, codes::MODEL_NOT_LOADED, message))
+    Err(ApiError::new(ErrorCode::ModelNotReady, message))
 }
 
 /// `POST /v2/repository/index`: every configured model with its state, or only the ready
@@ -182,13 +217,16 @@ pub(crate) async fn model_ready(ctx: Ctx) -> Result<Response, ApiError> {
 pub(crate) async fn index(ctx: Ctx) -> Result<Response, ApiError> {
     let body: IndexBody = parse_json(&ctx.body, true)?;
     let only_ready = body.ready.unwrap_or(false);
+    let filter = hangar_runtime::ModelFilter {
+        state: only_ready.then_some(ModelState::Loaded),
+        model_type: None,
+    };
     let rows: Vec<IndexEntry> = ctx
         .state
         .manager
-        .models()
+        .statuses(&filter)
         .into_iter()
-        .filter(|m| !only_ready || m.is_loaded)
-        .map(IndexEntry::of)
+        .map(|m| IndexEntry::of(m.name.to_string(), m.state, m.last_error))
         .collect();
     Ok(json_response(StatusCode::OK, &rows))
 }
@@ -197,23 +235,15 @@ pub(crate) async fn index(ctx: Ctx) -> Result<Response, ApiError> {
 pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
     let name = ctx.name();
     let manager = &ctx.state.manager;
-    let model = manager.model(name)?;
+    manager.model(name)?;
     let body: LoadBody = parse_json(&ctx.body, true)?;
     let parameters = body.parameters.unwrap_or_default();
     refuse_other_parameters(&parameters.other, &["config"])?;
-    let Some(patch) = config_patch(name, parameters.config)? else {
+    match config_patch(name, parameters.config)? {
         // No config: Triton's no-op for a loaded model, else a plain load.
-        manager.load(name, LoadOptions::default()).await?;
-        return Ok(empty_object());
+        None => manager.load(name, LoadOptions::default()).await?,
+        Some(patch) => manager.reload(name, crate::admin::split_load_patch(patch)?).await?,
     };
-    let options = crate::admin::split_load_patch(patch)?;
-    if model.is_loaded {
-        // Check the options before unloading anything: a bad patch leaves the running model
-        // alone.
-        manager.check_load_options(name, &options)?;
-        manager.unload(name).await?;
-    }
-    manager.load(name, options).await?;
     Ok(empty_object())
 }
 

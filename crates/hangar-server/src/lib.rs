@@ -37,6 +37,7 @@ mod multi_model;
 mod openai;
 mod openapi;
 mod router;
+mod routes;
 mod state;
 mod tools;
 
@@ -47,19 +48,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{Request, StatusCode, header};
+use http::{Request, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Body;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
+pub use admin::{GpuInfo, GpuMemoryResponse, ModelRow, ModelVram, ModelsResponse};
 pub use body::{Response, ResponseBody};
-pub use error::{ApiError, code_str, status_of};
+pub use error::{ApiError, ErrorBody, ErrorCode, ErrorObject, V2ErrorBody};
 pub use state::ServerOptions;
 
-use error::codes;
 use router::{Ctx, Match};
 use state::AppState;
 
@@ -70,13 +72,18 @@ pub struct HangarService {
 }
 
 impl HangarService {
-    /// A service over `manager`.
+    /// A service over `manager`. Encodes every model's static row parts and the OpenAPI
+    /// document once, here.
     pub fn new(manager: hangar_runtime::Manager, options: ServerOptions) -> Self {
+        let rows = admin::StaticRows::new(&manager.models());
+        let openapi = openapi::encoded(options.admin_api_key.is_some());
         Self {
             state: Arc::new(AppState {
+                metrics: metrics::Metrics::new(manager.clone()),
                 manager,
                 options,
-                metrics: Default::default(),
+                rows,
+                openapi,
                 started: Instant::now(),
                 last_generation: std::sync::Mutex::new(None),
             }),
@@ -95,29 +102,27 @@ impl HangarService {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let (parts, body) = req.into_parts();
-        let path = parts.uri.path().to_owned();
-        let (route, params) = match router::find(&parts.method, &path) {
+        let path = parts.uri.path();
+        let (route, params) = match router::find(&parts.method, path) {
             Match::Found(route, params) => (route, params),
-            Match::MethodNotAllowed => {
-                return ApiError::new(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    codes::METHOD_NOT_ALLOWED,
-                    format!("{} is not allowed on {path}", parts.method),
-                )
-                .into_response();
+            Match::MethodNotAllowed(allow) => {
+                let message =
+                    format!("{} is not allowed on {path}; allowed: {allow}", parts.method);
+                let mut response =
+                    ApiError::new(ErrorCode::MethodNotAllowed, message).into_response();
+                if let Ok(allow) = header::HeaderValue::from_str(&allow) {
+                    response.headers_mut().insert(header::ALLOW, allow);
+                }
+                return response;
             }
             Match::NotFound => {
-                return ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    codes::NOT_FOUND,
-                    format!("no route for {path}"),
-                )
-                .into_response();
+                return ApiError::new(ErrorCode::NotFound, format!("no route for {path}"))
+                    .into_response();
             }
         };
         let v2 = route.group == router::Group::Repository;
         let fail = |e: ApiError| if v2 { e.into_v2_response() } else { e.into_response() };
-        if route.admin
+        if route.auth == router::Auth::Admin
             && let Err(e) = self.authorize(&parts.headers)
         {
             return fail(e);
@@ -140,7 +145,13 @@ impl HangarService {
                 return fail(ApiError::bad_request(format!("cannot read the request body: {e}")));
             }
         };
-        let ctx = Ctx { state: Arc::clone(&self.state), params, body };
+        let ctx = Ctx {
+            state: Arc::clone(&self.state),
+            params,
+            query: parts.uri.query().map(str::to_owned),
+            headers: parts.headers,
+            body,
+        };
         (route.handler)(ctx).await
     }
 
@@ -152,31 +163,18 @@ impl HangarService {
             .and_then(|v| v.strip_prefix("Bearer "));
         match given {
             None => Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                codes::UNAUTHORIZED,
+                ErrorCode::Unauthorized,
                 "admin routes need `Authorization: Bearer <admin key>`",
             )),
-            Some(given) if constant_time_eq(given.as_bytes(), key.expose().as_bytes()) => Ok(()),
-            Some(_) => Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                codes::FORBIDDEN,
-                "the admin key is not valid",
-            )),
+            // `subtle` compares without an early exit on the first differing byte.
+            Some(given) if bool::from(given.as_bytes().ct_eq(key.expose().as_bytes())) => Ok(()),
+            Some(_) => Err(ApiError::new(ErrorCode::Forbidden, "the admin key is not valid")),
         }
     }
 }
 
 fn too_large(limit: usize) -> ApiError {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        codes::PAYLOAD_TOO_LARGE,
-        format!("request body exceeds {limit} bytes"),
-    )
-}
-
-/// Compares secrets without an early exit on the first differing byte.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    ApiError::new(ErrorCode::PayloadTooLarge, format!("request body exceeds {limit} bytes"))
 }
 
 impl<B> hyper::service::Service<Request<B>> for HangarService

@@ -12,24 +12,29 @@
 
 use std::num::NonZeroU32;
 
-use hangar_config::{BackendKind, LLAMA_SERVER_MANAGED_ARGS};
+use hangar_config::{
+    BackendKind, Device, LLAMA_SERVER_MANAGED_ARGS, ModelType, context_size_field,
+};
 use hangar_lifecycle::ModelState;
-use hangar_runtime::{LoadOptions, ModelSnapshot};
+use hangar_runtime::{LoadOptions, ManagerCounters, ModelSnapshot};
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use crate::body::{Response, json_response, parse_json};
-use crate::error::{ApiError, codes};
+use crate::error::{ApiError, ErrorCode};
+use crate::metrics::Endpoint;
+use crate::openai::constant;
 use crate::router::Ctx;
 
 /// Body of `POST /api/v1/load`.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(rename = "MultiModelLoadBody")]
 pub(crate) struct LoadBody {
     /// The configured model to load.
+    #[schemars(length(min = 1))]
     model_name: String,
     /// Context size for this load, mapped to the backend's context field: `gguf_n_ctx`
     /// (llama_cpp), `llama_server_n_ctx` (llama_server), `vllm_max_model_len` (vllm,
@@ -56,7 +61,7 @@ pub(crate) struct LoadBody {
 }
 
 /// Extra llama-server arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub(crate) enum LlamacppArgs {
     /// One string, split on whitespace.
@@ -75,7 +80,7 @@ impl LlamacppArgs {
 }
 
 /// Body of `POST /api/v1/unload`; the body may also be empty.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(rename = "MultiModelUnloadBody")]
 pub(crate) struct UnloadBody {
@@ -84,33 +89,42 @@ pub(crate) struct UnloadBody {
     model_name: Option<String>,
 }
 
-/// One loaded model in `GET /api/v1/health`.
-#[derive(Debug, Serialize)]
-struct LoadedModel {
-    model_name: String,
-    checkpoint: Option<String>,
-    last_use: Option<u64>,
-    #[serde(rename = "type")]
-    model_type: Value,
-    device: Value,
-    backend_url: Option<String>,
-    recipe: BackendKind,
-    backend: BackendKind,
-}
+constant!(
+    /// `ok`.
+    StatusOk = "ok"
+);
 
-/// The model's `model_path`, as its definition says.
-fn checkpoint(model: &ModelSnapshot) -> Option<String> {
-    model.definition.get("model_path").and_then(Value::as_str).map(str::to_owned)
+/// One loaded model in `GET /api/v1/health`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct LoadedModel {
+    /// The model.
+    model_name: String,
+    /// Its `model_path`.
+    checkpoint: Option<String>,
+    /// Last access, Unix milliseconds.
+    last_use: Option<u64>,
+    /// What it serves.
+    #[serde(rename = "type")]
+    model_type: ModelType,
+    /// Devices it occupies.
+    #[schemars(with = "Vec<String>")]
+    device: Device,
+    /// The URL of the engine's own server; `null` for engines in Hangar's process.
+    backend_url: Option<String>,
+    /// The backend (Lemonade's name for it).
+    recipe: BackendKind,
+    /// The backend.
+    backend: BackendKind,
 }
 
 impl LoadedModel {
     fn of(model: &ModelSnapshot) -> Self {
         Self {
-            model_name: model.name.clone(),
-            checkpoint: checkpoint(model),
+            model_name: model.name().to_owned(),
+            checkpoint: model.config.model_path.clone(),
             last_use: model.last_use_unix_ms,
-            model_type: serde_json::to_value(model.model_type).unwrap_or_default(),
-            device: serde_json::to_value(model.device).unwrap_or_default(),
+            model_type: model.model_type,
+            device: model.device,
             // Every backend of this version runs in-process or behind Hangar's own bridge;
             // subprocess URLs are reported once the runtime exposes them.
             backend_url: None,
@@ -120,79 +134,105 @@ impl LoadedModel {
     }
 }
 
+/// `GET /api/v1/health`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct HealthResponse {
+    /// Always `ok`.
+    status: StatusOk,
+    /// The most recently loaded model still loaded (else the most recently used loaded one).
+    model_loaded: Option<String>,
+    /// Its `model_path`.
+    checkpoint_loaded: Option<String>,
+    /// Every loaded model.
+    all_models_loaded: Vec<LoadedModel>,
+}
+
+/// `GET /api/v1/stats`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct StatsResponse {
+    /// Seconds to the first generated token of the most recent generation.
+    time_to_first_token: Option<f64>,
+    /// Its tokens per second after the first.
+    tokens_per_second: Option<f64>,
+    /// Its prompt tokens.
+    input_tokens: Option<u32>,
+    /// Its generated tokens.
+    output_tokens: Option<u32>,
+    /// The model that served it.
+    model: Option<String>,
+    /// The endpoint it came through.
+    endpoint: Option<Endpoint>,
+    /// When it finished, Unix milliseconds.
+    finished_unix_ms: Option<u64>,
+    /// Models loaded now.
+    models_loaded: u32,
+    /// The most recently loaded model still loaded.
+    last_loaded_model: Option<String>,
+    /// Lifetime counters.
+    counters: ManagerCounters,
+}
+
+/// `POST /api/v1/unload`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct UnloadResponse {
+    /// Always `ok`.
+    status: StatusOk,
+    /// The models this call unloaded.
+    unloaded: Vec<String>,
+}
+
 /// `GET /api/v1/health`: `model_loaded` / `checkpoint_loaded` name the most recently loaded
 /// model while it is loaded; once that one is unloaded, the most recently used of the models
 /// still loaded (the manager remembers only the last load); `null` when nothing is loaded.
 /// `all_models_loaded` lists every loaded model.
 pub(crate) async fn health(ctx: Ctx) -> Result<Response, ApiError> {
     let manager = &ctx.state.manager;
-    let models = manager.models();
-    let loaded = || models.iter().filter(|m| m.is_loaded);
+    let loaded = manager
+        .list(&hangar_runtime::ModelFilter { state: Some(ModelState::Loaded), model_type: None });
     let last = match manager.last_loaded() {
-        Some(name) => loaded().find(|m| m.name == name.as_str()),
+        Some(name) => loaded.iter().find(|m| m.name() == name.as_str()),
         None => None,
     }
-    .or_else(|| loaded().max_by_key(|m| m.last_use_unix_ms));
-    let all: Vec<LoadedModel> =
-        models.iter().filter(|m| m.is_loaded).map(LoadedModel::of).collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({
-            "status": "ok",
-            "model_loaded": last.map(|m| m.name.clone()),
-            "checkpoint_loaded": last.and_then(checkpoint),
-            "all_models_loaded": all,
-        }),
-    ))
+    .or_else(|| loaded.iter().max_by_key(|m| m.last_use_unix_ms));
+    let answer = HealthResponse {
+        status: StatusOk::Value,
+        model_loaded: last.map(|m| m.name().to_owned()),
+        checkpoint_loaded: last.and_then(|m| m.config.model_path.clone()),
+        all_models_loaded: loaded.iter().map(LoadedModel::of).collect(),
+    };
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
-/// `GET /api/v1/stats`.
-///
-/// Statistics of the most recent inference request, on Lemonade's fields
-/// (`time_to_first_token`, `tokens_per_second`, `input_tokens`, `output_tokens`;
-/// `null` until a generation has completed), plus the model it ran on and what the runtime
-/// tracks: loaded models and lifetime counters.
+/// `GET /api/v1/stats`: statistics of the most recent inference request, on Lemonade's
+/// fields (`null` until a generation has completed), plus the model it ran on and what the
+/// runtime tracks: loaded models and lifetime counters.
 pub(crate) async fn stats(ctx: Ctx) -> Result<Response, ApiError> {
     let manager = &ctx.state.manager;
-    let loaded = manager.models().iter().filter(|m| m.is_loaded).count();
+    let loaded = hangar_runtime::ModelFilter { state: Some(ModelState::Loaded), model_type: None };
+    let models_loaded = manager.statuses(&loaded).len() as u32;
     let last = ctx.state.last_generation.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let field =
-        |f: &dyn Fn(&crate::state::GenerationStats) -> Value| last.as_ref().map_or(Value::Null, f);
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({
-            "time_to_first_token": field(&|s| json!(s.time_to_first_token)),
-            "tokens_per_second": field(&|s| json!(s.tokens_per_second)),
-            "input_tokens": field(&|s| json!(s.input_tokens)),
-            "output_tokens": field(&|s| json!(s.output_tokens)),
-            "model": field(&|s| json!(s.model)),
-            "endpoint": field(&|s| json!(s.endpoint)),
-            "finished_unix_ms": field(&|s| json!(s.finished_unix_ms)),
-            "models_loaded": loaded,
-            "last_loaded_model": manager.last_loaded().map(|n| n.to_string()),
-            "counters": manager.counters(),
-        }),
-    ))
-}
-
-/// The backend's load-override field that holds the context size.
-fn ctx_field(backend: BackendKind) -> Option<&'static str> {
-    match backend {
-        BackendKind::LlamaCpp => Some("gguf_n_ctx"),
-        BackendKind::LlamaServer => Some("llama_server_n_ctx"),
-        BackendKind::Vllm | BackendKind::VllmServe => Some("vllm_max_model_len"),
-        BackendKind::ExLlamaV3 => Some("exllama_cache_size"),
-        _ => None,
-    }
+    let answer = StatsResponse {
+        time_to_first_token: last.as_ref().and_then(|s| s.time_to_first_token),
+        tokens_per_second: last.as_ref().and_then(|s| s.tokens_per_second),
+        input_tokens: last.as_ref().map(|s| s.input_tokens),
+        output_tokens: last.as_ref().map(|s| s.output_tokens),
+        model: last.as_ref().map(|s| s.model.clone()),
+        endpoint: last.as_ref().map(|s| s.endpoint),
+        finished_unix_ms: last.as_ref().map(|s| s.finished_unix_ms),
+        models_loaded,
+        last_loaded_model: manager.last_loaded().map(|n| n.to_string()),
+        counters: manager.counters(),
+    };
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
 fn invalid_load(field: &str, message: String) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_LOAD_REQUEST, message)
-        .with("field", field.into())
+    ApiError::new(ErrorCode::InvalidLoadRequest, message).with_field(field)
 }
 
 /// `POST /api/v1/load`: loads `model_name` with Lemonade's arguments mapped onto load
-/// overrides, and answers with the model.
+/// overrides (the same options as the running load are a no-op), and answers with the
+/// model.
 pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
     let body: LoadBody = parse_json(&ctx.body, false)?;
     let manager = &ctx.state.manager;
@@ -222,7 +262,7 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
                 ));
             }
         }
-        engine_fields.insert("llama_server_extra_args".to_owned(), json!(args));
+        engine_fields.insert("llama_server_extra_args".to_owned(), Value::from(args));
     }
     if let Some(build) = body.llamacpp_backend.as_deref().filter(|b| !b.trim().is_empty()) {
         if !llama_server {
@@ -234,7 +274,8 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
                 ),
             ));
         }
-        let builds = model.definition.get("llama_server_backends").and_then(Value::as_object);
+        let definition = model.config.definition();
+        let builds = definition.get("llama_server_backends").and_then(Value::as_object);
         let Some(path) = builds.and_then(|b| b.get(build)).cloned() else {
             let known: Vec<&str> =
                 builds.map(|b| b.keys().map(String::as_str).collect()).unwrap_or_default();
@@ -254,7 +295,7 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
     let ctx_target = match body.ctx_size {
         None => None,
         Some(size) => {
-            let Some(field) = ctx_field(backend) else {
+            let Some(field) = context_size_field(backend) else {
                 return Err(invalid_load(
                     "ctx_size",
                     format!("ctx_size is not supported for backend {backend}"),
@@ -265,30 +306,18 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
         }
     };
     let options = LoadOptions { replicas: body.replicas, overrides, engine_fields };
-
-    // The same options as the running load: nothing to change.
-    let mut requested = options.overrides.clone();
-    requested.extend(options.engine_fields.clone());
-    if model.is_loaded
-        && !requested.is_empty()
-        && requested == *model.load_override.fields()
-        && options.replicas.is_none_or(|r| r.get() == model.replicas)
-    {
-        return Ok(json_response(StatusCode::OK, &model));
-    }
-
-    let snapshot = manager.load(name, options).await.map_err(|e| {
+    let snapshot = manager.ensure_loaded(name, options).await.map_err(|e| {
         let mut api = ApiError::from(e);
         // Errors about the mapped field name the argument the caller sent.
         if let Some(field) = ctx_target
-            && api.extra.get("field").and_then(Value::as_str) == Some(field)
+            && api.field.as_deref() == Some(field)
         {
             api.message = format!("ctx_size (the {field} of backend {backend}): {}", api.message);
-            api.extra.insert("field".into(), "ctx_size".into());
+            api.field = Some("ctx_size".into());
         }
         api
     })?;
-    Ok(json_response(StatusCode::OK, &snapshot))
+    Ok(json_response(StatusCode::OK, &ctx.state.rows.row(&snapshot)))
 }
 
 /// `POST /api/v1/unload`: unloads `model_name` (404 when it is not loaded), or every loaded
@@ -305,25 +334,17 @@ pub(crate) async fn unload(ctx: Ctx) -> Result<Response, ApiError> {
                     manager.unload(&name).await?;
                 }
                 state => {
-                    return Err(ApiError::new(
-                        StatusCode::NOT_FOUND,
-                        codes::MODEL_NOT_LOADED,
-                        format!("model '{name}' is not loaded (it is {state})"),
-                    )
-                    .with("runtime_state", state.as_str().into()));
+                    let mut error = ApiError::new(
+                        ErrorCode::NothingToUnload,
+                        format!("model '{name}' is not loaded (it is {state}); nothing to unload"),
+                    );
+                    error.runtime_state = Some(state);
+                    return Err(error);
                 }
             }
             vec![name]
         }
-        None => {
-            let before: Vec<String> =
-                manager.models().into_iter().filter(|m| m.is_loaded).map(|m| m.name).collect();
-            let after = manager.unload_all().await;
-            before
-                .into_iter()
-                .filter(|n| after.iter().any(|m| m.name == *n && !m.is_loaded))
-                .collect()
-        }
+        None => manager.unload_all().await,
     };
-    Ok(json_response(StatusCode::OK, &json!({ "status": "ok", "unloaded": unloaded })))
+    Ok(json_response(StatusCode::OK, &UnloadResponse { status: StatusOk::Value, unloaded }))
 }

@@ -1,23 +1,26 @@
-//! `GET /openapi.json`: the OpenAPI 3.1 document.
+//! `GET /openapi.json`: the OpenAPI 3.1 document, generated once per service.
 //!
-//! Generated, never written per route: every operation comes from the route table
-//! ([`routes`]) and every schema from the schemars types the handlers use, through one
-//! [`SchemaGenerator`] whose `$ref`s point at `#/components/schemas/…`. The only prose here
-//! is per API group, per error envelope and per HTTP-layer error code.
+//! Nothing is written per route: every operation comes from the route table ([`routes`]);
+//! every request body, query, success answer and error envelope from the schemars types the
+//! handlers use, through one [`SchemaGenerator`] whose `$ref`s point at
+//! `#/components/schemas/…`; every error status from the route's error codes through
+//! [`ErrorCode::status`]. `security` is declared exactly on the routes that need the admin
+//! key, and only when one is configured.
 
-use std::collections::BTreeSet;
-use std::sync::LazyLock;
+use std::collections::{BTreeMap, BTreeSet};
 
+use bytes::Bytes;
 use hangar_lifecycle::ModelState;
-use hangar_runtime::ModelSnapshot;
 use http::StatusCode;
 use schemars::generate::SchemaSettings;
-use schemars::{JsonSchema, Schema, SchemaGenerator};
+use schemars::{Schema, SchemaGenerator};
 use serde_json::{Map, Value, json};
+use strum::IntoEnumIterator;
 
-use crate::body::{Response, json_response};
-use crate::error::{ApiError, codes};
-use crate::router::{Ctx, Group, Route, routes};
+use crate::body::Response;
+use crate::error::{ApiError, ErrorBody, ErrorCode, V2ErrorBody};
+use crate::health::{OPENMETRICS_TEXT, PROMETHEUS_TEXT};
+use crate::router::{Auth, Ctx, Group, Route, SchemaFn, Success, routes};
 
 /// Where component schemas live; the generator's `$ref`s point here.
 const SCHEMAS_PATH: &str = "/components/schemas";
@@ -25,110 +28,36 @@ const SCHEMAS_PATH: &str = "/components/schemas";
 /// The name of the admin security scheme.
 const BEARER_AUTH: &str = "bearerAuth";
 
-/// The route answering Prometheus text rather than JSON.
-const METRICS_PATH: &str = "/metrics";
-
-/// Every group, in the order the tags are listed.
-const GROUPS: [Group; 5] =
-    [Group::Admin, Group::Inference, Group::MultiModel, Group::Repository, Group::Operations];
-
-/// The codes the HTTP layer itself produces (see [`codes`]), next to the control plane's
-/// [`hangar_runtime::ErrorCode`].
-const HTTP_CODES: [(&str, &str); 10] = [
-    (codes::NOT_FOUND, "No route matches the request path (404)."),
-    (codes::METHOD_NOT_ALLOWED, "The path exists, but not with this method (405)."),
-    (
-        codes::PAYLOAD_TOO_LARGE,
-        "The request body exceeds the configured `max_request_body_bytes` (413).",
-    ),
-    (
-        codes::INVALID_REQUEST_BODY,
-        "The request body is not valid JSON or does not match the request schema (422); the message carries the parser's line and column, `field` names the offending field when one is to blame.",
-    ),
-    (
-        codes::INVALID_REQUEST,
-        "The request is not valid: a malformed parameter or a value the route does not accept (400).",
-    ),
-    (
-        codes::UNAUTHORIZED,
-        "An admin route was called without `Authorization: Bearer <admin key>` while an admin key is configured (401).",
-    ),
-    (codes::FORBIDDEN, "The admin key given is not the configured one (403)."),
-    (
-        codes::THINKING_UNSUPPORTED,
-        "The requested `thinking` mode is not one of the model's `capabilities.thinking_modes` (400).",
-    ),
-    (
-        codes::INVALID_LOAD_REQUEST,
-        "Load options are well-formed but wrong for the model's backend or state, e.g. options sent to a model that is already loaded (400).",
-    ),
-    (
-        codes::MODEL_NOT_LOADED,
-        "The model is not loaded; requests are admitted only while it is loaded (503).",
-    ),
-];
-
-/// The error envelope of every route outside the KServe v2 model repository.
-#[derive(JsonSchema)]
-#[allow(dead_code)] // schema only: `ApiError::into_response` writes the envelope
-struct ErrorEnvelope {
-    /// What went wrong.
-    error: ErrorDetail,
-}
-
-/// The `error` object of an error response.
-#[derive(JsonSchema)]
-#[allow(dead_code)] // schema only
-struct ErrorDetail {
-    /// Machine-readable snake_case code.
-    code: hangar_runtime::ErrorCode,
-    /// Human-readable message.
-    message: String,
-    /// With `load_failed`: the model after the failed load, `last_error` saying why.
-    model: Option<ModelSnapshot>,
-    /// With `invalid_request_body` / `invalid_load_request`: the offending field.
-    field: Option<String>,
-    /// With a 409 conflict: the model's state that does not allow the operation.
-    runtime_state: Option<ModelState>,
-}
-
-/// The KServe v2 error envelope of the model-repository routes.
-#[derive(JsonSchema)]
-#[allow(dead_code)] // schema only: `ApiError::into_v2_response` writes the envelope
-struct V2ErrorEnvelope {
-    /// Human-readable message.
-    error: String,
-}
-
-static DOCUMENT: LazyLock<Value> = LazyLock::new(build);
-
 /// `GET /openapi.json`.
-pub(crate) async fn document(_ctx: Ctx) -> Result<Response, ApiError> {
-    Ok(json_response(StatusCode::OK, &*DOCUMENT))
+pub(crate) async fn document(ctx: Ctx) -> Result<Response, ApiError> {
+    Ok(crate::body::bytes_response(StatusCode::OK, "application/json", ctx.state.openapi.clone()))
 }
 
-/// Builds the whole document.
-fn build() -> Value {
+/// The whole document for a service with (or without) an admin key, encoded.
+pub(crate) fn encoded(admin_key: bool) -> Bytes {
+    Bytes::from(serde_json::to_vec(&build(admin_key)).unwrap_or_default())
+}
+
+/// The whole document.
+pub(crate) fn build(admin_key: bool) -> Value {
     let settings = SchemaSettings::draft2020_12().with(|s| {
         s.definitions_path = SCHEMAS_PATH.into();
         s.meta_schema = None;
     });
     let mut generator = settings.into_generator();
-    let shared = Shared {
-        envelope: generator.subschema_for::<ErrorEnvelope>().to_value(),
-        v2_envelope: generator.subschema_for::<V2ErrorEnvelope>().to_value(),
+    let envelopes = Envelopes {
+        json: generator.subschema_for::<ErrorBody>().to_value(),
+        v2: generator.subschema_for::<V2ErrorBody>().to_value(),
     };
-
     let mut paths = Map::new();
-    let mut operation_ids = BTreeSet::new();
+    let mut ids = BTreeSet::new();
     for route in routes() {
-        let op = operation(route, &mut generator, &shared, &mut operation_ids);
+        let op = operation(route, &mut generator, &envelopes, admin_key, &mut ids);
         let item = paths.entry(route.path).or_insert_with(|| json!({}));
         item[route.method.as_str().to_ascii_lowercase()] = op;
     }
-
     let model_state = generator.subschema_for::<ModelState>();
-    let error_code = generator.subschema_for::<hangar_runtime::ErrorCode>();
+    let error_code = generator.subschema_for::<ErrorCode>();
     let mut schemas = generator.take_definitions(true);
     for schema in schemas.values_mut() {
         if let Some(obj) = schema.as_object_mut() {
@@ -139,9 +68,24 @@ fn build() -> Value {
         describe_states(state);
     }
     if let Some(code) = component_mut(&mut schemas, &error_code) {
-        add_http_codes(code);
+        code.insert(
+            "description".into(),
+            "Every machine-readable error code; each has one HTTP status (in its description). \
+             Also the `outcome` label of request metrics."
+                .into(),
+        );
     }
-
+    let mut components = json!({ "schemas": schemas });
+    if admin_key {
+        components["securitySchemes"] = json!({ BEARER_AUTH: {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "The admin API key (`admin_api_key` in the config, `--admin-api-key` or `HANGAR_ADMIN_KEY`), as `Authorization: Bearer <key>`. A missing header answers 401 `unauthorized`, a wrong key 403 `forbidden`.",
+        }});
+    }
+    let tags: Vec<Value> = Group::iter()
+        .map(|g| json!({ "name": <&str>::from(g), "description": group_description(g) }))
+        .collect();
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -154,161 +98,148 @@ fn build() -> Value {
                 "kept apart from its configured definition. Errors answer with the envelope ",
                 "`{\"error\": {\"code\", \"message\"}}` whose `code` is one of `ErrorCode`; the KServe v2 ",
                 "model-repository routes answer `{\"error\": \"message\"}` instead.\n\n",
-                "Admin routes need `Authorization: Bearer <admin key>` when an admin key is configured.",
+                "Admin routes need `Authorization: Bearer <admin key>` when an admin key is configured; ",
+                "this document declares `security` on them exactly then.",
             ),
             "license": { "name": env!("CARGO_PKG_LICENSE") },
         },
-        "tags": GROUPS.iter().map(|g| json!({ "name": g.tag(), "description": group_description(*g) })).collect::<Vec<_>>(),
+        "tags": tags,
         "paths": paths,
-        "components": {
-            "schemas": schemas,
-            "securitySchemes": {
-                BEARER_AUTH: {
-                    "type": "http",
-                    "scheme": "bearer",
-                    "description": "The admin API key (`admin_api_key` in the config), as `Authorization: Bearer <key>`. \
-                        Required by admin routes only when an admin key is configured; without one they are open. \
-                        A missing header answers 401 `unauthorized`, a wrong key 403 `forbidden`.",
-                },
-            },
-        },
+        "components": components,
     })
 }
 
 /// `$ref`s to the error envelopes.
-struct Shared {
-    envelope: Value,
-    v2_envelope: Value,
+struct Envelopes {
+    json: Value,
+    v2: Value,
 }
 
 /// The operation object of one route.
 fn operation(
     route: &Route,
     generator: &mut SchemaGenerator,
-    shared: &Shared,
+    envelopes: &Envelopes,
+    admin_key: bool,
     ids: &mut BTreeSet<String>,
 ) -> Value {
+    let secured = route.auth == Auth::Admin && admin_key;
     let mut op = Map::new();
     op.insert("operationId".into(), unique_id(operation_id(route), ids).into());
     op.insert("summary".into(), route.summary.into());
     let mut description = route.description.to_owned();
-    if route.admin {
-        description.push_str(
-            "\n\nAdmin route: when an admin key is configured it requires `Authorization: Bearer <admin key>` \
-             (401 without it, 403 with a wrong key); without one it is open.",
-        );
+    if route.auth == Auth::Admin {
+        description.push_str(if admin_key {
+            "\n\nAdmin route: requires `Authorization: Bearer <admin key>` (401 without it, 403 with a wrong key)."
+        } else {
+            "\n\nAdmin route: open, as no admin key is configured."
+        });
     }
     op.insert("description".into(), description.into());
-    op.insert("tags".into(), json!([route.group.tag()]));
+    op.insert("tags".into(), json!([<&str>::from(route.group)]));
 
-    let params = path_params(route.path);
-    if !params.is_empty() {
-        let params: Vec<Value> = params.iter().map(|p| path_parameter(p)).collect();
-        op.insert("parameters".into(), params.into());
+    let mut parameters: Vec<Value> =
+        path_params(route.path).iter().map(|p| path_parameter(p)).collect();
+    if let Some(query) = route.query {
+        parameters.extend(query_parameters(generator, query));
     }
-
-    let mut streams = false;
-    if let Some(request) = route.request {
-        let schema = request(generator);
-        let resolved = resolve(generator, &schema);
-        // A body whose schema requires nothing may be left out (it reads as `{}`).
-        let required = resolved
-            .and_then(|s| s.get("required"))
-            .and_then(Value::as_array)
-            .is_some_and(|r| !r.is_empty());
-        streams = route.group == Group::Inference
-            && resolved.and_then(|s| s.get("properties")).and_then(|p| p.get("stream")).is_some();
+    if !parameters.is_empty() {
+        op.insert("parameters".into(), parameters.into());
+    }
+    if let Some((schema, optional)) = route.body {
+        let schema = schema(generator).to_value();
         op.insert(
             "requestBody".into(),
-            json!({
-                "required": required,
-                "content": { "application/json": { "schema": schema.to_value() } },
-            }),
+            json!({ "required": !optional, "content": { "application/json": { "schema": schema } } }),
         );
     }
 
     let mut responses = Map::new();
-    responses.insert("200".into(), success(route, generator, streams));
-    let envelope =
-        if route.group == Group::Repository { &shared.v2_envelope } else { &shared.envelope };
-    let mut error = |status: &str, description: &str| {
+    responses.insert("200".into(), success(route, generator));
+    if let Some((status, schema)) = route.other {
+        let schema = schema(generator).to_value();
         responses.insert(
-            status.into(),
+            status.as_str().into(),
+            json!({ "description": "Not ready.", "content": { "application/json": { "schema": schema } } }),
+        );
+    }
+    let envelope = if route.group == Group::Repository { &envelopes.v2 } else { &envelopes.json };
+    for (status, codes) in error_statuses(route, secured) {
+        let list: Vec<String> = codes.iter().map(|c| format!("`{}`", c.as_str())).collect();
+        let description =
+            format!("{}: {}.", status.canonical_reason().unwrap_or("Error"), list.join(", "));
+        responses.insert(
+            status.as_str().into(),
             json!({ "description": description, "content": { "application/json": { "schema": envelope } } }),
         );
-    };
-    let inference = route.group == Group::Inference && route.request.is_some();
-    if inference {
-        error(
-            "400",
-            "The request is not valid for the model (`invalid_request`, `unsupported`, `thinking_unsupported`).",
-        );
     }
-    if route.admin {
-        error(
-            "401",
-            "No `Authorization: Bearer <admin key>` while an admin key is configured (`unauthorized`).",
-        );
-        error("403", "The admin key is not valid (`forbidden`).");
-    }
-    if !params.is_empty() || inference {
-        error("404", "The model is not configured (`unknown_model`).");
-    }
-    if route.request.is_some() {
-        error("413", "The request body exceeds `max_request_body_bytes` (`payload_too_large`).");
-        error(
-            "422",
-            "The request body is not valid JSON or fails the request schema (`invalid_request_body`).",
-        );
-    }
-    if inference {
-        error("429", "The model's request queue is full (`queue_full`).");
-        error(
-            "503",
-            "The model is not serving: `model_not_loaded`, `model_loading`, `model_unloading` or `model_failed`.",
-        );
-    }
-    error("default", "An error, with its code and message.");
     op.insert("responses".into(), responses.into());
-
-    if route.admin {
+    if secured {
         op.insert("security".into(), json!([{ BEARER_AUTH: [] }]));
     }
     Value::Object(op)
 }
 
-/// The `200` response of a route.
-fn success(route: &Route, generator: &mut SchemaGenerator, streams: bool) -> Value {
-    let mut content = Map::new();
-    if route.path == METRICS_PATH {
-        content.insert(
-            "text/plain".into(),
-            json!({ "schema": { "type": "string", "description": "Prometheus text exposition format 0.0.4." } }),
-        );
-    } else {
-        let schema = match route.response {
-            Some(response) => response(generator).to_value(),
-            None => json!({ "type": "object" }),
-        };
-        content.insert("application/json".into(), json!({ "schema": schema }));
+/// The error codes a route answers with, by status: its own, plus the auth and body codes
+/// its table entry implies.
+fn error_statuses(route: &Route, secured: bool) -> BTreeMap<StatusCode, Vec<ErrorCode>> {
+    let mut codes: Vec<ErrorCode> = route.errors.to_vec();
+    if secured {
+        codes.extend([ErrorCode::Unauthorized, ErrorCode::Forbidden]);
     }
-    if streams {
-        content.insert(
-            "text/event-stream".into(),
-            json!({
+    if route.body.is_some() {
+        codes.extend([ErrorCode::PayloadTooLarge, ErrorCode::InvalidRequestBody]);
+    }
+    let mut by_status: BTreeMap<StatusCode, Vec<ErrorCode>> = BTreeMap::new();
+    for code in codes {
+        by_status.entry(code.status()).or_default().push(code);
+    }
+    by_status
+}
+
+/// The `200` response of a route.
+fn success(route: &Route, generator: &mut SchemaGenerator) -> Value {
+    let json_content = |schema: SchemaFn, generator: &mut SchemaGenerator| json!({ "application/json": { "schema": schema(generator).to_value() } });
+    match route.success {
+        Success::Json(schema) => {
+            json!({ "description": "Success.", "content": json_content(schema, generator) })
+        }
+        Success::JsonOrEvents(schema, event) => {
+            let mut content = json_content(schema, generator);
+            let event = event(generator).to_value();
+            content["text/event-stream"] = json!({
                 "schema": {
                     "type": "string",
-                    "description": "With `stream: true`: server-sent events, one `data: <JSON chunk>` per event, ending with `data: [DONE]`.",
+                    "description": "With `stream: true`: server-sent events, each `data:` line one JSON event as `x-event-schema` describes (chat and completion streams end with `data: [DONE]`).",
                 },
-            }),
-        );
+                "x-event-schema": event,
+            });
+            json!({ "description": "Success; a JSON body, or an event stream with `stream: true`.", "content": content })
+        }
+        Success::Metrics => {
+            let text = json!({ "schema": { "type": "string", "description": "Prometheus text exposition format." } });
+            json!({ "description": "Success.", "content": { PROMETHEUS_TEXT: text.clone(), OPENMETRICS_TEXT: text } })
+        }
+        Success::Empty => json!({ "description": "Success, with an empty body." }),
     }
-    let description = if streams {
-        "Success; a JSON body, or an event stream with `stream: true`."
-    } else {
-        "Success."
-    };
-    json!({ "description": description, "content": content })
+}
+
+/// Query parameters from an object schema's properties.
+fn query_parameters(generator: &mut SchemaGenerator, query: SchemaFn) -> Vec<Value> {
+    let schema = query(generator);
+    let resolved = resolve(generator, &schema).cloned().unwrap_or_default();
+    let properties =
+        resolved.get("properties").and_then(Value::as_object).cloned().unwrap_or_default();
+    properties
+        .into_iter()
+        .map(|(name, mut schema)| {
+            let description = schema
+                .as_object_mut()
+                .and_then(|s| s.remove("description"))
+                .unwrap_or_else(|| format!("The `{name}` filter.").into());
+            json!({ "name": name, "in": "query", "required": false, "description": description, "schema": schema })
+        })
+        .collect()
 }
 
 /// The schema a `$ref` points at (or the schema itself when it is not a reference).
@@ -336,68 +267,15 @@ fn component_mut<'a>(
     schemas.get_mut(name)?.as_object_mut()
 }
 
-/// Takes a string-enum schema's variants as `{const, description}` entries (schemars
-/// writes `oneOf` when the variants have docs, a plain `enum` otherwise); [`put_one_of`]
-/// puts them back.
-fn take_one_of(schema: &mut Map<String, Value>) -> Vec<Value> {
-    let mut entries = match schema.remove("oneOf") {
-        Some(Value::Array(entries)) => entries,
-        _ => Vec::new(),
-    };
-    if let Some(Value::Array(values)) = schema.remove("enum") {
-        entries.extend(values.into_iter().map(|v| json!({ "type": "string", "const": v })));
-    }
-    schema.remove("type");
-    entries
-}
-
-fn put_one_of(schema: &mut Map<String, Value>, entries: Vec<Value>) {
-    schema.insert("oneOf".into(), Value::Array(entries));
-}
-
-/// Edits the entry for `value`, added when missing.
-fn edit_entry(entries: &mut Vec<Value>, value: &str, edit: impl FnOnce(&mut Map<String, Value>)) {
-    let found = entries.iter_mut().find(|e| e.get("const").and_then(Value::as_str) == Some(value));
-    match found.and_then(Value::as_object_mut) {
-        Some(entry) => edit(entry),
-        None => {
-            let mut entry = Map::new();
-            entry.insert("type".into(), "string".into());
-            entry.insert("const".into(), value.into());
-            edit(&mut entry);
-            entries.push(Value::Object(entry));
+/// Gives every [`ModelState`] variant a `title`: its one-line description.
+fn describe_states(schema: &mut Map<String, Value>) {
+    let Some(Value::Array(entries)) = schema.get_mut("oneOf") else { return };
+    for entry in entries {
+        let Some(state) = entry.get("const").and_then(Value::as_str) else { continue };
+        if let Some(state) = ModelState::ALL.into_iter().find(|s| s.as_str() == state) {
+            entry["title"] = state.description().into();
         }
     }
-}
-
-/// Gives every [`ModelState`] an entry with a `title` (its one-line description) and a
-/// `description` (its doc comment, or the one-liner when there is none).
-fn describe_states(schema: &mut Map<String, Value>) {
-    let mut entries = take_one_of(schema);
-    for state in ModelState::ALL {
-        edit_entry(&mut entries, state.as_str(), |entry| {
-            entry.insert("title".into(), state.description().into());
-            entry.entry("description").or_insert_with(|| state.description().into());
-        });
-    }
-    put_one_of(schema, entries);
-}
-
-/// Adds the HTTP layer's codes to the control plane's `ErrorCode`.
-fn add_http_codes(schema: &mut Map<String, Value>) {
-    schema.insert(
-        "description".into(),
-        "Every machine-readable error code: the control plane's (also the `outcome` label of metrics) \
-         and the HTTP layer's."
-            .into(),
-    );
-    let mut entries = take_one_of(schema);
-    for (code, description) in HTTP_CODES {
-        edit_entry(&mut entries, code, |entry| {
-            entry.entry("description").or_insert_with(|| description.into());
-        });
-    }
-    put_one_of(schema, entries);
 }
 
 /// `{param}` names of a path, in order.
@@ -411,7 +289,7 @@ fn path_parameter(name: &str) -> Value {
         "name" => "The model's name as configured; percent-encode reserved characters (`qwen3%3A8b` for `qwen3:8b`).".to_owned(),
         other => format!("The `{other}` path parameter."),
     };
-    json!({ "name": name, "in": "path", "required": true, "description": description, "schema": { "type": "string" } })
+    json!({ "name": name, "in": "path", "required": true, "description": description, "schema": { "type": "string", "minLength": 1 } })
 }
 
 /// `get_v1_admin_models_by_name`, from the method and the path.
@@ -493,15 +371,17 @@ mod tests {
     }
 
     #[test]
-    fn every_group_of_the_table_has_a_tag() {
-        for route in routes() {
-            assert!(GROUPS.contains(&route.group), "{} {}", route.method, route.path);
-        }
-    }
-
-    #[test]
     fn references_point_at_components() {
         assert_eq!(component_name("#/components/schemas/ModelState"), Some("ModelState"));
         assert_eq!(component_name("#/$defs/ModelState"), None);
+    }
+
+    #[test]
+    fn error_statuses_come_from_the_codes() {
+        let load = routes().iter().find(|r| r.path == "/v1/admin/models/{name}/load").unwrap();
+        let statuses: Vec<u16> = error_statuses(load, true).keys().map(|s| s.as_u16()).collect();
+        assert_eq!(statuses, [400, 401, 403, 404, 409, 413, 422]);
+        let open: Vec<u16> = error_statuses(load, false).keys().map(|s| s.as_u16()).collect();
+        assert_eq!(open, [400, 404, 409, 413, 422]);
     }
 }

@@ -5,7 +5,8 @@ use std::time::Instant;
 use hangar_config::Secret;
 use hangar_runtime::Manager;
 
-use crate::metrics::Metrics;
+use crate::admin::StaticRows;
+use crate::metrics::{Endpoint, Metrics};
 
 /// How the HTTP layer behaves; everything else comes from the [`Manager`].
 #[derive(Debug, Clone)]
@@ -40,18 +41,22 @@ pub(crate) struct AppState {
     pub(crate) manager: Manager,
     pub(crate) options: ServerOptions,
     pub(crate) metrics: Metrics,
+    /// Every model's static row parts, encoded once.
+    pub(crate) rows: StaticRows,
+    /// `/openapi.json`, generated once for these options.
+    pub(crate) openapi: bytes::Bytes,
     pub(crate) started: Instant,
     /// Statistics of the most recent completed generation (`GET /api/v1/stats`).
     pub(crate) last_generation: std::sync::Mutex<Option<GenerationStats>>,
 }
 
 /// What `GET /api/v1/stats` reports about the most recent generation.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct GenerationStats {
     /// The model that served it.
     pub(crate) model: String,
-    /// The endpoint it came through (`chat_completions`, `completions`, `responses`).
-    pub(crate) endpoint: &'static str,
+    /// The endpoint it came through.
+    pub(crate) endpoint: Endpoint,
     /// Seconds from the start of generation to the first generated piece.
     pub(crate) time_to_first_token: Option<f64>,
     /// Generated tokens per second after the first one.

@@ -8,21 +8,41 @@ use std::collections::HashSet;
 
 use hangar_backend::{OutputFormat, ToolCall, ToolChoice, ToolDefinition, ToolUse};
 use schemars::JsonSchema;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
+use crate::openai::constant;
+
+constant!(
+    /// The only tool type: `function`.
+    FunctionType = "function"
+);
+
+/// `tool_choice` as a word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ToolChoiceMode {
+    /// No tool calls.
+    None,
+    /// Text or a call, as the model decides (the default with tools).
+    Auto,
+    /// Always a call.
+    Required,
+}
 
 /// A function definition (chat completions: `tools[].function`).
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct FunctionDef {
     /// The function's name: 1 to 64 of `a-z A-Z 0-9 _ -`.
+    #[schemars(regex(pattern = r"^[a-zA-Z0-9_-]{1,64}$"))]
     name: String,
     /// What the function does, for the model.
     #[serde(default)]
     description: Option<String>,
     /// JSON Schema of the arguments (an object schema); no arguments when absent.
     #[serde(default)]
+    #[schemars(with = "Option<Map<String, Value>>")]
     parameters: Option<Value>,
     /// Accepted; arguments always follow `parameters` (constrained decoding).
     #[serde(default)]
@@ -30,56 +50,47 @@ pub(crate) struct FunctionDef {
 }
 
 /// A tool of a chat completion request.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct ChatTool {
     /// Must be `function`.
     #[serde(rename = "type")]
+    #[schemars(with = "FunctionType")]
     kind: String,
     /// The function.
     function: FunctionDef,
 }
 
-/// A tool of a Responses API request (the function's fields are flat).
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+/// A tool of a Responses API request (the function's fields are flat). Responses repeat
+/// the request's tools as they came.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct ResponsesTool {
     /// Must be `function`.
     #[serde(rename = "type")]
+    #[schemars(with = "FunctionType")]
     kind: String,
     /// The function.
     #[serde(flatten)]
     function: FunctionDef,
 }
 
-impl ResponsesTool {
-    /// The tool as a Responses API response repeats it.
-    pub(crate) fn echo(&self) -> Value {
-        json!({
-            "type": self.kind,
-            "name": self.function.name,
-            "description": self.function.description,
-            "parameters": self.function.parameters,
-            "strict": self.function.strict,
-        })
-    }
-}
-
 /// The function a `tool_choice` object names.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct NamedFunction {
     /// The function's name.
     name: String,
 }
 
 /// `tool_choice`: `none`, `auto` (the default with tools), `required`, or one function.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub(crate) enum ToolChoiceIn {
     /// `none`, `auto` or `required`.
-    Mode(String),
+    Mode(#[schemars(with = "ToolChoiceMode")] String),
     /// Chat completions: `{"type": "function", "function": {"name": …}}`.
     Chat {
         /// Must be `function`.
         #[serde(rename = "type")]
+        #[schemars(with = "FunctionType")]
         kind: String,
         /// The function to call.
         function: NamedFunction,
@@ -88,6 +99,7 @@ pub(crate) enum ToolChoiceIn {
     Flat {
         /// Must be `function`.
         #[serde(rename = "type")]
+        #[schemars(with = "FunctionType")]
         kind: String,
         /// The function to call.
         name: String,
@@ -95,36 +107,36 @@ pub(crate) enum ToolChoiceIn {
 }
 
 impl ToolChoiceIn {
-    /// The choice as a Responses API response repeats it.
-    pub(crate) fn echo(&self) -> Value {
+    /// The choice as a Responses API response repeats it (the flat form).
+    pub(crate) fn echo(&self) -> Self {
         match self {
-            Self::Mode(mode) => json!(mode),
-            Self::Chat { kind, function } => json!({ "type": kind, "name": function.name }),
-            Self::Flat { kind, name } => json!({ "type": kind, "name": name }),
+            Self::Chat { kind, function } => {
+                Self::Flat { kind: kind.clone(), name: function.name.clone() }
+            }
+            other => other.clone(),
         }
     }
 }
 
 /// A JSON Schema output format (chat completions: `response_format.json_schema`).
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct JsonSchemaFormat {
     /// The format's name.
-    #[allow(dead_code)]
+    #[serde(default)]
     name: Option<String>,
     /// What the output is, for the model.
     #[serde(default)]
-    #[allow(dead_code)]
     description: Option<String>,
     /// The JSON Schema the output must satisfy.
+    #[schemars(required, with = "Map<String, Value>")]
     schema: Option<Value>,
     /// Accepted; the output always follows the schema (constrained decoding).
     #[serde(default)]
-    #[allow(dead_code)]
     strict: Option<bool>,
 }
 
 /// `response_format` of a chat completion.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub(crate) enum ResponseFormat {
     /// Free text (the default).
@@ -139,7 +151,7 @@ pub(crate) enum ResponseFormat {
 }
 
 /// `text.format` of a Responses API request (the schema's fields are flat).
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub(crate) enum TextFormat {
     /// Free text (the default).
@@ -150,29 +162,37 @@ pub(crate) enum TextFormat {
     JsonSchema(JsonSchemaFormat),
 }
 
-/// `text` of a Responses API request.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+/// `text` of a Responses API request (and of its response, which repeats it).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct ResponsesText {
     /// The output format.
     #[serde(default)]
-    format: Option<TextFormat>,
+    pub(crate) format: Option<TextFormat>,
+}
+
+impl ResponsesText {
+    /// Free text.
+    pub(crate) fn text() -> Self {
+        Self { format: Some(TextFormat::Text) }
+    }
 }
 
 /// A tool call in an assistant message of the history (chat completions).
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct ToolCallIn {
     /// The call's id.
-    #[allow(dead_code)]
+    #[serde(default)]
     id: Option<String>,
     /// Must be `function` when present.
     #[serde(rename = "type", default)]
+    #[schemars(with = "Option<FunctionType>")]
     kind: Option<String>,
     /// The called function.
     function: FunctionCallIn,
 }
 
 /// The function of a history tool call.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct FunctionCallIn {
     /// The function's name.
     name: String,
@@ -339,29 +359,43 @@ pub(crate) fn responses_output(
     combine(tools, format, "text.format")
 }
 
-/// A chat completion's `tool_calls` entry (`index` for stream deltas).
-pub(crate) fn chat_tool_call(id: &str, call: &ToolCall, index: Option<usize>) -> Value {
-    let mut value = json!({
-        "id": id,
-        "type": "function",
-        "function": { "name": call.name, "arguments": call.arguments },
-    });
-    if let Some(index) = index {
-        value["index"] = index.into();
-    }
-    value
+/// The function of a tool call the model made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct FunctionCallOut {
+    /// The called function.
+    pub(crate) name: String,
+    /// Its arguments: a JSON object, serialized.
+    pub(crate) arguments: String,
 }
 
-/// A Responses API `function_call` output item.
-pub(crate) fn function_call_item(id: &str, call_id: &str, call: &ToolCall, status: &str) -> Value {
-    json!({
-        "type": "function_call",
-        "id": id,
-        "call_id": call_id,
-        "name": call.name,
-        "arguments": call.arguments,
-        "status": status,
-    })
+/// A chat completion's `tool_calls` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct ToolCallOut {
+    /// The call's position among the calls (stream deltas only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) index: Option<u32>,
+    /// The call's id, for the `tool` message that answers it.
+    pub(crate) id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub(crate) kind: FunctionType,
+    /// The call.
+    pub(crate) function: FunctionCallOut,
+}
+
+impl ToolCallOut {
+    /// The entry of `call` with a fresh id.
+    pub(crate) fn new(call: &ToolCall, index: Option<u32>) -> Self {
+        Self {
+            index,
+            id: crate::openai::new_id("call_"),
+            kind: FunctionType::Value,
+            function: FunctionCallOut {
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            },
+        }
+    }
 }
 
 #[cfg(test)]
@@ -440,7 +474,7 @@ mod tests {
         for (body, expected) in cases {
             let e = chat(body.clone()).expect_err(&body.to_string());
             assert!(e.message.contains(expected), "{body}: {}", e.message);
-            assert_eq!(e.code, "invalid_request");
+            assert_eq!(e.code, crate::error::ErrorCode::InvalidRequest);
         }
     }
 

@@ -165,7 +165,7 @@ async fn load_answers_every_spec_example_with_its_status_and_code() {
         ),
         ("/v1/admin/models/gguf/load", r#"{"replicas": 3}"#, 400, Some("invalid_load_request")),
         // Loads that run.
-        ("/v1/admin/models/broken/load", "", 500, Some("load_failed")),
+        ("/v1/admin/models/broken/load", "", 400, Some("load_failed")),
         (
             "/v1/admin/models/gguf/load",
             r#"{"replicas": 2, "gguf_n_ctx": 32768, "gguf_flash_attn": "auto", "gguf_type_k": "q8_0", "gguf_type_v": "q4_0"}"#,
@@ -281,7 +281,8 @@ async fn unload_rules_and_conflicts() {
     }
     assert!(seen_unloading);
     let (status, err) = post(&s, "/v1/admin/models/stub/load", "").await;
-    assert_eq!((status, err["error"]["code"].as_str()), (409, Some("model_unloading")));
+    assert_eq!((status, err["error"]["code"].as_str()), (409, Some("state_conflict")));
+    assert_eq!(err["error"]["runtime_state"], "unloading", "{err}");
     let (status, row) = post(&s, "/v1/admin/models/stub/unload", "").await;
     assert_eq!((status, row["runtime_state"].as_str()), (200, Some("unloading")));
     let (status, row) = unloading.await.unwrap();

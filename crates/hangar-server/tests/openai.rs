@@ -29,21 +29,22 @@ fn config() -> Value {
             "embed": { "backend": "stub", "type": "embedding" },
             "rerank": { "backend": "stub", "type": "reranking" },
             "cold": { "backend": "stub" },
+            "cold-rerank": { "backend": "stub", "type": "reranking" },
             "broken": { "backend": "stub", "stub": { "fail_load": "simulated OOM" } }
         }
     })
 }
 
-/// A service over `config` with every model loaded except `cold` (never loaded) and
-/// `broken` (its load failed).
+/// A service over `config` with every model loaded except `cold` and `cold-rerank` (never
+/// loaded) and `broken` (its load failed).
 async fn service_with(config: Value) -> HangarService {
     let config = Config::from_value(&config).unwrap_or_else(|e| panic!("bad test config: {e}"));
     let manager = Manager::new(&config, Backends::new().with(Arc::new(StubBackend::new())));
     // `broken` first: a failed load evicts every other model before its retry.
     assert!(manager.load("broken", LoadOptions::default()).await.is_err());
     for snapshot in manager.models() {
-        if !["cold", "broken"].contains(&snapshot.name.as_str()) {
-            manager.load(&snapshot.name, LoadOptions::default()).await.unwrap();
+        if !["cold", "cold-rerank", "broken"].contains(&snapshot.name()) {
+            manager.load(snapshot.name(), LoadOptions::default()).await.unwrap();
         }
     }
     HangarService::new(manager, ServerOptions::default())
@@ -398,8 +399,31 @@ async fn admission_errors_are_json_with_the_state_code_even_for_streams() {
     }
     let embed = json!({ "model": "nope", "input": "x" });
     assert_error(&post(&svc, "/v1/embeddings", embed).await, 404, "unknown_model");
-    let rerank = json!({ "model": "cold", "query": "q", "documents": ["d"] });
+    let rerank = json!({ "model": "cold-rerank", "query": "q", "documents": ["d"] });
     assert_error(&post(&svc, "/v1/rerank", rerank).await, 503, "model_not_loaded");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_embeddings_request_for_an_llm_with_auto_load_answers_400_and_loads_nothing() {
+    let mut config = config();
+    config["auto_load"] = json!(true);
+    let svc = service_with(config).await;
+    let state = |svc: &HangarService, name: &str| svc.manager().model(name).unwrap().runtime_state;
+    let embed = json!({ "model": "cold", "input": "x" });
+    let got = post(&svc, "/v1/embeddings", embed).await;
+    assert_error(&got, 400, "model_type_mismatch");
+    assert!(got.1["error"]["message"].as_str().unwrap().contains("type embedding"), "{}", got.1);
+    let rerank = json!({ "model": "cold", "query": "q", "documents": ["d"] });
+    assert_error(&post(&svc, "/v1/rerank", rerank).await, 400, "model_type_mismatch");
+    let chat = chat_body("cold-rerank", "hi", json!({}));
+    assert_error(&post(&svc, "/v1/chat/completions", chat).await, 400, "model_type_mismatch");
+    assert_eq!(state(&svc, "cold").to_string(), "unloaded", "nothing was loaded");
+    assert_eq!(state(&svc, "cold-rerank").to_string(), "unloaded");
+    assert_eq!(svc.manager().counters().evictions, 0, "nothing was evicted");
+    // The right type auto-loads.
+    let rerank = json!({ "model": "cold-rerank", "query": "q", "documents": ["d"] });
+    assert_eq!(post(&svc, "/v1/rerank", rerank).await.0, StatusCode::OK);
+    assert_eq!(state(&svc, "cold-rerank").to_string(), "loaded");
 }
 
 #[tokio::test(start_paused = true)]
@@ -660,9 +684,13 @@ async fn responses_answer_in_the_responses_shape() {
 
     let bad_item = json!({ "model": "fixed", "input": [{ "type": "web_search_call", "id": "x" }] });
     assert_error(&post(&svc, "/v1/responses", bad_item).await, 400, "invalid_request");
+    // An item without a field its type requires fails the schema: 422, naming the item.
     let no_output =
         json!({ "model": "fixed", "input": [{ "type": "function_call_output", "call_id": "c" }] });
-    assert_error(&post(&svc, "/v1/responses", no_output).await, 400, "invalid_request");
+    let got = post(&svc, "/v1/responses", no_output).await;
+    assert_error(&got, 422, "invalid_request_body");
+    let message = got.1["error"]["message"].as_str().unwrap();
+    assert!(message.contains("input[0]") && message.contains("output"), "{message}");
     // A tool-use history is accepted (the stub ignores what it cannot show).
     let history = json!({ "model": "fixed", "input": [
         { "role": "user", "content": "weather?" },
@@ -797,7 +825,7 @@ async fn embeddings_one_normalized_vector_per_input() {
     assert_eq!(body["model"], "embed");
     let data = body["data"].as_array().unwrap();
     assert_eq!(data.len(), 3);
-    let vectors: Vec<Vec<f64>> = data
+    let vectors: Vec<Vec<f32>> = data
         .iter()
         .enumerate()
         .map(|(i, d)| {
@@ -805,12 +833,12 @@ async fn embeddings_one_normalized_vector_per_input() {
                 (d["object"].as_str(), d["index"].as_u64()),
                 (Some("embedding"), Some(i as u64))
             );
-            d["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+            d["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
         })
         .collect();
     for v in &vectors {
         assert_eq!(v.len(), EMBEDDING_DIM);
-        let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let norm = v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
         assert!((norm - 1.0).abs() < 1e-4, "not normalized: {norm}");
     }
     assert_eq!(vectors[0], vectors[2], "equal inputs embed equally");
@@ -830,8 +858,8 @@ async fn embeddings_one_normalized_vector_per_input() {
     .await;
     assert_eq!(status, StatusCode::OK, "{encoded}");
     let bytes = base64_decode(encoded["data"][0]["embedding"].as_str().unwrap());
-    let floats: Vec<f64> =
-        bytes.chunks(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap()))).collect();
+    let floats: Vec<f32> =
+        bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(floats, vectors[1]);
 
     for input in [json!([1, 2, 3]), json!([[1, 2]]), json!([])] {
@@ -839,7 +867,7 @@ async fn embeddings_one_normalized_vector_per_input() {
         assert_error(&got, 400, "invalid_request");
     }
     let got = post(&svc, "/v1/embeddings", json!({ "model": "chat", "input": "x" })).await;
-    assert_error(&got, 400, "unsupported");
+    assert_error(&got, 400, "model_type_mismatch");
 }
 
 #[tokio::test(start_paused = true)]
@@ -901,7 +929,18 @@ async fn models_list_every_configured_model_with_its_state() {
     let ids: Vec<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(
         ids,
-        ["chat", "fixed", "thinker", "slow", "crashy", "embed", "rerank", "cold", "broken"]
+        [
+            "chat",
+            "fixed",
+            "thinker",
+            "slow",
+            "crashy",
+            "embed",
+            "rerank",
+            "cold",
+            "cold-rerank",
+            "broken"
+        ]
     );
     for m in data {
         assert_eq!((m["object"].as_str(), m["owned_by"].as_str()), (Some("model"), Some("hangar")));

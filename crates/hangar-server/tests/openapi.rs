@@ -45,6 +45,10 @@ const ROUTES: &[(&str, &str)] = &[
 const METHODS: [&str; 8] = ["get", "put", "post", "delete", "options", "head", "patch", "trace"];
 
 fn service() -> HangarService {
+    service_with_key(None)
+}
+
+fn service_with_key(admin_api_key: Option<&str>) -> HangarService {
     let config = hangar_config::Config::from_value(&json!({
         "models": {
             "chat": { "backend": "stub" },
@@ -54,7 +58,11 @@ fn service() -> HangarService {
     .expect("valid config");
     let backends = hangar_runtime::Backends::new().with(Arc::new(StubBackend::new()));
     let manager = hangar_runtime::Manager::new(&config, backends);
-    HangarService::new(manager, ServerOptions::default())
+    let options = ServerOptions {
+        admin_api_key: admin_api_key.map(|k| hangar_config::Secret::new(k.to_owned())),
+        ..ServerOptions::default()
+    };
+    HangarService::new(manager, options)
 }
 
 async fn call(
@@ -82,7 +90,11 @@ async fn call(
 }
 
 async fn document() -> Value {
-    let (status, content_type, body) = call(&service(), Method::GET, "/openapi.json", "").await;
+    document_of(&service()).await
+}
+
+async fn document_of(service: &HangarService) -> Value {
+    let (status, content_type, body) = call(service, Method::GET, "/openapi.json", "").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(content_type.starts_with("application/json"), "{content_type}");
     serde_json::from_str(&body).expect("the document is JSON")
@@ -187,11 +199,22 @@ async fn every_route_is_documented_with_a_description_and_a_unique_id() {
         );
         let responses = op["responses"].as_object().expect("responses");
         assert!(responses.contains_key("200"), "{method} {path}");
-        assert!(responses.contains_key("default"), "{method} {path}");
         for (status, response) in responses {
             assert!(
                 !response["description"].as_str().unwrap_or_default().is_empty(),
                 "{method} {path} {status}"
+            );
+            // Every error status names its codes and has a JSON envelope.
+            if status.starts_with('4') || status.starts_with('5') {
+                let schema = &response["content"]["application/json"]["schema"]["$ref"];
+                assert!(schema.is_string(), "{method} {path} {status}: {response}");
+            }
+        }
+        // A route that takes a body documents 413 and 422.
+        if op.get("requestBody").is_some() {
+            assert!(
+                responses.contains_key("413") && responses.contains_key("422"),
+                "{method} {path}"
             );
         }
         // Every `{param}` of the path is a documented path parameter.
@@ -239,6 +262,8 @@ async fn every_model_state_and_error_code_is_described() {
     assert_eq!(values.len(), codes.len(), "duplicate codes");
     let expected = [
         // Control plane.
+        "state_conflict",
+        "model_type_mismatch",
         "unknown_model",
         "model_not_loaded",
         "model_loading",
@@ -260,6 +285,8 @@ async fn every_model_state_and_error_code_is_described() {
         "unauthorized",
         "forbidden",
         "thinking_unsupported",
+        "nothing_to_unload",
+        "model_not_ready",
     ];
     for code in expected {
         assert!(values.contains(code), "ErrorCode lacks {code}");
@@ -269,28 +296,46 @@ async fn every_model_state_and_error_code_is_described() {
     }
 
     // The envelope's `code` is an ErrorCode; v2 routes use the v2 envelope.
-    let envelope = &schemas["ErrorEnvelope"];
+    let envelope = &schemas["ErrorBody"];
     let detail_ref = envelope["properties"]["error"]["$ref"].as_str().expect("error ref");
-    let detail = doc.pointer(detail_ref.trim_start_matches('#')).expect("ErrorDetail");
+    let detail = doc.pointer(detail_ref.trim_start_matches('#')).expect("ErrorObject");
     assert_eq!(detail["properties"]["code"]["$ref"], "#/components/schemas/ErrorCode");
     assert_eq!(detail["properties"]["message"]["type"], "string");
-    assert_eq!(schemas["V2ErrorEnvelope"]["properties"]["error"]["type"], "string");
-    let error_schema = |path: &str, method: &str| {
-        doc["paths"][path][method]["responses"]["default"]["content"]["application/json"]["schema"]
+    assert_eq!(schemas["V2ErrorBody"]["properties"]["error"]["type"], "string");
+    let error_schema = |path: &str, method: &str, status: &str| {
+        doc["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]
             ["$ref"]
             .clone()
     };
-    assert_eq!(error_schema("/v1/admin/models", "get"), "#/components/schemas/ErrorEnvelope");
-    assert_eq!(error_schema("/v1/chat/completions", "post"), "#/components/schemas/ErrorEnvelope");
+    assert_eq!(error_schema("/v1/admin/models", "get", "400"), "#/components/schemas/ErrorBody");
     assert_eq!(
-        error_schema("/v2/repository/index", "post"),
-        "#/components/schemas/V2ErrorEnvelope"
+        error_schema("/v1/chat/completions", "post", "503"),
+        "#/components/schemas/ErrorBody"
     );
+    assert_eq!(
+        error_schema("/v2/repository/models/{name}/load", "post", "400"),
+        "#/components/schemas/V2ErrorBody"
+    );
+    // Each status lists its codes.
+    let load = &doc["paths"]["/v1/admin/models/{name}/load"]["post"]["responses"];
+    let bad = load["400"]["description"].as_str().unwrap();
+    assert!(bad.contains("`invalid_load_request`") && bad.contains("`load_failed`"), "{bad}");
+    assert!(load["409"]["description"].as_str().unwrap().contains("`state_conflict`"));
+}
+
+#[tokio::test]
+async fn without_an_admin_key_no_route_declares_security() {
+    let doc = document().await;
+    assert!(doc["components"].get("securitySchemes").is_none());
+    for (method, path, op) in operations(&doc) {
+        assert!(op.get("security").is_none(), "{method} {path}");
+        assert!(op["responses"].get("401").is_none(), "{method} {path}");
+    }
 }
 
 #[tokio::test]
 async fn admin_routes_require_the_bearer_scheme() {
-    let doc = document().await;
+    let doc = document_of(&service_with_key(Some("secret"))).await;
     let scheme = &doc["components"]["securitySchemes"]["bearerAuth"];
     assert_eq!(
         (scheme["type"].as_str(), scheme["scheme"].as_str()),
@@ -302,6 +347,11 @@ async fn admin_routes_require_the_bearer_scheme() {
         ("POST", "/v1/admin/models/{name}/load"),
         ("POST", "/v1/admin/models/{name}/unload"),
         ("GET", "/v1/admin/gpu-memory"),
+        ("POST", "/api/v1/load"),
+        ("POST", "/api/v1/unload"),
+        ("POST", "/v2/repository/index"),
+        ("POST", "/v2/repository/models/{name}/load"),
+        ("POST", "/v2/repository/models/{name}/unload"),
     ];
     for (method, path, op) in operations(&doc) {
         let is_admin_route = admin_paths.contains(&(method.as_str(), path.as_str()));
@@ -314,7 +364,7 @@ async fn admin_routes_require_the_bearer_scheme() {
                 "{method} {path}"
             );
         }
-        if path.starts_with("/v1/") && !path.starts_with("/v1/admin/") {
+        if !is_admin_route {
             assert!(op.get("security").is_none(), "{method} {path} is not an admin route");
         }
     }
@@ -324,10 +374,11 @@ async fn admin_routes_require_the_bearer_scheme() {
     assert!(load["requestBody"]["content"]["application/json"]["schema"]["$ref"].is_string());
     assert_eq!(
         load["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
-        "#/components/schemas/ModelSnapshot"
+        "#/components/schemas/ModelRow"
     );
     let metrics = &doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"];
-    assert!(metrics.get("text/plain").is_some(), "{metrics}");
+    let types: Vec<&String> = metrics.as_object().unwrap().keys().collect();
+    assert!(types.iter().any(|t| t.starts_with("text/plain")), "{metrics}");
 }
 
 #[tokio::test]
@@ -418,10 +469,14 @@ async fn metrics_follow_the_prometheus_text_format() {
     let chat_inf_bucket = |l: &&str| {
         l.starts_with("hangar_request_duration_seconds_bucket{")
             && l.contains("model=\"chat\"")
-            && l.ends_with("le=\"+Inf\"} 1")
+            && l.contains("le=\"+Inf\"")
+            && l.ends_with("} 1")
     };
     assert!(lines.iter().any(chat_inf_bucket), "{text}");
     for line in lines.iter().filter(|l| !l.is_empty() && !l.starts_with('#')) {
         assert!(is_sample_line(line), "not a Prometheus sample line: {line:?}");
+    }
+    for help in lines.iter().filter(|l| l.starts_with("# HELP")) {
+        assert!(!help.ends_with(".."), "{help}");
     }
 }

@@ -171,7 +171,7 @@ async fn v2_index_maps_every_runtime_state() {
     let s = service();
     // `broken` first: a failed load evicts every other model and retries.
     let (status, body) = post(&s, "/v2/repository/models/broken/load", "").await;
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     v2_error(&body);
     post(&s, "/v2/repository/models/chat/load", "").await;
 
@@ -293,7 +293,11 @@ async fn v2_load_with_config_string_reloads_with_the_override_patch() {
     assert_eq!(model.load_override.fields().get("gguf_n_ctx"), Some(&json!(4096)));
     assert_eq!((model.replicas, model.loaded_replicas), (2, 2));
     let counters = s.manager().counters();
-    assert_eq!((counters.loads, counters.unloads), (2, 1), "unloaded and loaded again");
+    assert_eq!(
+        (counters.loads, counters.unloads),
+        (2, 0),
+        "reloaded in place: new runtimes swapped in, the old ones released without an unload"
+    );
 
     // An empty config still reloads, and drops the previous override.
     let body = json!({ "parameters": { "config": "{}" } }).to_string();
@@ -304,7 +308,7 @@ async fn v2_load_with_config_string_reloads_with_the_override_patch() {
     let model = s.manager().model("gguf").unwrap();
     assert!(model.is_loaded && model.load_override.is_empty());
     assert_eq!(model.replicas, 1);
-    assert_eq!(s.manager().counters().unloads, 2);
+    assert_eq!(s.manager().counters().loads, 3);
 }
 
 #[tokio::test]
@@ -376,7 +380,7 @@ async fn v2_load_errors_use_the_v2_envelope() {
     let s = service();
     let cases = [
         ("/v2/repository/models/nope/load", "{}", StatusCode::NOT_FOUND),
-        ("/v2/repository/models/broken/load", "{}", StatusCode::INTERNAL_SERVER_ERROR),
+        ("/v2/repository/models/broken/load", "{}", StatusCode::BAD_REQUEST),
         (
             "/v2/repository/models/gguf/load",
             r#"{"parameters": {"config": "not json"}}"#,
@@ -711,7 +715,7 @@ async fn load_maps_llamacpp_args_and_backend_onto_llama_server_overrides() {
 }
 
 #[tokio::test]
-async fn load_answers_404_422_and_500_in_the_standard_envelope() {
+async fn load_answers_404_422_and_400_in_the_standard_envelope() {
     let s = service();
     let (status, body) = post(&s, "/api/v1/load", r#"{"model_name": "nope"}"#).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -724,7 +728,7 @@ async fn load_answers_404_422_and_500_in_the_standard_envelope() {
     }
 
     let (status, body) = post(&s, "/api/v1/load", r#"{"model_name": "broken"}"#).await;
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(api_code(&body), "load_failed");
     assert_eq!(body["error"]["model"]["runtime_state"], "failed");
 }
@@ -770,13 +774,13 @@ async fn unload_by_name_is_404_when_the_model_is_not_loaded() {
     let s = service();
     let (status, body) = post(&s, "/api/v1/unload", r#"{"model_name": "gguf"}"#).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(api_code(&body), "model_not_loaded");
+    assert_eq!(api_code(&body), "nothing_to_unload");
     assert_eq!(body["error"]["runtime_state"], "unloaded");
 
     post(&s, "/api/v1/load", r#"{"model_name": "broken"}"#).await;
     let (status, body) = post(&s, "/api/v1/unload", r#"{"model_name": "broken"}"#).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(api_code(&body), "model_not_loaded");
+    assert_eq!(api_code(&body), "nothing_to_unload");
 
     let (status, body) = post(&s, "/api/v1/unload", r#"{"model_name": "nope"}"#).await;
     assert_eq!(status, StatusCode::NOT_FOUND);

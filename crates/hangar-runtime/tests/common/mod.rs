@@ -68,5 +68,5 @@ pub fn state(m: &Manager, name: &str) -> String {
 }
 
 pub fn loaded(m: &Manager) -> Vec<String> {
-    m.models().into_iter().filter(|s| s.is_loaded).map(|s| s.name).collect()
+    m.models().into_iter().filter(|s| s.is_loaded).map(|s| s.name().to_owned()).collect()
 }

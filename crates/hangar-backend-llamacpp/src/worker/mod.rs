@@ -1,0 +1,254 @@
+//! The worker thread of one replica: it owns the llama.cpp context and samplers (and, for the
+//! first replica, loads the weights), and serves commands one at a time until its command
+//! channel closes. This module owns the thread, the command loop and the context helpers
+//! (tokenize, decode) the commands share; each command lives in its own module.
+//!
+//! - `generate.rs` — the token loop of a generation, and `sampling.rs` its sampler chain;
+//!   `output.rs` routes the text (stop sequences, tool calls) and `utf8.rs` keeps it valid
+//!   UTF-8.
+//! - `embed.rs` — embeddings and reranking.
+
+mod embed;
+mod generate;
+mod output;
+mod sampling;
+mod utf8;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hangar_backend::{
+    EmbedRequest, Embeddings, GenerateEvent, GenerateRequest, GenerateSummary, LoadError,
+    ProgressSink, RerankRequest, Rerankings, RuntimeError,
+};
+use hangar_config::{BackendSettings, LlamaCppSettings, ModelConfig, ModelType, PromptFormat};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::token::LlamaToken;
+use tokio::sync::{mpsc, oneshot};
+
+use self::utf8::Utf8Guard;
+use crate::{RuntimeInfo, capture, settings};
+
+/// A request for the worker, with where its answer goes.
+pub(crate) enum Command {
+    Generate {
+        request: Box<GenerateRequest>,
+        events: mpsc::Sender<GenerateEvent>,
+        reply: oneshot::Sender<Result<GenerateSummary, RuntimeError>>,
+    },
+    Embed {
+        request: EmbedRequest,
+        reply: oneshot::Sender<Result<Embeddings, RuntimeError>>,
+    },
+    Rerank {
+        request: RerankRequest,
+        reply: oneshot::Sender<Result<Rerankings, RuntimeError>>,
+    },
+}
+
+/// Everything the worker needs to load its replica.
+pub(crate) struct WorkerSpec {
+    path: PathBuf,
+    settings: LlamaCppSettings,
+    model_type: ModelType,
+    prompt_format: PromptFormat,
+    progress: ProgressSink,
+}
+
+impl WorkerSpec {
+    /// `gguf_n_gpu_layers`, which (with the file) determines the loaded weights.
+    pub(crate) fn n_gpu_layers(&self) -> Option<i32> {
+        self.settings.gguf_n_gpu_layers
+    }
+
+    pub(crate) fn new(model: &ModelConfig, path: &Path, progress: ProgressSink) -> Self {
+        let settings = match &model.settings {
+            BackendSettings::LlamaCpp(s) => s.clone(),
+            _ => LlamaCppSettings::default(),
+        };
+        Self {
+            path: path.to_owned(),
+            settings,
+            model_type: model.model_type,
+            prompt_format: model.prompt_format.unwrap_or(PromptFormat::Auto),
+            progress,
+        }
+    }
+}
+
+/// A model's weights, loaded once and shared by the workers of its replicas (read-only after
+/// load; llama.cpp supports many contexts on one model), with what is derived from its vocab.
+pub(crate) struct SharedModel {
+    model: LlamaModel,
+    /// Serializes context creation: `llama_init_from_model` mutates the model.
+    new_context: std::sync::Mutex<()>,
+    utf8: Utf8Guard,
+}
+
+/// What a worker reports once its replica is ready: llama.cpp's facts and the weights it
+/// serves from (to share with the model's next replica).
+pub(crate) type Ready = Result<(RuntimeInfo, Arc<SharedModel>), LoadError>;
+
+/// Loads the GGUF on this thread, reporting llama.cpp's progress.
+fn load_model(llama: &LlamaBackend, spec: &WorkerSpec) -> Result<Arc<SharedModel>, LoadError> {
+    let progress = spec.progress.clone();
+    let model_params = settings::model_params(
+        &spec.settings,
+        LlamaModelParams::default().with_progress_callback(move |p| {
+            progress.report(p);
+            true
+        }),
+    );
+    let (loaded, errors) =
+        capture::errors_during(|| LlamaModel::load_from_file(llama, &spec.path, &model_params));
+    match loaded {
+        Ok(model) => {
+            let utf8 = Utf8Guard::new(&model);
+            Ok(Arc::new(SharedModel { model, new_context: std::sync::Mutex::new(()), utf8 }))
+        }
+        Err(e) => {
+            let message = if errors.is_empty() { e.to_string() } else { errors.join("; ") };
+            Err(LoadError::Failed { message })
+        }
+    }
+}
+
+/// The worker's body: load the weights (unless another replica shares them), create the
+/// context, report readiness, serve until the channel closes, drop all.
+pub(crate) fn run(
+    llama: &LlamaBackend,
+    spec: WorkerSpec,
+    shared: Option<Arc<SharedModel>>,
+    ready: oneshot::Sender<Ready>,
+    mut commands: mpsc::Receiver<Command>,
+) {
+    let shared = match shared {
+        Some(shared) => shared,
+        None => match load_model(llama, &spec) {
+            Ok(shared) => shared,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        },
+    };
+    let model = &shared.model;
+    let ctx_params = settings::context_params(&spec.settings, spec.model_type);
+    let (context, errors) = {
+        let _serialized =
+            shared.new_context.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        capture::errors_during(|| model.new_context(llama, ctx_params))
+    };
+    let context = match context {
+        Ok(context) => context,
+        Err(e) => {
+            let message = if errors.is_empty() {
+                format!("cannot create context: {e}")
+            } else {
+                format!("cannot create context: {}", errors.join("; "))
+            };
+            let _ = ready.send(Err(LoadError::Failed { message }));
+            return;
+        }
+    };
+    let info = RuntimeInfo {
+        n_ctx: context.n_ctx(),
+        n_batch: context.n_batch(),
+        n_ctx_train: model.n_ctx_train(),
+    };
+    let mut worker = Worker { model, context, spec, utf8: &shared.utf8 };
+    if ready.send(Ok((info, Arc::clone(&shared)))).is_err() {
+        return; // the load was abandoned
+    }
+    while let Some(command) = commands.blocking_recv() {
+        match command {
+            Command::Generate { request, events, reply } => {
+                let result = worker.generate(&request, &events, &reply);
+                let _ = reply.send(result);
+            }
+            Command::Embed { request, reply } => {
+                let _ = reply.send(worker.embed(&request));
+            }
+            Command::Rerank { request, reply } => {
+                let _ = reply.send(worker.rerank(&request));
+            }
+        }
+    }
+    // The context is dropped here, on the thread that created it; the weights when the
+    // model's last replica goes.
+}
+
+/// What a ready worker thread owns: its context (on the shared weights) and its settings.
+struct Worker<'m> {
+    model: &'m LlamaModel,
+    context: LlamaContext<'m>,
+    spec: WorkerSpec,
+    utf8: &'m Utf8Guard,
+}
+
+fn failed(message: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Failed { message: message.to_string() }
+}
+
+fn unsupported(call: &str, model_type: ModelType) -> RuntimeError {
+    RuntimeError::Unsupported {
+        message: format!("llama_cpp: {call} is not supported by a {model_type} model"),
+    }
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+impl Worker<'_> {
+    /// The context a request may use: llama.cpp's, or the configured `gguf_n_ctx` when that
+    /// is smaller (llama.cpp pads the context to a multiple of 256; the operator's limit is
+    /// the one requests see).
+    fn n_ctx(&self) -> usize {
+        let configured = self.spec.settings.gguf_n_ctx.map_or(usize::MAX, |n| n as usize);
+        (self.context.n_ctx() as usize).min(configured)
+    }
+
+    fn n_batch(&self) -> usize {
+        (self.context.n_batch() as usize).max(1)
+    }
+
+    /// Tokenizes `text`; `add_special` adds BOS (and what else the vocab wants).
+    fn tokenize(&self, text: &str, add_special: bool) -> Vec<LlamaToken> {
+        let vocab = self.model.vocab();
+        let mut tokens = vocab.tokenize(text.as_bytes(), add_special, true);
+        // A template that spells out BOS plus add_special gives two.
+        if tokens.len() >= 2 && tokens[0] == vocab.bos() && tokens[1] == vocab.bos() {
+            tokens.remove(0);
+        }
+        tokens
+    }
+
+    /// Decodes `tokens` from position `start` in chunks of `n_batch`, asking for logits of
+    /// the last token only (or of all, for pooled embeddings).
+    fn decode(
+        &mut self,
+        tokens: &[LlamaToken],
+        start: usize,
+        all_logits: bool,
+    ) -> Result<(), RuntimeError> {
+        let n_batch = self.n_batch();
+        let mut batch = LlamaBatch::new(n_batch.min(tokens.len()).max(1), 1);
+        for (chunk_index, chunk) in tokens.chunks(n_batch).enumerate() {
+            batch.clear();
+            let base = start + chunk_index * n_batch;
+            for (i, &token) in chunk.iter().enumerate() {
+                let pos = base + i;
+                let last = pos + 1 == start + tokens.len();
+                let pos = i32::try_from(pos).map_err(failed)?;
+                batch.add(token, pos, &[0], all_logits || last).map_err(failed)?;
+            }
+            self.context.decode(&mut batch).map_err(|e| failed(format!("llama_decode: {e}")))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,585 @@
+//! Loads, reloads, unloads, eviction and crash handling: every operation that creates or
+//! destroys a model's runtimes.
+//!
+//! Loads and reloads wait their turn in one serialized load queue; eviction is planned when
+//! a load leaves the queue (`hangar-eviction`) and executed as graceful unloads. Each
+//! operation runs in its own task, so a caller that goes away cannot strand a model
+//! half-way. A model's resource lock serializes creating and destroying its runtimes.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use hangar_backend::{
+    LoadError, LoadOverride, LoadRequest, ProgressSink, Runtime, validate_load_override,
+};
+use hangar_config::ModelConfig;
+use hangar_eviction::{
+    EvictionPlan, Incoming, LoadFailure, LoadedModel, plan_load, plan_retry_after_failure,
+};
+use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState, Scheduler, effective_target};
+use tokio::time::Instant;
+
+use crate::entry::{ModelEntry, Slot};
+use crate::error::{ManagerError, load_failed_message};
+use crate::events::Events;
+use crate::manager::{LoadOptions, Manager};
+use crate::snapshot::{ModelSnapshot, snapshot_of};
+
+/// Load options checked against the model: what a load would run with.
+struct Prepared {
+    effective: Arc<ModelConfig>,
+    load_override: LoadOverride,
+    replicas: NonZeroU32,
+    /// Whether the options named the replicas (else they are the configured count).
+    replicas_given: bool,
+}
+
+impl Prepared {
+    /// The configured definition, without overrides.
+    fn configured(config: &Arc<ModelConfig>) -> Self {
+        Self {
+            effective: Arc::clone(config),
+            load_override: LoadOverride::default(),
+            replicas: config.replicas,
+            replicas_given: false,
+        }
+    }
+
+    /// Whether the slot's current (or in-progress) load runs with these options: the same
+    /// overrides, and the same replicas when the options name them.
+    fn same_as(&self, slot: &Slot) -> bool {
+        self.load_override == slot.load_override
+            && (!self.replicas_given || self.replicas == slot.replicas)
+    }
+}
+
+/// Why a model is being unloaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UnloadCause {
+    Request,
+    Eviction,
+}
+
+impl Manager {
+    /// Checks load options against a model's backend and limits without loading or changing
+    /// anything: what [`Manager::load`] would reject as bad input, whatever the model's state.
+    ///
+    /// # Errors
+    /// `unknown_model`, [`ManagerError::InvalidLoadSchema`], [`ManagerError::InvalidLoadRequest`].
+    pub fn check_load_options(
+        &self,
+        name: &str,
+        options: &LoadOptions,
+    ) -> Result<(), ManagerError> {
+        let entry = self.entry(name)?;
+        if !options.is_empty() {
+            prepare(&entry.config, options)?;
+        }
+        Ok(())
+    }
+
+    /// Loads a configured model, evicting others as the policy says, and answers when it is
+    /// loaded or failed (the admin API's rule).
+    ///
+    /// A load without options of a model already loaded (or loading) answers with its
+    /// current state (waiting for a load in progress). Options for a model that is loaded
+    /// or loading are refused: replicas and overrides change only while it is unloaded or
+    /// failed (or through [`Manager::reload`]). A model whose backend is not compiled in
+    /// fails at once, before anything is evicted.
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::InvalidLoadSchema`] / [`ManagerError::InvalidLoadRequest`]
+    /// for bad options (nothing changes); [`ManagerError::Conflict`] for state conflicts;
+    /// [`ManagerError::LoadFailed`] when the load ran and failed.
+    pub async fn load(
+        &self,
+        name: &str,
+        options: LoadOptions,
+    ) -> Result<ModelSnapshot, ManagerError> {
+        self.load_with(name, options, false).await
+    }
+
+    /// Like [`Manager::load`], but idempotent for options too (the multi-model API's rule):
+    /// a model loaded or loading with exactly these options answers with its state; only
+    /// other options are refused.
+    ///
+    /// # Errors
+    /// As [`Manager::load`].
+    pub async fn ensure_loaded(
+        &self,
+        name: &str,
+        options: LoadOptions,
+    ) -> Result<ModelSnapshot, ManagerError> {
+        self.load_with(name, options, true).await
+    }
+
+    async fn load_with(
+        &self,
+        name: &str,
+        options: LoadOptions,
+        same_is_ok: bool,
+    ) -> Result<ModelSnapshot, ManagerError> {
+        let entry = self.entry(name)?;
+        let prepared =
+            if options.is_empty() { None } else { Some(prepare(&entry.config, &options)?) };
+        let start = {
+            let mut slot = entry.lock();
+            let same = prepared.as_ref().is_none_or(|p| same_is_ok && p.same_as(&slot));
+            match slot.lifecycle.state() {
+                ModelState::Loaded if same => return Ok(snapshot_of(&entry, &slot)),
+                ModelState::Loaded => {
+                    return Err(ManagerError::InvalidLoadRequest {
+                        field: None,
+                        message: "the model is loaded; unload it before changing replicas or \
+                                  overrides"
+                            .into(),
+                    });
+                }
+                ModelState::Loading if same => false,
+                ModelState::Loading => {
+                    return Err(ManagerError::Conflict {
+                        state: ModelState::Loading,
+                        message: "the model is already loading with other options".into(),
+                    });
+                }
+                ModelState::Unloading => {
+                    return Err(ManagerError::Conflict {
+                        state: ModelState::Unloading,
+                        message: "the model is unloading; load it again once it is unloaded".into(),
+                    });
+                }
+                ModelState::Unloaded | ModelState::Failed => {
+                    let p = prepared.unwrap_or_else(|| Prepared::configured(&entry.config));
+                    slot.effective = p.effective;
+                    slot.load_override = p.load_override;
+                    slot.replicas = p.replicas;
+                    slot.load_progress = Some(0.0);
+                    slot.loaded_replicas = 0;
+                    entry.apply(&mut slot, LifecycleEvent::StartLoad, None, &self.inner.events);
+                    true
+                }
+            }
+        };
+        entry.notify();
+        if start {
+            let (this, e) = (self.clone(), Arc::clone(&entry));
+            let _ = tokio::spawn(async move { this.run_load(e).await }).await;
+        }
+        entry.wait_until(|s| s.lifecycle.state() != ModelState::Loading).await;
+        let slot = entry.lock();
+        let snapshot = snapshot_of(&entry, &slot);
+        match slot.lifecycle.state() {
+            ModelState::Failed => Err(ManagerError::LoadFailed {
+                message: load_failed_message(slot.lifecycle.last_error().unwrap_or("unknown")),
+                snapshot: Box::new(snapshot),
+            }),
+            _ => Ok(snapshot),
+        }
+    }
+
+    /// Loads a model with `options`, replacing its runtimes if it is loaded (Triton's
+    /// reload): the options are checked first, new runtimes are loaded while the old ones
+    /// keep serving, and requests move to the new ones only once every replica loaded. The
+    /// old runtimes finish their running and queued requests, then are released. When the
+    /// new load fails, the old runtimes keep serving and nothing changes. An unloaded or
+    /// failed model is simply loaded.
+    ///
+    /// A reload briefly holds both generations of runtimes: on a GPU, their memory twice.
+    ///
+    /// # Errors
+    /// As [`Manager::load`]; [`ManagerError::LoadFailed`] with the old runtimes serving
+    /// when the new ones fail to load.
+    pub async fn reload(
+        &self,
+        name: &str,
+        options: LoadOptions,
+    ) -> Result<ModelSnapshot, ManagerError> {
+        let entry = self.entry(name)?;
+        let prepared = prepare(&entry.config, &options)?;
+        let state = entry.lock().lifecycle.state();
+        match state {
+            ModelState::Loaded => {}
+            ModelState::Unloaded | ModelState::Failed => return self.load(name, options).await,
+            state @ (ModelState::Loading | ModelState::Unloading) => {
+                return Err(ManagerError::Conflict {
+                    state,
+                    message: format!("the model is {state}; reload it once it is loaded"),
+                });
+            }
+        }
+        let (this, e) = (self.clone(), Arc::clone(&entry));
+        match tokio::spawn(async move { this.run_reload(e, prepared).await }).await {
+            Ok(result) => result,
+            Err(_) => Err(ManagerError::LoadFailed {
+                message: "reload failed: the reload task panicked".into(),
+                snapshot: Box::new(self.model(name)?),
+            }),
+        }
+    }
+
+    /// The load itself, once accepted: waits its turn in the serialized load queue, evicts,
+    /// loads every replica (all or nothing), and retries once after evicting everything
+    /// else when a failure other than not-found happens. A backend that is not compiled in
+    /// fails before anything is evicted.
+    async fn run_load(&self, entry: Arc<ModelEntry>) {
+        let _queue = self.inner.load_queue.lock().await;
+        let _resources = entry.resources.lock().await;
+        ModelEntry::touch(&mut entry.lock());
+        let (model, replicas) = {
+            let slot = entry.lock();
+            (Arc::clone(&slot.effective), slot.replicas.get())
+        };
+        let result = if self.inner.backends.get(model.backend).is_none() {
+            Err(LoadError::BackendUnavailable { kind: model.backend }.to_string())
+        } else {
+            let incoming = Incoming {
+                name: entry.config.name.clone(),
+                model_type: entry.config.model_type,
+                device: entry.config.device,
+            };
+            self.execute(plan_load(&self.loaded_models(), &incoming, &self.inner.limits)).await;
+            self.load_with_retry(&entry, &model, replicas).await
+        };
+
+        let mut slot = entry.lock();
+        slot.load_progress = None;
+        match result {
+            Ok(runtimes) => {
+                self.install(&mut slot, runtimes);
+                entry.apply(&mut slot, LifecycleEvent::LoadSucceeded, None, &self.inner.events);
+                Events::bump(&self.inner.events.loads);
+                *self.inner.last_loaded.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(entry.config.name.clone());
+            }
+            Err(message) => {
+                slot.loaded_replicas = 0;
+                let event = LifecycleEvent::LoadFailed;
+                entry.apply(&mut slot, event, Some(message), &self.inner.events);
+                Events::bump(&self.inner.events.load_failures);
+            }
+        }
+        drop(slot);
+        entry.notify();
+    }
+
+    /// Loads the replicas; after a failure other than not-found, evicts every other model
+    /// and tries once more.
+    async fn load_with_retry(
+        &self,
+        entry: &Arc<ModelEntry>,
+        model: &Arc<ModelConfig>,
+        replicas: u32,
+    ) -> Result<Vec<Arc<dyn Runtime>>, String> {
+        let first = match self.load_replicas(entry, model, replicas).await {
+            Ok(runtimes) => return Ok(runtimes),
+            Err(e) if e.is_not_found() => return Err(e.to_string()),
+            Err(e) => e,
+        };
+        match plan_retry_after_failure(
+            &self.loaded_models(),
+            &entry.config.name,
+            LoadFailure::Other,
+        ) {
+            Some(plan) if !plan.is_empty() => {
+                tracing::warn!(model = %entry.config.name, error = %first, "load failed; evicting every other model and retrying once");
+                self.execute(plan).await;
+                self.load_replicas(entry, model, replicas).await.map_err(|second| {
+                    format!("{first}; retry after evicting all other models failed: {second}")
+                })
+            }
+            _ => Err(first.to_string()),
+        }
+    }
+
+    /// The reload of a loaded model, in the load queue: load new runtimes, swap them in,
+    /// then drain and release the old ones in the background.
+    async fn run_reload(
+        &self,
+        entry: Arc<ModelEntry>,
+        prepared: Prepared,
+    ) -> Result<ModelSnapshot, ManagerError> {
+        let queue = self.inner.load_queue.lock().await;
+        let resources = entry.resources.lock().await;
+        let failed = |message: String, entry: &ModelEntry| {
+            let slot = entry.lock();
+            ManagerError::LoadFailed {
+                message: format!("reload failed; the previous runtime keeps serving: {message}"),
+                snapshot: Box::new(snapshot_of(entry, &slot)),
+            }
+        };
+        let state = entry.lock().lifecycle.state();
+        if state != ModelState::Loaded {
+            return Err(ManagerError::Conflict {
+                state,
+                message: format!("the model is {state}; reload it once it is loaded"),
+            });
+        }
+        let loaded = self
+            .load_replicas(&entry, &prepared.effective, prepared.replicas.get())
+            .await
+            .map_err(|e| e.to_string());
+        let runtimes = match loaded {
+            Ok(runtimes) => runtimes,
+            Err(message) => {
+                Events::bump(&self.inner.events.load_failures);
+                tracing::warn!(model = %entry.config.name, error = %message, "reload failed; the previous runtime keeps serving");
+                return Err(failed(message, &entry));
+            }
+        };
+        let swapped = {
+            let mut slot = entry.lock();
+            if slot.lifecycle.state() == ModelState::Loaded {
+                let old = slot.scheduler.take();
+                slot.effective = prepared.effective;
+                slot.load_override = prepared.load_override;
+                slot.replicas = prepared.replicas;
+                slot.load_progress = None;
+                self.install(&mut slot, runtimes);
+                entry.apply(&mut slot, LifecycleEvent::Reloaded, None, &self.inner.events);
+                Ok((old, snapshot_of(&entry, &slot)))
+            } else {
+                Err(runtimes)
+            }
+        };
+        let (old, snapshot) = match swapped {
+            Ok(swapped) => swapped,
+            Err(runtimes) => {
+                // The old runtime crashed while the new one loaded: keep the failure.
+                for runtime in runtimes {
+                    runtime.unload().await;
+                }
+                return Err(failed("the running runtime failed meanwhile".into(), &entry));
+            }
+        };
+        Events::bump(&self.inner.events.loads);
+        entry.notify();
+        drop((resources, queue));
+        if let Some(old) = old {
+            let entry = Arc::clone(&entry);
+            tokio::spawn(async move {
+                let _resources = entry.resources.lock().await;
+                old.drained().await;
+                old.close(AdmissionError::ModelUnloading);
+                for runtime in old.runtimes() {
+                    runtime.unload().await;
+                }
+            });
+        }
+        Ok(snapshot)
+    }
+
+    /// Puts freshly loaded runtimes behind a new scheduler in the slot.
+    fn install(&self, slot: &mut Slot, runtimes: Vec<Arc<dyn Runtime>>) {
+        let caps = runtimes.first().map(|r| r.capabilities().clone()).unwrap_or_default();
+        let target = effective_target(slot.effective.target_inflight, caps.max_parallel_sequences);
+        slot.loaded_replicas = runtimes.len() as u32;
+        slot.scheduler = Some(Scheduler::new(runtimes, target, self.inner.max_queue_depth));
+        slot.capabilities = Arc::new(caps);
+        slot.generation += 1;
+        ModelEntry::touch(slot);
+    }
+
+    /// Loads `replicas` replicas of `model`; on any failure unloads the ones already loaded.
+    async fn load_replicas(
+        &self,
+        entry: &Arc<ModelEntry>,
+        model: &Arc<ModelConfig>,
+        replicas: u32,
+    ) -> Result<Vec<Arc<dyn Runtime>>, LoadError> {
+        let backend = self
+            .inner
+            .backends
+            .get(model.backend)
+            .cloned()
+            .ok_or(LoadError::BackendUnavailable { kind: model.backend })?;
+        let mut runtimes: Vec<Arc<dyn Runtime>> = Vec::with_capacity(replicas as usize);
+        for replica in 0..replicas {
+            let progress_entry = Arc::clone(entry);
+            let progress = ProgressSink::new(move |p| {
+                progress_entry.lock().load_progress = Some((replica as f32 + p) / replicas as f32);
+            });
+            let request = LoadRequest { model: Arc::clone(model), replica, progress };
+            match backend.load(request).await {
+                Ok(runtime) => runtimes.push(runtime),
+                Err(e) => {
+                    for runtime in runtimes {
+                        runtime.unload().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(runtimes)
+    }
+
+    /// Loaded models as the eviction policy sees them.
+    fn loaded_models(&self) -> Vec<LoadedModel> {
+        let mut loaded = Vec::new();
+        for entry in &self.inner.order {
+            let slot = entry.lock();
+            if slot.lifecycle.state() != ModelState::Loaded {
+                continue;
+            }
+            let busy = slot.scheduler.as_ref().map_or(0, |s| {
+                let stats = s.stats();
+                stats.runtime_inflight + stats.queue_depth as u32
+            });
+            loaded.push(LoadedModel {
+                name: entry.config.name.clone(),
+                model_type: entry.config.model_type,
+                device: entry.config.device,
+                last_use: slot.last_use.map_or_else(Instant::now, |(t, _)| t).into_std(),
+                inflight: busy + slot.pins,
+            });
+        }
+        loaded
+    }
+
+    async fn execute(&self, plan: EvictionPlan) {
+        for victim in plan.victims {
+            let Ok(entry) = self.entry(victim.name.as_str()) else { continue };
+            tracing::info!(model = %victim.name, reason = %victim.reason, wait = victim.wait_for_drain, "evicting");
+            if self.unload_entry(&entry, UnloadCause::Eviction).await {
+                Events::bump(&self.inner.events.evictions);
+            }
+        }
+    }
+
+    /// Gracefully unloads a configured model and answers when it is unloaded.
+    ///
+    /// Unloaded, unloading or failed: the current state, nothing changes.
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::Conflict`] while the model is loading.
+    pub async fn unload(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
+        let entry = self.entry(name)?;
+        {
+            let slot = entry.lock();
+            match slot.lifecycle.state() {
+                ModelState::Loaded => {}
+                ModelState::Loading => {
+                    return Err(ManagerError::Conflict {
+                        state: ModelState::Loading,
+                        message: "the model is loading; unload it once it is loaded".into(),
+                    });
+                }
+                _ => return Ok(snapshot_of(&entry, &slot)),
+            }
+        }
+        let (this, e) = (self.clone(), Arc::clone(&entry));
+        let _ =
+            tokio::spawn(async move { this.unload_entry(&e, UnloadCause::Request).await }).await;
+        let slot = entry.lock();
+        Ok(snapshot_of(&entry, &slot))
+    }
+
+    /// Unloads every loaded model (concurrently) and returns the names of the models this
+    /// call unloaded.
+    pub async fn unload_all(&self) -> Vec<String> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for entry in &self.inner.order {
+            let (this, entry) = (self.clone(), Arc::clone(entry));
+            tasks.spawn(async move {
+                let unloaded = this.unload_entry(&entry, UnloadCause::Request).await;
+                unloaded.then(|| entry.config.name.to_string())
+            });
+        }
+        let mut unloaded = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            unloaded.extend(done.ok().flatten());
+        }
+        let position =
+            |name: &String| self.inner.order.iter().position(|e| e.config.name.as_str() == name);
+        unloaded.sort_by_key(position);
+        unloaded
+    }
+
+    /// The graceful unload: stop admissions, wait for pinned requests to be admitted,
+    /// cancel queued requests, drain running ones, release the runtimes. Returns whether
+    /// this call unloaded the model (false when it was not loaded).
+    async fn unload_entry(&self, entry: &Arc<ModelEntry>, cause: UnloadCause) -> bool {
+        let _resources = entry.resources.lock().await;
+        let scheduler = {
+            let mut slot = entry.lock();
+            if slot.lifecycle.state() != ModelState::Loaded {
+                return false;
+            }
+            entry.apply(&mut slot, LifecycleEvent::StartUnload, None, &self.inner.events);
+            slot.scheduler.clone()
+        };
+        entry.notify();
+        tracing::info!(model = %entry.config.name, ?cause, "unloading");
+        entry.wait_until(|s| s.pins == 0).await;
+        if let Some(scheduler) = &scheduler {
+            scheduler.close(AdmissionError::ModelUnloading);
+            scheduler.drained().await;
+            for runtime in scheduler.runtimes() {
+                runtime.unload().await;
+            }
+        }
+        let mut slot = entry.lock();
+        slot.scheduler = None;
+        slot.loaded_replicas = 0;
+        slot.load_override = LoadOverride::default();
+        slot.effective = Arc::clone(&entry.config);
+        slot.replicas = entry.config.replicas;
+        entry.apply(&mut slot, LifecycleEvent::UnloadCompleted, None, &self.inner.events);
+        drop(slot);
+        Events::bump(&self.inner.events.unloads);
+        entry.notify();
+        true
+    }
+
+    /// Marks a model failed after its runtime crashed, refuses its queued requests, and
+    /// tears its runtimes down once running requests have ended. Reports about runtimes of
+    /// an earlier load (`generation`) are ignored.
+    pub(crate) fn crashed(&self, entry: &Arc<ModelEntry>, generation: u64, reason: &str) {
+        let scheduler = {
+            let mut slot = entry.lock();
+            if slot.lifecycle.state() != ModelState::Loaded || slot.generation != generation {
+                return;
+            }
+            let message = format!("runtime crashed: {reason}");
+            let event = LifecycleEvent::Crashed;
+            entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
+            slot.loaded_replicas = 0;
+            let scheduler = slot.scheduler.take();
+            if let Some(s) = &scheduler {
+                s.close(AdmissionError::ModelFailed { last_error: message });
+            }
+            scheduler
+        };
+        Events::bump(&self.inner.events.crashes);
+        entry.notify();
+        tracing::error!(model = %entry.config.name, reason, "runtime crashed; model marked failed");
+        if let Some(scheduler) = scheduler {
+            let entry = Arc::clone(entry);
+            tokio::spawn(async move {
+                let _resources = entry.resources.lock().await;
+                scheduler.drained().await;
+                for runtime in scheduler.runtimes() {
+                    runtime.unload().await;
+                }
+            });
+        }
+    }
+}
+
+/// Checks load options against the model's backend and limits, without touching state.
+fn prepare(config: &Arc<ModelConfig>, options: &LoadOptions) -> Result<Prepared, ManagerError> {
+    let replicas = options.replicas.unwrap_or(config.replicas);
+    if replicas > config.replica_max {
+        return Err(ManagerError::InvalidLoadRequest {
+            field: Some("replicas".into()),
+            message: format!("must be <= replica_max ({})", config.replica_max),
+        });
+    }
+    let mut load_override = validate_load_override(config, &options.overrides)?;
+    load_override.extend_engine_fields(options.engine_fields.clone());
+    let effective = if load_override.is_empty() {
+        Arc::clone(config)
+    } else {
+        Arc::new(load_override.apply(config)?)
+    };
+    Ok(Prepared { effective, load_override, replicas, replicas_given: options.replicas.is_some() })
+}

@@ -1,0 +1,224 @@
+//! Admin routes (`runtime-admin-api.md`): list, show, load, unload, GPU memory.
+
+mod row;
+
+use std::num::NonZeroU32;
+
+use hangar_config::{LOAD_FIELDS, LoadValueType, ModelType};
+use hangar_lifecycle::ModelState;
+use hangar_runtime::{LoadOptions, ModelFilter, VramEstimateSource};
+use http::StatusCode;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+pub use row::ModelRow;
+pub(crate) use row::StaticRows;
+
+use crate::body::{Response, json_response, parse_json};
+use crate::error::ApiError;
+use crate::router::Ctx;
+
+/// `GET /v1/admin/models`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ModelsResponse {
+    /// The configured models that pass the filters, in config order.
+    pub models: Vec<ModelRow>,
+}
+
+/// Filters of `GET /v1/admin/models`; each one absent matches every model.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+pub(crate) struct ModelsQuery {
+    /// Only models in this runtime state.
+    state: Option<ModelState>,
+    /// Only models of this type.
+    #[serde(rename = "type")]
+    model_type: Option<ModelType>,
+}
+
+/// Body of `POST /v1/admin/models/{name}/load`; every field is optional and the body may
+/// be empty. Its schema lists every backend's live-load fields (from `hangar-config`'s one
+/// declaration); which of them a model takes is its `load_constraints`.
+#[derive(Debug)]
+pub(crate) struct LoadBody;
+
+impl JsonSchema for LoadBody {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "AdminLoadBody".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let mut properties = Map::new();
+        properties.insert(
+            "replicas".into(),
+            json!({
+                "description": "Replicas for this load, 1..=replica_max; the configured count when absent or null.",
+                "type": ["integer", "null"], "minimum": 1, "maximum": u32::MAX,
+            }),
+        );
+        properties.extend(override_properties());
+        json_schema!({
+            "description": "Replicas and backend-specific runtime-only overrides for one load. Key presence matters: `null` overrides the configured value with the engine default. Fields of another backend answer 400 invalid_load_request.",
+            "type": "object",
+            "properties": properties,
+            "additionalProperties": false,
+        })
+    }
+}
+
+/// The schema of each live-load field, by name: its JSON type or `null`.
+pub(crate) fn override_properties() -> Map<String, Value> {
+    LOAD_FIELDS
+        .iter()
+        .map(|field| {
+            let backends: Vec<&str> = field.backends.iter().map(|b| b.as_str()).collect();
+            let description = format!("Load override of backend {}.", backends.join(", "));
+            let schema = match field.value_type {
+                LoadValueType::PositiveInt { max } => json!({
+                    "description": description, "type": ["integer", "null"], "minimum": 1, "maximum": max,
+                }),
+                LoadValueType::Float => {
+                    json!({ "description": description, "type": ["number", "null"] })
+                }
+                LoadValueType::Str => {
+                    json!({ "description": description, "type": ["string", "null"] })
+                }
+            };
+            (field.name.to_owned(), schema)
+        })
+        .collect()
+}
+
+/// One GPU as telemetry reports it.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct GpuInfo {
+    /// The GPU's index.
+    pub index: u32,
+    /// Its name.
+    pub name: String,
+    /// Memory in use, MiB.
+    pub used_mib: u64,
+    /// Total memory, MiB.
+    pub total_mib: u64,
+    /// `used / total` as nvidia-smi shows it.
+    pub used_over_total: String,
+}
+
+/// One model's VRAM estimate.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ModelVram {
+    /// The model.
+    pub name: String,
+    /// Its live state.
+    pub runtime_state: ModelState,
+    /// `runtime_state == loaded`.
+    pub is_loaded: bool,
+    /// Per-replica in-flight target from config.
+    pub configured_target_inflight: u32,
+    /// Per-replica in-flight target in effect.
+    pub effective_target_inflight: u32,
+    /// Approximate VRAM for `vram_estimate_replica_count` replicas, in MiB.
+    pub vram_estimate_mib: Option<u64>,
+    /// The replica count the estimate is for.
+    pub vram_estimate_replica_count: u32,
+    /// Where the estimate comes from.
+    pub vram_estimate_source: VramEstimateSource,
+}
+
+/// `GET /v1/admin/gpu-memory`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct GpuMemoryResponse {
+    /// GPUs; empty when telemetry is unavailable.
+    pub gpus: Vec<GpuInfo>,
+    /// Every model's VRAM estimate.
+    pub models: Vec<ModelVram>,
+    /// Why `gpus` is empty, when it is.
+    pub error: Option<String>,
+}
+
+/// `GET /v1/admin/models`: every model passing `?state=` and `?type=`.
+pub(crate) async fn list(ctx: Ctx) -> Result<Response, ApiError> {
+    let query: ModelsQuery = ctx.query()?;
+    let filter = ModelFilter { state: query.state, model_type: query.model_type };
+    let snapshots = ctx.state.manager.list(&filter);
+    let models = snapshots.iter().map(|s| ctx.state.rows.row(s)).collect();
+    Ok(json_response(StatusCode::OK, &ModelsResponse { models }))
+}
+
+/// `GET /v1/admin/models/{name}`.
+pub(crate) async fn show(ctx: Ctx) -> Result<Response, ApiError> {
+    let snapshot = ctx.state.manager.model(ctx.name())?;
+    Ok(json_response(StatusCode::OK, &ctx.state.rows.row(&snapshot)))
+}
+
+/// Splits a load body into replicas and the override patch.
+///
+/// # Errors
+/// 422 when the body is not a JSON object or `replicas` is not a positive integer.
+pub(crate) fn load_options(body: &bytes::Bytes) -> Result<LoadOptions, ApiError> {
+    let value: Value = parse_json(body, true)?;
+    let Value::Object(fields) = value else {
+        return Err(ApiError::body(format!(
+            "the load body must be a JSON object, got {}",
+            hangar_config::json_kind(&value)
+        )));
+    };
+    split_load_patch(fields)
+}
+
+/// Splits a load patch into `replicas` and the backend override fields.
+///
+/// # Errors
+/// 422 when `replicas` is not a positive integer.
+pub(crate) fn split_load_patch(mut fields: Map<String, Value>) -> Result<LoadOptions, ApiError> {
+    let replicas = match fields.remove("replicas") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let n = v.as_u64().and_then(|n| u32::try_from(n).ok()).and_then(NonZeroU32::new);
+            Some(n.ok_or_else(|| {
+                ApiError::body(format!("replicas: must be a positive integer, got {v}"))
+                    .with_field("replicas")
+            })?)
+        }
+    };
+    Ok(LoadOptions { replicas, overrides: fields, ..LoadOptions::default() })
+}
+
+/// `POST /v1/admin/models/{name}/load`.
+pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
+    let options = load_options(&ctx.body)?;
+    let snapshot = ctx.state.manager.load(ctx.name(), options).await?;
+    Ok(json_response(StatusCode::OK, &ctx.state.rows.row(&snapshot)))
+}
+
+/// `POST /v1/admin/models/{name}/unload`.
+pub(crate) async fn unload(ctx: Ctx) -> Result<Response, ApiError> {
+    let snapshot = ctx.state.manager.unload(ctx.name()).await?;
+    Ok(json_response(StatusCode::OK, &ctx.state.rows.row(&snapshot)))
+}
+
+/// `GET /v1/admin/gpu-memory`.
+pub(crate) async fn gpu_memory(ctx: Ctx) -> Result<Response, ApiError> {
+    let models = ctx
+        .state
+        .manager
+        .models()
+        .into_iter()
+        .map(|m| ModelVram {
+            name: m.name().to_owned(),
+            runtime_state: m.runtime_state,
+            is_loaded: m.is_loaded,
+            configured_target_inflight: m.configured_target_inflight,
+            effective_target_inflight: m.effective_target_inflight,
+            vram_estimate_mib: m.vram_estimate_mib,
+            vram_estimate_replica_count: m.vram_estimate_replica_count,
+            vram_estimate_source: m.vram_estimate_source,
+        })
+        .collect();
+    let response = GpuMemoryResponse {
+        gpus: Vec::new(),
+        models,
+        error: Some("GPU telemetry is not available: this build has no NVML probe".into()),
+    };
+    Ok(json_response(StatusCode::OK, &response))
+}

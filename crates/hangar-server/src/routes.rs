@@ -1,0 +1,244 @@
+//! The route table: every route with its documentation, body, answers and error codes. The
+//! router matches requests against it and the OpenAPI document is generated from it.
+
+use http::{Method, StatusCode};
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+use crate::error::ErrorCode::{self, *};
+use crate::openai::{chat, completions, embeddings, models, rerank, responses};
+use crate::router::Group::{Admin, Inference, MultiModel, Operations, Repository};
+use crate::router::{Route, Success};
+use crate::{admin, health, kserve, multi_model, openapi};
+
+/// Wraps an `async fn(Ctx) -> Result<Response, ApiError>` with the standard envelope.
+macro_rules! api {
+    ($f:path) => {
+        |ctx| Box::pin(async move { $f(ctx).await.unwrap_or_else(ApiError::into_response) })
+    };
+}
+
+/// Wraps an `async fn(Ctx) -> Result<Response, ApiError>` with the KServe v2 envelope.
+macro_rules! v2 {
+    ($f:path) => {
+        |ctx| Box::pin(async move { $f(ctx).await.unwrap_or_else(ApiError::into_v2_response) })
+    };
+}
+
+/// Errors of every route that admits an inference request.
+const INFERENCE: &[ErrorCode] = &[
+    InvalidRequest,
+    UnknownModel,
+    ModelTypeMismatch,
+    ThinkingUnsupported,
+    Unsupported,
+    QueueFull,
+    ModelNotLoaded,
+    ModelLoading,
+    ModelUnloading,
+    ModelFailed,
+    RuntimeError,
+    RuntimeCrashed,
+];
+
+const LOAD: &[ErrorCode] = &[UnknownModel, InvalidLoadRequest, LoadFailed, StateConflict];
+
+/// Every route of the service.
+pub(crate) fn all() -> Vec<Route> {
+    let (get, post) = (Method::GET, Method::POST);
+    vec![
+        // Admin: runtime-admin-api.md
+        Route::new(get.clone(), "/v1/admin/models", Admin, api!(admin::list))
+            .admin()
+            .doc(
+                "List models with their live state",
+                "Every model of the merged config with its live runtime state, replica and in-flight counts, VRAM estimate, load constraints and recommendations, active load override, capabilities and configured definition; `?state=` and `?type=` filter. The main UI source of truth.",
+            )
+            .query::<admin::ModelsQuery>()
+            .ok::<admin::ModelsResponse>()
+            .errors(&[InvalidRequest]),
+        Route::new(get.clone(), "/v1/admin/models/{name}", Admin, api!(admin::show))
+            .admin()
+            .doc(
+                "One model with its live state",
+                "The same row as in the list, for one model. 404 unknown_model for a name not in config.",
+            )
+            .ok::<admin::ModelRow>()
+            .errors(&[UnknownModel]),
+        Route::new(post.clone(), "/v1/admin/models/{name}/load", Admin, api!(admin::load))
+            .admin()
+            .doc(
+                "Load a configured model",
+                "Loads a model of the merged config and answers when it is loaded or failed. Optional body: `replicas` and backend-specific runtime-only overrides (see the model's load_constraints). 200 when already loaded or loading (without options); 400 invalid_load_request for values wrong for the backend or options sent to a loaded model; 422 for bodies that fail the schema; 409 state_conflict while the model is unloading; 400 load_failed when the load ran and failed (the model is then `failed`, `error.model.last_error` says why).",
+            )
+            .body::<admin::LoadBody>(true)
+            .ok::<admin::ModelRow>()
+            .errors(LOAD),
+        Route::new(post.clone(), "/v1/admin/models/{name}/unload", Admin, api!(admin::unload))
+            .admin()
+            .doc(
+                "Gracefully unload a model",
+                "Stops admissions, cancels queued requests with model_unloading, lets running requests finish, releases the runtimes, then answers. 200 when already unloaded or unloading; 409 state_conflict while loading.",
+            )
+            .ok::<admin::ModelRow>()
+            .errors(&[UnknownModel, StateConflict]),
+        Route::new(get.clone(), "/v1/admin/gpu-memory", Admin, api!(admin::gpu_memory))
+            .admin()
+            .doc(
+                "GPU memory and per-model VRAM estimates",
+                "GPU memory per device (empty with an error string when no telemetry is available) and every model's VRAM estimate.",
+            )
+            .ok::<admin::GpuMemoryResponse>(),
+        // Inference: OpenAI-compatible
+        Route::new(post.clone(), "/v1/chat/completions", Inference, api!(chat::handle))
+            .doc(
+                "Chat completion",
+                "OpenAI-compatible chat completion; `stream: true` answers with server-sent events in OpenAI's chunk format ending with `[DONE]`. The request is checked against the model's type and capabilities first (400, nothing is loaded), then admitted only while the model is loaded (or auto-loaded), else 503 with the state's code.",
+            )
+            .body::<chat::ChatCompletionRequest>(false)
+            .ok_or_events::<chat::ChatCompletion, chat::ChatCompletionChunk>()
+            .errors(INFERENCE),
+        Route::new(post.clone(), "/v1/completions", Inference, api!(completions::handle))
+            .doc(
+                "Text completion",
+                "OpenAI-compatible completion of a raw prompt; streams `text_completion` chunks with `stream: true`.",
+            )
+            .body::<completions::CompletionRequest>(false)
+            .ok_or_events::<completions::Completion, completions::Completion>()
+            .errors(INFERENCE),
+        Route::new(post.clone(), "/v1/responses", Inference, api!(responses::handle))
+            .doc(
+                "Response (OpenAI Responses API)",
+                "Generates a response from `input` (a string or items). `thinking` (default/enabled/disabled) must be one of the model's capabilities.thinking_modes, else 400 thinking_unsupported. TranslateGemma models take `source_lang_code` / `target_lang_code`. Streams Responses API events with `stream: true`.",
+            )
+            .body::<responses::ResponsesRequest>(false)
+            .ok_or_events::<responses::ResponseObject, crate::openai::ResponseEvent>()
+            .errors(INFERENCE),
+        Route::new(post.clone(), "/v1/embeddings", Inference, api!(embeddings::handle))
+            .doc(
+                "Embeddings",
+                "OpenAI-compatible embeddings for a string or a list of strings, for models of type embedding (400 model_type_mismatch for others).",
+            )
+            .body::<embeddings::EmbeddingsRequest>(false)
+            .ok::<embeddings::EmbeddingList>()
+            .errors(INFERENCE),
+        Route::new(post.clone(), "/v1/rerank", Inference, api!(rerank::handle))
+            .doc(
+                "Rerank documents",
+                "Scores `documents` against `query` with a reranking model; results sorted by relevance with their original index.",
+            )
+            .body::<rerank::RerankBody>(false)
+            .ok::<rerank::RerankResponse>()
+            .errors(INFERENCE),
+        Route::new(get.clone(), "/v1/models", Inference, api!(models::list))
+            .doc(
+                "List models (OpenAI format)",
+                "Every configured model in OpenAI's list format, with its runtime state.",
+            )
+            .ok::<models::ModelList>(),
+        Route::new(get.clone(), "/v1/models/{name}", Inference, api!(models::get))
+            .doc("One model (OpenAI format)", "One configured model in OpenAI's model format.")
+            .ok::<models::ModelObject>()
+            .errors(&[UnknownModel]),
+        // Multi-model: multi-model.md
+        Route::new(get.clone(), "/api/v1/health", MultiModel, api!(multi_model::health))
+            .doc(
+                "Health with every loaded model",
+                "Server health; `model_loaded` / `checkpoint_loaded` refer to the most recently loaded model; `all_models_loaded` lists every loaded model with its checkpoint, last use, type, device and backend URL.",
+            )
+            .ok::<multi_model::HealthResponse>(),
+        Route::new(get.clone(), "/api/v1/stats", MultiModel, api!(multi_model::stats))
+            .doc("Stats of the most recent request", "Statistics of the most recent inference request.")
+            .ok::<multi_model::StatsResponse>(),
+        Route::new(post.clone(), "/api/v1/load", MultiModel, api!(multi_model::load))
+            .admin()
+            .doc(
+                "Load a model (Lemonade-style)",
+                "Loads `model_name`, evicting the least recently used model of its type when its slots are full; the same options as the running load are a no-op. `ctx_size` maps to the backend's context field; `llamacpp_args` and `llamacpp_backend` apply to llama_server models only.",
+            )
+            .body::<multi_model::LoadBody>(false)
+            .ok::<admin::ModelRow>()
+            .errors(LOAD),
+        Route::new(post.clone(), "/api/v1/unload", MultiModel, api!(multi_model::unload))
+            .admin()
+            .doc(
+                "Unload one model, or all",
+                "Unloads `model_name` (404 nothing_to_unload if it is not loaded), or every loaded model when no name is given.",
+            )
+            .body::<multi_model::UnloadBody>(true)
+            .ok::<multi_model::UnloadResponse>()
+            .errors(&[UnknownModel, NothingToUnload, StateConflict]),
+        // Model repository: KServe v2 / Triton
+        Route::new(get.clone(), "/v2", Repository, v2!(kserve::server_metadata))
+            .doc(
+                "Server metadata (KServe v2)",
+                "Server name, version and extensions, as KServe v2 clients expect.",
+            )
+            .ok::<kserve::ServerMetadata>(),
+        Route::new(get.clone(), "/v2/health/live", Repository, v2!(kserve::live))
+            .doc("Liveness (KServe v2)", "200 with an empty body while the process is up."),
+        Route::new(get.clone(), "/v2/health/ready", Repository, v2!(kserve::ready))
+            .doc("Readiness (KServe v2)", "200 when every enabled model is loaded, else 503.")
+            .errors(&[ModelNotLoaded]),
+        Route::new(get.clone(), "/v2/models/{name}/ready", Repository, v2!(kserve::model_ready))
+            .doc(
+                "Model readiness (KServe v2)",
+                "200 when the model is loaded, else 400 (configured, not ready) or 404 as Triton answers.",
+            )
+            .errors(&[UnknownModel, ModelNotReady]),
+        Route::new(post.clone(), "/v2/repository/index", Repository, v2!(kserve::index))
+            .admin()
+            .doc(
+                "Repository index",
+                "Every model with its state (READY, LOADING, UNLOADING, UNAVAILABLE with a reason). `ready: true` lists only ready models.",
+            )
+            .body::<kserve::IndexBody>(true)
+            .ok::<Vec<kserve::IndexEntry>>(),
+        Route::new(post.clone(), "/v2/repository/models/{name}/load", Repository, v2!(kserve::load))
+            .admin()
+            .doc(
+                "Load or reload a model",
+                "Loads the model. Already loaded without parameters: no-op. With `parameters.config` (a JSON object or a JSON string): an atomic reload with that config as the override patch — the patch is checked first, the old runtime serves until the new one is loaded and keeps serving when the reload fails. `file:` parameters are refused. A failed load answers 400.",
+            )
+            .body::<kserve::LoadBody>(true)
+            .ok::<kserve::Empty>()
+            .errors(&[UnknownModel, InvalidRequest, InvalidLoadRequest, LoadFailed, StateConflict]),
+        Route::new(
+            post.clone(),
+            "/v2/repository/models/{name}/unload",
+            Repository,
+            v2!(kserve::unload),
+        )
+        .admin()
+        .doc(
+            "Unload a model",
+            "Gracefully unloads the model; `parameters.unload_dependents` is accepted (models have no dependents).",
+        )
+        .body::<kserve::UnloadBody>(true)
+        .ok::<kserve::Empty>()
+        .errors(&[UnknownModel, InvalidRequest, StateConflict]),
+        // Operations
+        Route::new(get.clone(), "/metrics", Operations, api!(health::metrics))
+            .doc(
+                "Prometheus metrics",
+                "Per-model state, in-flight and queue gauges, request counts and latency histograms by model and outcome, load / unload / eviction / crash counters. OpenMetrics text when the `Accept` header asks for it, else the Prometheus text format.",
+            )
+            .success(Success::Metrics),
+        Route::new(get.clone(), "/openapi.json", Operations, api!(openapi::document))
+            .doc(
+                "This document",
+                "The OpenAPI 3.1 document of the service, generated from the same types the handlers use.",
+            )
+            .ok::<Map<String, Value>>(),
+        Route::new(get.clone(), "/healthz", Operations, api!(health::healthz))
+            .doc("Liveness", "200 while the process is up.")
+            .ok::<health::Healthz>(),
+        Route::new(get, "/readyz", Operations, api!(health::readyz))
+            .doc(
+                "Readiness",
+                "200 when every model with `enabled: true` is loaded, else 503 listing the ones that are not.",
+            )
+            .ok::<health::Readyz>()
+            .also::<health::Readyz>(StatusCode::SERVICE_UNAVAILABLE),
+    ]
+}
