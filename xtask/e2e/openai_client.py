@@ -469,15 +469,18 @@ def bad_temperature(model):
 
 
 def wrong_kind(chat_model, embed_model):
+    # Refused by the model's type before anything runs (or loads).
     expect(
         openai.BadRequestError,
         lambda: client.embeddings.create(model=chat_model, input="x"),
-        "unsupported",
+        "model_type_mismatch",
+        "needs a model of type embedding",
     )
     expect(
         openai.BadRequestError,
         lambda: client.chat.completions.create(model=embed_model, messages=MESSAGES, max_tokens=1),
-        "unsupported",
+        "model_type_mismatch",
+        "needs a model of type llm",
     )
 
 

@@ -24,13 +24,13 @@
 //! 5. A table of both and their ratio (hangar / llama-server). Both servers are killed at the
 //!    end, on errors too.
 //!
-//! The HTTP client is a few lines over `std::net` (one `Connection: close` exchange per
-//! request, chunked bodies decoded as they arrive), the same for both servers.
+//! The HTTP client is `ureq` (blocking), configured the same for both servers: a fresh
+//! connection per request (no pooled keep-alive connection that a server may close under
+//! us), streamed bodies read line by line as they arrive.
 
-use std::fmt::Write as _;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -84,8 +84,10 @@ const BLOCKS: usize = 4;
 const LOAD_ROUNDS: usize = 5;
 /// How long a server may take to become ready.
 const READY_LIMIT: Duration = Duration::from_secs(120);
-/// How long one HTTP exchange may stall.
+/// How long one read of an HTTP answer may stall.
 const IO_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long connecting may take (loopback: refused at once while a server starts).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Builds both servers (when needed), measures, prints the table.
 pub(crate) fn run(root: &Path) -> Result<()> {
     let target =
@@ -145,7 +147,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
             body["stream"] = json!(true);
             body["stream_options"] = json!({"include_usage": true});
         }
-        body.to_string()
+        body
     };
     eprintln!("warm-up");
     let mut first = Vec::new();
@@ -259,20 +261,17 @@ impl Bench {
         let log_path = self.work.join("hangard.log");
         let spawned = Instant::now();
         let (child, base) =
-            crate::e2e::spawn_serve(&self.hangard, &self.config, &self.work, &log_path)?;
-        let addr = base.trim_start_matches("http://").to_owned();
-        let mut server = Server::new("hangar", child, addr, log_path);
+            crate::e2e::spawn_serve(&self.hangard, &self.config, &[], &self.work, &log_path)?;
+        let mut server = Server::new("hangar", child, base, log_path);
         let path = format!("/v1/admin/models/{MODEL}/load");
         let started = Instant::now();
-        let (status, body) = exchange(&server.addr, "POST", &path, Some("{}"))?.read_all()?;
+        let mut response = server.agent.post(server.url(&path)).send_json(json!({}))?;
+        let body = response.body_mut().read_to_string()?;
         server.load = started.elapsed();
         server.ready = spawned.elapsed();
+        let status = response.status();
         if status != 200 {
-            bail!(
-                "POST {path} answered {status}: {}; see {}",
-                String::from_utf8_lossy(&body),
-                server.log.display()
-            );
+            bail!("POST {path} answered {status}: {body}; see {}", server.log.display());
         }
         Ok(server)
     }
@@ -296,14 +295,17 @@ impl Bench {
             .stderr(log)
             .spawn()
             .with_context(|| format!("cannot start {}", self.llama_server.display()))?;
-        let addr = format!("127.0.0.1:{port}");
-        let mut server = Server::new("llama-server", child, addr, log_path);
+        let base = format!("http://127.0.0.1:{port}");
+        let mut server = Server::new("llama-server", child, base, log_path);
         let deadline = spawned + READY_LIMIT;
+        let health = server.url("/health");
         loop {
-            if let Ok(200) =
-                exchange(&server.addr, "GET", "/health", None).and_then(|r| Ok(r.read_all()?.0))
-            {
-                break;
+            // Refused until it listens, 503 while it loads.
+            if let Ok(mut response) = server.agent.get(&health).call() {
+                let _ = response.body_mut().read_to_vec();
+                if response.status() == 200 {
+                    break;
+                }
             }
             if let Some(status) = server.child.try_wait()? {
                 bail!("llama-server exited ({status}); see {}", server.log.display());
@@ -322,7 +324,10 @@ impl Bench {
 struct Server {
     name: &'static str,
     child: Child,
-    addr: String,
+    /// `http://127.0.0.1:PORT`.
+    base: String,
+    /// The HTTP client for this server.
+    agent: ureq::Agent,
     log: PathBuf,
     /// Spawn → model ready.
     ready: Duration,
@@ -332,9 +337,31 @@ struct Server {
 
 impl Server {
     /// A started server, not yet timed.
-    fn new(name: &'static str, child: Child, addr: String, log: PathBuf) -> Self {
-        Self { name, child, addr, log, ready: Duration::ZERO, load: Duration::ZERO }
+    fn new(name: &'static str, child: Child, base: String, log: PathBuf) -> Self {
+        let agent = client();
+        Self { name, child, base, agent, log, ready: Duration::ZERO, load: Duration::ZERO }
     }
+
+    /// `base` + `path`.
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+/// The HTTP client both servers are measured with: error statuses are answers (the caller
+/// checks them and shows the body), no redirects, reads time out after [`IO_TIMEOUT`], and
+/// no idle connection is kept: every request connects anew, as every measure has since the
+/// first version of this benchmark. (With pooled keep-alive connections a run once failed
+/// with `Peer disconnected`: a request went out on a connection the server was closing.)
+fn client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .max_idle_connections(0)
+        .timeout_connect(Some(CONNECT_TIMEOUT))
+        .timeout_per_read(Some(IO_TIMEOUT))
+        .build()
+        .new_agent()
 }
 
 impl Drop for Server {
@@ -460,12 +487,19 @@ struct Streamed {
 }
 
 /// `POST /v1/chat/completions` and its usage.
-fn complete(server: &Server, body: &str) -> Result<Completion> {
+fn complete(server: &Server, body: &Value) -> Result<Completion> {
     let started = Instant::now();
-    let (status, bytes) =
-        exchange(&server.addr, "POST", "/v1/chat/completions", Some(body))?.read_all()?;
+    let mut response = server
+        .agent
+        .post(server.url("/v1/chat/completions"))
+        .send_json(body)
+        .with_context(|| format!("{}: chat completion", server.name))?;
+    let text = response
+        .body_mut()
+        .read_to_string()
+        .with_context(|| format!("{}: chat completion body", server.name))?;
     let elapsed = started.elapsed();
-    let text = String::from_utf8_lossy(&bytes);
+    let status = response.status();
     if status != 200 {
         bail!("{}: chat completion answered {status}: {text}", server.name);
     }
@@ -497,17 +531,28 @@ fn complete(server: &Server, body: &str) -> Result<Completion> {
 }
 
 /// `POST /v1/chat/completions` with `"stream": true`, read event by event as it arrives.
-fn stream(server: &Server, body: &str) -> Result<Streamed> {
+fn stream(server: &Server, body: &Value) -> Result<Streamed> {
     let started = Instant::now();
-    let response = exchange(&server.addr, "POST", "/v1/chat/completions", Some(body))?;
-    if response.status != 200 {
-        let (status, bytes) = response.read_all()?;
-        bail!("{}: stream answered {status}: {}", server.name, String::from_utf8_lossy(&bytes));
+    let mut response = server
+        .agent
+        .post(server.url("/v1/chat/completions"))
+        .send_json(body)
+        .with_context(|| format!("{}: stream", server.name))?;
+    let status = response.status();
+    if status != 200 {
+        let text = response.body_mut().read_to_string()?;
+        bail!("{}: stream answered {status}: {text}", server.name);
     }
+    let mut reader = BufReader::new(response.body_mut().as_reader());
     let mut first = None;
     let mut completion_tokens = None;
-    for line in response.body.lines() {
-        let line = line?;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = reader.read_line(&mut line);
+        if read.with_context(|| format!("{}: stream body", server.name))? == 0 {
+            break;
+        }
         let Some(data) = line.strip_prefix("data:").map(str::trim) else { continue };
         if data == "[DONE]" {
             break;
@@ -529,117 +574,6 @@ fn stream(server: &Server, body: &str) -> Result<Streamed> {
         completion_tokens: completion_tokens
             .with_context(|| format!("{}: the stream had no usage chunk", server.name))?,
     })
-}
-
-/// An HTTP/1.1 response whose body is read as it arrives.
-struct Response {
-    status: u16,
-    body: Box<dyn BufRead>,
-}
-
-impl Response {
-    /// The status and the whole body.
-    fn read_all(mut self) -> io::Result<(u16, Vec<u8>)> {
-        let mut body = Vec::new();
-        self.body.read_to_end(&mut body)?;
-        Ok((self.status, body))
-    }
-}
-
-/// Sends one request on a fresh connection (`Connection: close`) and reads the head of the
-/// answer.
-fn exchange(addr: &str, method: &str, path: &str, body: Option<&str>) -> io::Result<Response> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    let body = body.unwrap_or_default();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if !body.is_empty() {
-        let _ =
-            write!(head, "Content-Type: application/json\r\nContent-Length: {}\r\n", body.len());
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| invalid(format!("bad status line {line:?}")))?;
-    let mut chunked = false;
-    let mut length = None;
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        let header = line.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        let Some((name, value)) = header.split_once(':') else { continue };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value.eq_ignore_ascii_case("chunked");
-        } else if name.eq_ignore_ascii_case("content-length") {
-            length = Some(value.parse::<u64>().map_err(|e| invalid(e.to_string()))?);
-        }
-    }
-    let body: Box<dyn BufRead> = match (chunked, length) {
-        (true, _) => Box::new(BufReader::new(Chunked { inner: reader, left: 0, done: false })),
-        (false, Some(n)) => Box::new(reader.take(n)),
-        (false, None) => Box::new(reader),
-    };
-    Ok(Response { status, body })
-}
-
-/// A `Transfer-Encoding: chunked` body, decoded as the chunks arrive.
-struct Chunked<R> {
-    inner: R,
-    /// Bytes left in the current chunk.
-    left: usize,
-    /// The last (empty) chunk was read.
-    done: bool,
-}
-
-impl<R: BufRead> Read for Chunked<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.done || buf.is_empty() {
-            return Ok(0);
-        }
-        if self.left == 0 {
-            let mut line = String::new();
-            if self.inner.read_line(&mut line)? == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            let size = line.trim().split(';').next().unwrap_or_default();
-            self.left = usize::from_str_radix(size, 16)
-                .map_err(|_| invalid(format!("bad chunk size {line:?}")))?;
-            if self.left == 0 {
-                self.done = true;
-                return Ok(0);
-            }
-        }
-        let want = buf.len().min(self.left);
-        let n = self.inner.read(&mut buf[..want])?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        self.left -= n;
-        if self.left == 0 {
-            let mut crlf = [0; 2];
-            self.inner.read_exact(&mut crlf)?;
-        }
-        Ok(n)
-    }
-}
-
-/// An I/O error for a malformed answer.
-fn invalid(message: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, message)
 }
 
 /// What one server did in the timed requests.

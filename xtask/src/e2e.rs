@@ -10,10 +10,16 @@
 //!    enabled model loaded: the stub models and the llama.cpp GGUF models alike).
 //! 3. Each script of `xtask/e2e` with `HANGAR_URL` set; each asserts and exits non-zero on
 //!    failure. Every script runs even when one fails.
-//! 4. SIGTERM to the server, which must drain and exit 0; then a report.
+//! 4. Schemathesis (`st run`, see [`schemathesis`]) against the live `/openapi.json`: every
+//!    check, every phase (examples, coverage, fuzzing, stateful), a fixed seed, no example
+//!    database and no failure cache (`xtask/e2e/schemathesis.toml`), so CI repeats the same
+//!    cases. Its reports (JUnit XML, JSON) go to `target/e2e-schemathesis/<run>/`.
+//! 5. SIGTERM to the server, which must drain and exit 0.
+//! 6. A second server on the demo config with `--admin-api-key <random key>`: schemathesis
+//!    again, with the key as a bearer token, and the same SIGTERM check; then a report.
+//!    Every step is a row of the report; any failed row fails the run.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -25,8 +31,20 @@ use crate::{cargo, deps, run as run_checked};
 /// The client scripts, in the order they run.
 const SCRIPTS: [&str; 3] = ["openai_client.py", "triton_client.py", "validate_openapi.py"];
 /// What the scripts import; when all import, nothing is installed.
-const IMPORTS: &str = "import openai, tritonclient.http, openapi_spec_validator";
+const IMPORTS: &str = "import openai, tritonclient.http, openapi_spec_validator, schemathesis";
 const LISTENING: &str = "hangard listening on ";
+/// Schemathesis's seed: the same cases on every run.
+const SCHEMATHESIS_SEED: u64 = 20_240_611;
+/// Cases per operation and phase; with about 30 operations this keeps one run to a few
+/// minutes on 2 cores.
+const SCHEMATHESIS_MAX_EXAMPLES: u32 = 20;
+/// Seconds one request of schemathesis may take (the llama.cpp models generate on the CPU).
+const SCHEMATHESIS_REQUEST_TIMEOUT_S: u32 = 30;
+/// A schemathesis run still going after this is killed and counts as failed.
+const SCHEMATHESIS_LIMIT: Duration = Duration::from_secs(10 * 60);
+
+/// One finished step of the run: name, passed, detail, duration.
+type Check = (String, bool, String, Duration);
 
 pub(crate) fn run(root: &Path) -> Result<()> {
     let target =
@@ -39,11 +57,13 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     let binary = target.join("debug").join("hangard");
 
     let log_path = target.join("e2e-hangard.log");
-    let mut server = DemoServer::start(root, &binary, &log_path)?;
+    let mut server = DemoServer::start(root, &binary, &log_path, &[])?;
     eprintln!("hangard listening on {} (log: {})", server.base, log_path.display());
     server.wait_ready(Duration::from_secs(60))?;
 
-    let mut results = Vec::new();
+    let st = python.with_file_name("st");
+    let reports = target.join("e2e-schemathesis");
+    let mut results: Vec<Check> = Vec::new();
     for script in SCRIPTS {
         let started = Instant::now();
         eprintln!("$ {} xtask/e2e/{script}", python.display());
@@ -55,14 +75,30 @@ pub(crate) fn run(root: &Path) -> Result<()> {
             .with_context(|| format!("cannot run {script}"))?;
         results.push((script.to_owned(), status.success(), status.to_string(), started.elapsed()));
     }
+    let open_reports = reports.join("no-admin-key");
+    results.push(run_schemathesis(
+        "schemathesis, no admin key",
+        schemathesis(root, &st, &server.base, None, &open_reports),
+        &open_reports,
+    )?);
+    results.push(server.stop("hangard drains and exits 0 on SIGTERM"));
 
-    let stopped = server.terminate(Duration::from_secs(20));
-    let (ok, detail) = match &stopped {
-        Ok(status) if status.success() => (true, "exit status 0".to_owned()),
-        Ok(status) => (false, status.to_string()),
-        Err(e) => (false, format!("{e:#}")),
-    };
-    results.push(("hangard drains and exits 0 on SIGTERM".to_owned(), ok, detail, Duration::ZERO));
+    let key = random_key()?;
+    let key_log_path = target.join("e2e-hangard-admin-key.log");
+    let mut server = DemoServer::start(root, &binary, &key_log_path, &["--admin-api-key", &key])?;
+    eprintln!(
+        "hangard with an admin key listening on {} (log: {})",
+        server.base,
+        key_log_path.display()
+    );
+    server.wait_ready(Duration::from_secs(60))?;
+    let key_reports = reports.join("admin-key");
+    results.push(run_schemathesis(
+        "schemathesis, with the admin key",
+        schemathesis(root, &st, &server.base, Some(&key), &key_reports),
+        &key_reports,
+    )?);
+    results.push(server.stop("hangard (admin key) drains and exits 0 on SIGTERM"));
 
     eprintln!();
     eprintln!("e2e results:");
@@ -72,10 +108,77 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     }
     let failed = results.iter().filter(|r| !r.1).count();
     if failed > 0 {
-        bail!("{failed} e2e check(s) failed; server log: {}", log_path.display());
+        bail!(
+            "{failed} e2e check(s) failed; server logs: {} and {}",
+            log_path.display(),
+            key_log_path.display()
+        );
     }
     eprintln!("all {} e2e checks passed", results.len());
     Ok(())
+}
+
+/// The `st run` command line of one schemathesis run against `base` (the key, when given,
+/// as a bearer token), its reports written to `report_dir`. Every option of the runs is set
+/// here, but for what only a config file can say (`xtask/e2e/schemathesis.toml`: no
+/// `.schemathesis/` cache).
+fn schemathesis(
+    root: &Path,
+    st: &Path,
+    base: &str,
+    key: Option<&str>,
+    report_dir: &Path,
+) -> Command {
+    let mut cmd = Command::new(st);
+    cmd.arg("--config-file").arg(root.join("xtask/e2e/schemathesis.toml"));
+    cmd.arg("run").arg(format!("{base}/openapi.json"));
+    cmd.args(["--checks", "all"]);
+    cmd.args(["--phases", "examples,coverage,fuzzing,stateful"]);
+    cmd.args(["--seed", &SCHEMATHESIS_SEED.to_string()]);
+    // A stored example database would make the next run differ from this one.
+    cmd.args(["--generation-database", "none"]);
+    cmd.args(["--max-examples", &SCHEMATHESIS_MAX_EXAMPLES.to_string()]);
+    // One worker: the same request order every run, and the server keeps the other core.
+    cmd.args(["--workers", "1"]);
+    cmd.args(["--request-timeout", &SCHEMATHESIS_REQUEST_TIMEOUT_S.to_string()]);
+    if let Some(key) = key {
+        cmd.arg("--header").arg(format!("Authorization: Bearer {key}"));
+    }
+    cmd.args(["--report", "junit,json"]).arg("--report-dir").arg(report_dir);
+    cmd.arg("--no-color");
+    cmd.current_dir(root);
+    cmd
+}
+
+/// Runs one schemathesis command, killed after [`SCHEMATHESIS_LIMIT`]; a row of the report.
+fn run_schemathesis(name: &str, mut cmd: Command, report_dir: &Path) -> Result<Check> {
+    let _ = std::fs::remove_dir_all(report_dir);
+    eprintln!("$ {cmd:?}");
+    let started = Instant::now();
+    let mut child = cmd.spawn().with_context(|| format!("cannot start {cmd:?}"))?;
+    let (ok, detail) = loop {
+        if let Some(status) = child.try_wait()? {
+            break (status.success(), status.to_string());
+        }
+        if started.elapsed() >= SCHEMATHESIS_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break (false, format!("killed after {SCHEMATHESIS_LIMIT:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("schemathesis reports (JUnit XML, JSON): {}", report_dir.display());
+    let detail = format!("{detail}; reports in {}", report_dir.display());
+    Ok((name.to_owned(), ok, detail, started.elapsed()))
+}
+
+/// A fresh admin key: 16 random bytes from the OS, hex-encoded.
+fn random_key() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("cannot read /dev/urandom")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// `cargo xtask test`'s command (`crate::test`: `cargo test --workspace --locked`) with
@@ -168,16 +271,17 @@ fn quiet(cmd: &mut Command) -> bool {
 struct DemoServer {
     child: Child,
     base: String,
-    addr: String,
     exited: bool,
 }
 
-/// Starts `binary serve --config <config> --port 0` in `cwd` (stderr to `log_path`, no admin key or
-/// config from the environment) and waits for its `hangard listening on …` line; returns
-/// the child and the base URL. Shared by the e2e run and the llama.cpp benchmark.
+/// Starts `binary serve --config <config> --port 0 <args>` in `cwd` (stderr to `log_path`, no
+/// admin key or config from the environment) and waits for its `hangard listening on …`
+/// line; returns the child and the base URL. Shared by the e2e run and the llama.cpp
+/// benchmark.
 pub(crate) fn spawn_serve(
     binary: &Path,
     config: &Path,
+    args: &[&str],
     cwd: &Path,
     log_path: &Path,
 ) -> Result<(Child, String)> {
@@ -188,6 +292,7 @@ pub(crate) fn spawn_serve(
         .arg("--config")
         .arg(config)
         .args(["--port", "0"])
+        .args(args)
         .current_dir(cwd)
         .env_remove("HANGAR_ADMIN_KEY")
         .env_remove("HANGAR_CONFIG")
@@ -213,18 +318,27 @@ pub(crate) fn spawn_serve(
 }
 
 impl DemoServer {
-    fn start(root: &Path, binary: &Path, log_path: &Path) -> Result<Self> {
-        let (child, base) = spawn_serve(binary, Path::new("fixtures/demo"), root, log_path)?;
-        let addr = base.trim_start_matches("http://").to_owned();
-        Ok(Self { child, base, addr, exited: false })
+    fn start(root: &Path, binary: &Path, log_path: &Path, args: &[&str]) -> Result<Self> {
+        let (child, base) = spawn_serve(binary, Path::new("fixtures/demo"), args, root, log_path)?;
+        Ok(Self { child, base, exited: false })
     }
 
     /// Polls `GET /readyz` (every enabled model loaded) until 200 or the deadline.
     fn wait_ready(&self, limit: Duration) -> Result<()> {
         let deadline = Instant::now() + limit;
         let mut pause = Duration::from_millis(20);
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build()
+            .new_agent();
+        let url = format!("{}/readyz", self.base);
         loop {
-            match http_status(&self.addr, "/readyz") {
+            let answer = agent.get(&url).call().map(|mut response| {
+                let _ = response.body_mut().read_to_vec();
+                response.status().as_u16()
+            });
+            match answer {
                 Ok(200) => return Ok(()),
                 Ok(_) | Err(_) if Instant::now() < deadline => {}
                 Ok(status) => bail!("GET /readyz still answers {status} after {limit:?}"),
@@ -233,6 +347,17 @@ impl DemoServer {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(500));
         }
+    }
+
+    /// SIGTERM, then the exit status checked as the report row `name`.
+    fn stop(&mut self, name: &str) -> Check {
+        let started = Instant::now();
+        let (ok, detail) = match self.terminate(Duration::from_secs(20)) {
+            Ok(status) if status.success() => (true, "exit status 0".to_owned()),
+            Ok(status) => (false, status.to_string()),
+            Err(e) => (false, format!("{e:#}")),
+        };
+        (name.to_owned(), ok, detail, started.elapsed())
     }
 
     /// SIGTERM, then waits for the exit; SIGKILL after `grace`.
@@ -264,17 +389,4 @@ impl Drop for DemoServer {
             let _ = self.child.wait();
         }
     }
-}
-
-/// The status code of a plain HTTP/1.1 GET (no client library needed for one probe).
-fn http_status(addr: &str, path: &str) -> std::io::Result<u16> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
-    let mut head = [0u8; 12];
-    stream.read_exact(&mut head)?;
-    std::str::from_utf8(&head[9..12])
-        .ok()
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| std::io::Error::other("not an HTTP/1.1 status line"))
 }

@@ -7,12 +7,14 @@
 //! - `cargo xtask demo`: install what the build needs, then run the server on the demo config.
 //! - `cargo xtask test`: run the whole test suite (what `.ci/run` runs after fmt and clippy).
 //! - `cargo xtask e2e`: start `hangard serve` on the demo config and drive it with real
-//!   clients (the `openai` and `tritonclient` Python packages, an OpenAPI validator) from a
-//!   virtualenv in `target/e2e-venv`.
+//!   clients (the `openai` and `tritonclient` Python packages, an OpenAPI validator) and
+//!   schemathesis (without and with an admin key) from a virtualenv in `target/e2e-venv`.
 //! - `cargo xtask bench control-plane`: scheduler throughput, admission overhead and
 //!   load+unload cycle time on the stub backend, each next to a same-run reference.
 //! - `cargo xtask bench server`: the server over loopback HTTP (chat completions at 1 and 64
-//!   connections, the admin model list with 10 and 1,000 models), next to `GET /healthz`.
+//!   connections, the admin model list with 10 and 1,000 models, the admin, repository,
+//!   health and metrics routes with 10,000 models), next to `GET /healthz`, and its resident
+//!   memory per configured model.
 //! - `cargo xtask bench llamacpp`: load time, tokens/s and time to first token of Hangar's
 //!   in-process llama.cpp engine next to llama.cpp's own `llama-server` (built from the
 //!   `llama-cpp-python` sdist, cached in `target/bench/llama-server`) on the same GGUF.
@@ -56,7 +58,8 @@ enum Task {
         args: Vec<String>,
     },
     /// Start `hangard serve --config fixtures/demo` and run the Python client scripts of
-    /// `xtask/e2e` against it (creates the virtualenv `target/e2e-venv` when missing).
+    /// `xtask/e2e` and schemathesis against it, then schemathesis again on a server with an
+    /// admin key (creates the virtualenv `target/e2e-venv` when missing).
     E2e,
     /// Run a benchmark; it prints its figures next to a reference measured in the same run.
     Bench {

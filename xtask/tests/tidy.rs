@@ -1,17 +1,20 @@
-//! Tidy checks over the workspace: the layering of the design holds, and every crate says
-//! what it owns.
+//! Tidy checks over the workspace: the layering of the design holds, every crate says what
+//! it owns, and library sources stay small enough to read in one sitting.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
 
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 fn metadata() -> Value {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
-        .current_dir(root)
+        .current_dir(root())
         .output()
         .expect("cargo metadata runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -38,31 +41,73 @@ fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
         .collect()
 }
 
+/// Which workspace crates a crate may depend on.
+enum May {
+    /// Only these.
+    Use(&'static [&'static str]),
+    /// Any of them: the composition root and the project automation.
+    UseAnything,
+}
+
+/// Every crate of the design's layering (design.md, "Layers") and what it may depend on.
+/// Crates that do not exist yet are listed too, so they are checked from their first commit.
+const LAYERS: [(&str, May); 12] = [
+    ("hangar-config", May::Use(&[])),
+    ("hangar-eviction", May::Use(&["hangar-config"])),
+    ("hangar-lifecycle", May::Use(&["hangar-config"])),
+    ("hangar-backend", May::Use(&["hangar-config"])),
+    // GPU telemetry knows nothing of models; at most of the config vocabulary.
+    ("hangar-gpu", May::Use(&["hangar-config"])),
+    // Adapters: the backend contract and the config, nothing above them.
+    ("hangar-backend-llamacpp", May::Use(&["hangar-backend", "hangar-config"])),
+    ("hangar-backend-process", May::Use(&["hangar-backend", "hangar-config"])),
+    ("hangar-backend-bridge", May::Use(&["hangar-backend", "hangar-config"])),
+    (
+        "hangar-runtime",
+        May::Use(&[
+            "hangar-config",
+            "hangar-lifecycle",
+            "hangar-eviction",
+            "hangar-backend",
+            "hangar-gpu",
+        ]),
+    ),
+    (
+        "hangar-server",
+        May::Use(&[
+            "hangar-runtime",
+            "hangar-lifecycle",
+            "hangar-backend",
+            "hangar-config",
+            "hangar-gpu",
+        ]),
+    ),
+    ("hangard", May::UseAnything),
+    ("xtask", May::UseAnything),
+];
+
 #[test]
 fn internal_dependencies_point_down_the_layers() {
-    // Which hangar crates each crate may depend on (design.md, "Layers").
-    let allowed: BTreeMap<&str, &[&str]> = BTreeMap::from([
-        ("hangar-config", &[][..]),
-        ("hangar-eviction", &["hangar-config"][..]),
-        ("hangar-lifecycle", &["hangar-config"][..]),
-        ("hangar-backend", &["hangar-config"][..]),
-        (
-            "hangar-runtime",
-            &[
-                "hangar-config",
-                "hangar-lifecycle",
-                "hangar-eviction",
-                "hangar-backend",
-                "hangar-gpu",
-            ][..],
-        ),
-    ]);
-    for (krate, deps) in dependencies() {
-        let Some(ok) = allowed.get(krate.as_str()) else { continue };
-        for dep in deps.iter().filter(|d| d.starts_with("hangar-")) {
-            assert!(ok.contains(&dep.as_str()), "{krate} must not depend on {dep}");
+    let deps = dependencies();
+    let workspace: BTreeSet<&str> = deps.keys().map(String::as_str).collect();
+    let table: BTreeMap<&str, &May> = LAYERS.iter().map(|(name, may)| (*name, may)).collect();
+    let mut problems = Vec::new();
+    for (krate, deps) in &deps {
+        let Some(may) = table.get(krate.as_str()) else {
+            problems.push(format!(
+                "{krate} is a workspace crate missing from LAYERS in xtask/tests/tidy.rs: add it \
+                 with the workspace crates it may depend on (design.md, \"Layers\")"
+            ));
+            continue;
+        };
+        let May::Use(ok) = may else { continue };
+        for dep in deps.iter().filter(|d| workspace.contains(d.as_str())) {
+            if !ok.contains(&dep.as_str()) {
+                problems.push(format!("{krate} must not depend on {dep} (may use: {ok:?})"));
+            }
         }
     }
+    assert!(problems.is_empty(), "layering broken:\n  {}", problems.join("\n  "));
 }
 
 #[test]
@@ -84,9 +129,8 @@ fn only_the_server_and_binaries_know_http_and_anyhow() {
 
 #[test]
 fn every_library_crate_starts_with_a_doc_saying_what_it_owns() {
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates");
     let mut seen = 0;
-    for entry in std::fs::read_dir(crates).unwrap() {
+    for entry in std::fs::read_dir(root().join("crates")).unwrap() {
         let lib = entry.unwrap().path().join("src/lib.rs");
         let text =
             std::fs::read_to_string(&lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
@@ -94,4 +138,46 @@ fn every_library_crate_starts_with_a_doc_saying_what_it_owns() {
         seen += 1;
     }
     assert!(seen >= 5, "found only {seen} crates");
+}
+
+/// The most lines a library source file may have.
+const MAX_LINES: usize = 600;
+
+#[test]
+fn library_source_files_are_readable_in_one_sitting() {
+    let root = root();
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        rust_files(&entry.unwrap().path().join("src"), &mut files);
+    }
+    assert!(!files.is_empty(), "no library sources found under crates/*/src");
+    files.sort();
+    let mut long = Vec::new();
+    for file in &files {
+        let text =
+            std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let lines = text.lines().count();
+        if lines > MAX_LINES {
+            let shown = file.strip_prefix(&root).unwrap_or(file);
+            long.push(format!("{}: {lines} lines", shown.display()));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "library sources over {MAX_LINES} lines (split them by concern):\n  {}",
+        long.join("\n  ")
+    );
+}
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
 }

@@ -8,7 +8,17 @@
 //!
 //! - `POST /v1/chat/completions` (`max_tokens: 1`, non-streaming) at 1 and 64 connections:
 //!   requests/s, p50 and p99 latency;
-//! - `GET /v1/admin/models` with 10 and with 1,000 configured models: p50 and p99.
+//! - `GET /v1/admin/models` with 10 and with 1,000 configured models: p50 and p99;
+//! - with [`MANY`] (10,000) configured models (80% llm, 10% embedding, 10% reranking, one
+//!   loaded): the admin list in full and filtered (`?state=loaded`, `?type=llm`), one model
+//!   (`GET /v1/admin/models/{name}`), the model repository index (`POST
+//!   /v2/repository/index`), `GET /api/v1/health` and `GET /metrics`: p50 and p99, each
+//!   checked against the goal where there is one ([`LIST_P50_GOAL_US`]);
+//! - the server's resident memory (`VmRSS` of `/proc/<pid>/status`, after start-up and one
+//!   `GET /v1/admin/models`) with no model configured and with [`MANY`]: total MiB and KiB
+//!   per configured model over the empty server, against [`RSS_PER_MODEL_GOAL_KIB`].
+//!
+//! Every request must answer 2xx: a route that answers anything else fails the bench.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -20,6 +30,12 @@ use support::Server;
 
 const WARMUP: Duration = Duration::from_millis(300);
 const RUN: Duration = Duration::from_secs(2);
+/// Configured models of the large-config rows.
+const MANY: usize = 10_000;
+/// Goal: `GET /v1/admin/models` p50 at [`MANY`] models, in µs.
+const LIST_P50_GOAL_US: f64 = 20_000.0;
+/// Goal: resident memory per configured model, over the empty server, in KiB.
+const RSS_PER_MODEL_GOAL_KIB: f64 = 4.0;
 
 /// What one load run measured.
 struct Sample {
@@ -53,6 +69,15 @@ impl Target {
 
     fn post(server: &Server, path: &str, body: Value) -> Self {
         Self { url: server.url(path), body: Some(body) }
+    }
+
+    fn method(&self) -> &'static str {
+        if self.body.is_some() { "POST" } else { "GET" }
+    }
+
+    /// The path and query of the URL (`server`'s base taken off).
+    fn path<'a>(&'a self, server: &Server) -> &'a str {
+        self.url.strip_prefix(&server.base).unwrap_or(&self.url)
     }
 
     async fn once(&self, client: &reqwest::Client) {
@@ -124,10 +149,61 @@ async fn measure_logged(label: &str, target: &Target, connections: usize) -> Sam
     sample
 }
 
+/// `n` stub models named `model-00000`, …: every tenth an embedding model, every tenth
+/// (offset by one) a reranker, the rest llm.
 fn stub_models(n: usize) -> Value {
-    let models: serde_json::Map<String, Value> =
-        (0..n).map(|i| (format!("model-{i:04}"), json!({ "backend": "stub" }))).collect();
+    let models: serde_json::Map<String, Value> = (0..n)
+        .map(|i| {
+            let model = match i % 10 {
+                1 => json!({ "backend": "stub", "labels": ["embedding"] }),
+                2 => json!({ "backend": "stub", "labels": ["reranking"] }),
+                _ => json!({ "backend": "stub" }),
+            };
+            (model_name(i), model)
+        })
+        .collect();
     Value::Object(models)
+}
+
+fn model_name(i: usize) -> String {
+    format!("model-{i:05}")
+}
+
+/// The server's resident set size in KiB (`VmRSS` of `/proc/<pid>/status`).
+fn rss_kib(server: &Server) -> u64 {
+    let path = format!("/proc/{}/status", server.pid());
+    let status = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in {path}"))
+}
+
+/// Starts a server on `models`, loads `model-00000` when there is one, lists the models once;
+/// the server and its resident memory then.
+async fn start_measured(models: usize) -> (Server, u64) {
+    let server =
+        Server::start(&json!({ "models": stub_models(models) }), &["--log-format", "json"]);
+    if models > 0 {
+        load(&server, &model_name(0)).await;
+    }
+    Target::get(&server, "/v1/admin/models").once(&reqwest::Client::new()).await;
+    let rss = rss_kib(&server);
+    (server, rss)
+}
+
+/// Resident memory of the empty server and of the one with [`MANY`] models.
+struct Memory {
+    empty_kib: u64,
+    many_kib: u64,
+}
+
+impl Memory {
+    fn per_model_kib(&self) -> f64 {
+        (self.many_kib as f64 - self.empty_kib as f64) / MANY as f64
+    }
 }
 
 async fn load(server: &Server, model: &str) {
@@ -138,7 +214,7 @@ async fn load(server: &Server, model: &str) {
 
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let rows = runtime.block_on(async {
+    let (rows, memory) = runtime.block_on(async {
         let mut rows = Vec::new();
         eprintln!("server with one stub chat model (token latency 0):");
         let config = json!({
@@ -167,15 +243,66 @@ fn main() {
 
         for n in [10, 1000] {
             eprintln!("server with {n} stub models:");
-            let server = Server::start(&json!({ "models": stub_models(n) }), &["--log-format", "json"]);
-            load(&server, "model-0000").await;
+            let (server, _) = start_measured(n).await;
             let list = Target::get(&server, "/v1/admin/models");
             let healthz = Target::get(&server, "/healthz");
             rows.push(row(format!("GET /v1/admin/models, {n} models"), &list, &healthz, 1).await);
         }
-        rows
+
+        eprintln!("server with no models:");
+        let (server, empty_kib) = start_measured(0).await;
+        drop(server);
+        eprintln!("server with {MANY} stub models:");
+        let (server, many_kib) = start_measured(MANY).await;
+        let memory = Memory { empty_kib, many_kib };
+        let healthz = Target::get(&server, "/healthz");
+        let one = format!("/v1/admin/models/{}", model_name(MANY / 2));
+        let targets = [
+            Target::get(&server, "/v1/admin/models"),
+            Target::get(&server, "/v1/admin/models?state=loaded"),
+            Target::get(&server, "/v1/admin/models?type=llm"),
+            Target::get(&server, &one),
+            Target::post(&server, "/v2/repository/index", json!({})),
+            Target::get(&server, "/api/v1/health"),
+            Target::get(&server, "/metrics"),
+        ];
+        for target in &targets {
+            let label = format!("{} {}, {MANY} models", target.method(), target.path(&server));
+            rows.push(row(label, target, &healthz, 1).await);
+        }
+        (rows, memory)
     });
     print_table(&rows);
+    print_goals(&rows, &memory);
+}
+
+/// The figures that have a goal, each next to it.
+fn print_goals(rows: &[Row], memory: &Memory) {
+    let verdict = |met: bool| if met { "met" } else { "NOT met" };
+    println!();
+    let list = format!("GET /v1/admin/models, {MANY} models");
+    if let Some(r) = rows.iter().find(|r| r.measure == list) {
+        let p50 = r.hangar.percentile_us(0.5);
+        println!(
+            "goal: {list} p50 ≤ {:.0} ms: {:.2} ms ({})",
+            LIST_P50_GOAL_US / 1000.0,
+            p50 / 1000.0,
+            verdict(p50 <= LIST_P50_GOAL_US)
+        );
+    }
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let per_model = memory.per_model_kib();
+    println!(
+        "resident memory (VmRSS after start-up and one GET /v1/admin/models): no models {:.1} \
+         MiB, {MANY} models {:.1} MiB",
+        mib(memory.empty_kib),
+        mib(memory.many_kib)
+    );
+    println!(
+        "goal: RSS ≤ {RSS_PER_MODEL_GOAL_KIB:.0} KiB per configured model over the empty \
+         server: {per_model:.2} KiB ({})",
+        verdict(per_model <= RSS_PER_MODEL_GOAL_KIB)
+    );
 }
 
 fn print_table(rows: &[Row]) {

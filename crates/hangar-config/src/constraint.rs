@@ -52,10 +52,10 @@ pub struct LoadConstraint {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub null_means: Option<String>,
     /// The values a UI should offer (and, except where noted, the only ones accepted).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_values: Vec<Value>,
     /// Example values, most useful first.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub examples: Vec<Value>,
     /// The unit of the value (`bytes`, `pixels`).
     #[serde(skip_serializing_if = "Option::is_none")]

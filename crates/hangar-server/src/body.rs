@@ -10,6 +10,7 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::{Body, Frame};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
@@ -56,7 +57,11 @@ pub(crate) fn empty_response(status: StatusCode) -> Response {
     resp
 }
 
-/// Parses a JSON request body. An empty body parses as `{}` when `empty_is_object`.
+/// Parses a JSON request body. An empty body (no bytes at all) parses as `{}` when
+/// `empty_is_object`.
+///
+/// A number with a zero fraction (`5.0`) is an integer in JSON Schema, so it is read as
+/// one wherever the body's type wants an integer.
 ///
 /// # Errors
 /// 422 `invalid_request_body` with the parser's message, line and column.
@@ -64,9 +69,59 @@ pub(crate) fn parse_json<T: DeserializeOwned>(
     body: &Bytes,
     empty_is_object: bool,
 ) -> Result<T, ApiError> {
-    let body: &[u8] =
-        if empty_is_object && body.iter().all(u8::is_ascii_whitespace) { b"{}" } else { body };
-    serde_json::from_slice(body).map_err(|e| ApiError::body(format!("invalid JSON body: {e}")))
+    let body: &[u8] = if empty_is_object && body.is_empty() { b"{}" } else { body };
+    let invalid = |e: serde_json::Error| ApiError::body(format!("invalid JSON body: {e}"));
+    // Every body is an object; serde would also read a struct from an array.
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        Some(_) => {
+            let what = serde_json::from_slice::<Value>(body).map_err(invalid)?;
+            return Err(ApiError::body(format!(
+                "the body must be a JSON object, got {}",
+                hangar_config::json_kind(&what)
+            )));
+        }
+        None => return Err(ApiError::body("the body must be a JSON object; it is blank")),
+    }
+    match serde_json::from_slice(body) {
+        Ok(parsed) => Ok(parsed),
+        Err(e) if e.classify() == serde_json::error::Category::Data => {
+            let mut value: Value = serde_json::from_slice(body).map_err(invalid)?;
+            if integral_floats_to_integers(&mut value) {
+                serde_json::from_value(value).map_err(invalid)
+            } else {
+                Err(invalid(e))
+            }
+        }
+        Err(e) => Err(invalid(e)),
+    }
+}
+
+/// Rewrites every number with a zero fraction that fits an integer as that integer (JSON
+/// Schema's integers include `5.0`); whether anything changed.
+pub(crate) fn integral_floats_to_integers(value: &mut Value) -> bool {
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            let integer = if f.fract() != 0.0 || !f.is_finite() {
+                None
+            } else if f >= 0.0 && f <= u64::MAX as f64 {
+                Some(serde_json::Number::from(f as u64))
+            } else if f < 0.0 && f >= i64::MIN as f64 {
+                Some(serde_json::Number::from(f as i64))
+            } else {
+                None
+            };
+            integer.map(|i| *n = i).is_some()
+        }
+        Value::Array(items) => {
+            items.iter_mut().fold(false, |c, v| integral_floats_to_integers(v) | c)
+        }
+        Value::Object(map) => {
+            map.values_mut().fold(false, |c, v| integral_floats_to_integers(v) | c)
+        }
+        _ => false,
+    }
 }
 
 /// A streaming response body fed by a channel of chunks.
@@ -93,4 +148,36 @@ pub(crate) fn sse_response() -> (Response, mpsc::Sender<Bytes>) {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     (resp, tx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integral_floats_read_as_integers_and_fractions_do_not() {
+        #[derive(serde::Deserialize)]
+        struct Body {
+            n: u32,
+        }
+        let ok: Body = parse_json(&Bytes::from_static(br#"{"n": 5.0}"#), false).unwrap();
+        assert_eq!(ok.n, 5);
+        let err = parse_json::<Body>(&Bytes::from_static(br#"{"n": 5.5}"#), false).err().unwrap();
+        assert!(err.message.contains("line 1 column"), "the original error: {}", err.message);
+        let too_big = parse_json::<Body>(&Bytes::from_static(br#"{"n": 5e12}"#), false);
+        assert!(too_big.is_err());
+    }
+
+    #[test]
+    fn bodies_are_objects() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Body {
+            #[allow(dead_code)]
+            n: Option<u32>,
+        }
+        let array = parse_json::<Body>(&Bytes::from_static(b" []"), false).unwrap_err();
+        assert!(array.message.contains("must be a JSON object, got an array"), "{}", array.message);
+        assert!(parse_json::<Body>(&Bytes::from_static(b""), true).is_ok());
+        assert!(parse_json::<Body>(&Bytes::from_static(b""), false).is_err());
+    }
 }

@@ -56,7 +56,7 @@ pub(crate) struct LoadBody {
 
 /// The parameters of a repository load.
 #[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
-#[schemars(rename = "RepositoryLoadParameters")]
+#[schemars(rename = "RepositoryLoadParameters", deny_unknown_fields)]
 pub(crate) struct LoadParameters {
     /// The runtime-only override patch for this load: a JSON object, or a string holding
     /// one (as Triton's clients send it). It takes the fields of the model's
@@ -69,6 +69,7 @@ pub(crate) struct LoadParameters {
     /// Any other parameter is refused with 400: `file:<version>/<file-name>` because model
     /// definitions do not arrive over the API, anything else as unknown.
     #[serde(flatten)]
+    #[schemars(skip)]
     other: Map<String, Value>,
 }
 
@@ -84,7 +85,7 @@ pub(crate) struct UnloadBody {
 
 /// The parameters of a repository unload.
 #[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
-#[schemars(rename = "RepositoryUnloadParameters")]
+#[schemars(rename = "RepositoryUnloadParameters", deny_unknown_fields)]
 pub(crate) struct UnloadParameters {
     /// Accepted for Triton compatibility; Hangar models have no dependents, so it changes
     /// nothing.
@@ -92,16 +93,31 @@ pub(crate) struct UnloadParameters {
     unload_dependents: Option<bool>,
     /// Any other parameter is refused with 400 as unknown.
     #[serde(flatten)]
+    #[schemars(skip)]
     other: Map<String, Value>,
 }
 
-/// The schema of `parameters.config`: an object, or a string holding one.
+/// The schema of `parameters.config`: an override patch object (the model's name, its
+/// replicas and live-load fields), or a string holding one.
 fn config_schema(_: &mut SchemaGenerator) -> Schema {
+    let mut properties = crate::admin::override_properties();
+    properties.insert(
+        "name".into(),
+        serde_json::json!({ "description": "The model's name, when given.", "type": "string" }),
+    );
+    properties.insert(
+        "replicas".into(),
+        serde_json::json!({ "description": "Replicas for this load.", "type": ["integer", "null"], "minimum": 1, "maximum": u32::MAX }),
+    );
     json_schema!({
         "description": "The override patch: a JSON object, or a string holding one.",
         "oneOf": [
-            { "type": "string", "contentMediaType": "application/json" },
-            { "type": "object" },
+            {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": { "type": "object", "properties": properties.clone(), "additionalProperties": false }
+            },
+            { "type": "object", "properties": properties, "additionalProperties": false },
             { "type": "null" }
         ]
     })
@@ -283,7 +299,7 @@ fn refuse_other_parameters(other: &Map<String, Value>, accepted: &[&str]) -> Res
 /// # Errors
 /// 400 when it is neither an object nor a string holding one, or names another model.
 fn config_patch(name: &str, config: Option<Value>) -> Result<Option<Map<String, Value>>, ApiError> {
-    let mut patch = match config {
+    let patch = match config {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::Object(patch)) => patch,
         Some(Value::String(text)) => match serde_json::from_str::<Value>(&text) {
@@ -307,6 +323,9 @@ fn config_patch(name: &str, config: Option<Value>) -> Result<Option<Map<String, 
             )));
         }
     };
+    let mut value = Value::Object(patch);
+    crate::body::integral_floats_to_integers(&mut value);
+    let Value::Object(mut patch) = value else { return Ok(None) };
     // Triton configs carry the model's name; it identifies the model, it overrides nothing.
     match patch.remove("name") {
         None => {}

@@ -75,8 +75,10 @@ impl HangarService {
     /// A service over `manager`. Encodes every model's static row parts and the OpenAPI
     /// document once, here.
     pub fn new(manager: hangar_runtime::Manager, options: ServerOptions) -> Self {
-        let rows = admin::StaticRows::new(&manager.models());
-        let openapi = openapi::encoded(options.admin_api_key.is_some());
+        let models = manager.models();
+        let rows = admin::StaticRows::new(&models);
+        let examples = router::ExampleModels::of(&models);
+        let openapi = openapi::encoded(options.admin_api_key.is_some(), &examples);
         Self {
             state: Arc::new(AppState {
                 metrics: metrics::Metrics::new(manager.clone()),

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use hangar_lifecycle::ModelState;
 use http::StatusCode;
 use schemars::generate::SchemaSettings;
+use schemars::transform::RecursiveTransform;
 use schemars::{Schema, SchemaGenerator};
 use serde_json::{Map, Value, json};
 use strum::IntoEnumIterator;
@@ -20,7 +21,7 @@ use strum::IntoEnumIterator;
 use crate::body::Response;
 use crate::error::{ApiError, ErrorBody, ErrorCode, V2ErrorBody};
 use crate::health::{OPENMETRICS_TEXT, PROMETHEUS_TEXT};
-use crate::router::{Auth, Ctx, Group, Route, SchemaFn, Success, routes};
+use crate::router::{Auth, Ctx, ExampleModels, Group, Route, SchemaFn, Success, routes};
 
 /// Where component schemas live; the generator's `$ref`s point here.
 const SCHEMAS_PATH: &str = "/components/schemas";
@@ -34,16 +35,18 @@ pub(crate) async fn document(ctx: Ctx) -> Result<Response, ApiError> {
 }
 
 /// The whole document for a service with (or without) an admin key, encoded.
-pub(crate) fn encoded(admin_key: bool) -> Bytes {
-    Bytes::from(serde_json::to_vec(&build(admin_key)).unwrap_or_default())
+pub(crate) fn encoded(admin_key: bool, examples: &ExampleModels) -> Bytes {
+    Bytes::from(serde_json::to_vec(&build(admin_key, examples)).unwrap_or_default())
 }
 
-/// The whole document.
-pub(crate) fn build(admin_key: bool) -> Value {
-    let settings = SchemaSettings::draft2020_12().with(|s| {
-        s.definitions_path = SCHEMAS_PATH.into();
-        s.meta_schema = None;
-    });
+/// The whole document; request examples name the models of `examples`.
+pub(crate) fn build(admin_key: bool, examples: &ExampleModels) -> Value {
+    let settings = SchemaSettings::draft2020_12()
+        .with(|s| {
+            s.definitions_path = SCHEMAS_PATH.into();
+            s.meta_schema = None;
+        })
+        .with_transform(RecursiveTransform(integer_bounds));
     let mut generator = settings.into_generator();
     let envelopes = Envelopes {
         json: generator.subschema_for::<ErrorBody>().to_value(),
@@ -52,7 +55,10 @@ pub(crate) fn build(admin_key: bool) -> Value {
     let mut paths = Map::new();
     let mut ids = BTreeSet::new();
     for route in routes() {
-        let op = operation(route, &mut generator, &envelopes, admin_key, &mut ids);
+        let mut op = operation(route, &mut generator, &envelopes, admin_key, &mut ids);
+        if let Some(example) = route.example.and_then(|f| f(examples)) {
+            op["requestBody"]["content"]["application/json"]["example"] = example;
+        }
         let item = paths.entry(route.path).or_insert_with(|| json!({}));
         item[route.method.as_str().to_ascii_lowercase()] = op;
     }
@@ -107,6 +113,28 @@ pub(crate) fn build(admin_key: bool) -> Value {
         "paths": paths,
         "components": components,
     })
+}
+
+/// Gives integer schemas the bounds of their Rust type (`format: uint32` and the like), so
+/// the document accepts exactly the integers the server does.
+fn integer_bounds(schema: &mut Schema) {
+    let (min, max): (i128, i128) = match schema.get("format").and_then(Value::as_str) {
+        Some("uint8") => (0, u8::MAX.into()),
+        Some("uint16") => (0, u16::MAX.into()),
+        Some("uint32") => (0, u32::MAX.into()),
+        Some("uint64" | "uint") => (0, u64::MAX.into()),
+        Some("int8") => (i8::MIN.into(), i8::MAX.into()),
+        Some("int16") => (i16::MIN.into(), i16::MAX.into()),
+        Some("int32") => (i32::MIN.into(), i32::MAX.into()),
+        Some("int64" | "int") => (i64::MIN.into(), i64::MAX.into()),
+        _ => return,
+    };
+    let number =
+        |n: i128| u64::try_from(n).map(Value::from).unwrap_or_else(|_| Value::from(n as i64));
+    if let Some(obj) = schema.as_object_mut() {
+        obj.entry("minimum").or_insert_with(|| number(min));
+        obj.entry("maximum").or_insert_with(|| number(max));
+    }
 }
 
 /// `$ref`s to the error envelopes.

@@ -106,7 +106,35 @@ pub(crate) struct Route {
     /// The error codes the handler answers with (auth and body errors are added from
     /// `auth` and `body`).
     pub(crate) errors: &'static [ErrorCode],
+    /// An example request body naming configured models, for the document.
+    pub(crate) example: Option<fn(&ExampleModels) -> Option<serde_json::Value>>,
     pub(crate) handler: Handler,
+}
+
+/// Configured models the document's request examples name: the first enabled model of each
+/// type (else the first of the type).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ExampleModels {
+    pub(crate) llm: Option<String>,
+    pub(crate) embedding: Option<String>,
+    pub(crate) reranking: Option<String>,
+}
+
+impl ExampleModels {
+    pub(crate) fn of(models: &[hangar_runtime::ModelSnapshot]) -> Self {
+        let pick = |ty: hangar_config::ModelType| {
+            let of_type = || models.iter().filter(move |m| m.model_type == ty);
+            of_type()
+                .find(|m| m.configured_enabled)
+                .or_else(|| of_type().next())
+                .map(|m| m.name().to_owned())
+        };
+        Self {
+            llm: pick(hangar_config::ModelType::Llm),
+            embedding: pick(hangar_config::ModelType::Embedding),
+            reranking: pick(hangar_config::ModelType::Reranking),
+        }
+    }
 }
 
 impl Route {
@@ -125,8 +153,14 @@ impl Route {
             success: Success::Empty,
             other: None,
             errors: &[],
+            example: None,
             handler,
         }
+    }
+
+    pub(crate) fn example(mut self, f: fn(&ExampleModels) -> Option<serde_json::Value>) -> Self {
+        self.example = Some(f);
+        self
     }
 
     pub(crate) fn admin(mut self) -> Self {

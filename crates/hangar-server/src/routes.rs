@@ -2,7 +2,7 @@
 //! router matches requests against it and the OpenAPI document is generated from it.
 
 use http::{Method, StatusCode};
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 use crate::error::ErrorCode::{self, *};
@@ -96,6 +96,10 @@ pub(crate) fn all() -> Vec<Route> {
                 "OpenAI-compatible chat completion; `stream: true` answers with server-sent events in OpenAI's chunk format ending with `[DONE]`. The request is checked against the model's type and capabilities first (400, nothing is loaded), then admitted only while the model is loaded (or auto-loaded), else 503 with the state's code.",
             )
             .body::<chat::ChatCompletionRequest>(false)
+            .example(|m| {
+                let messages = json!([{ "role": "user", "content": "Say hello." }]);
+                Some(json!({ "model": m.llm.as_ref()?, "messages": messages, "max_tokens": 8 }))
+            })
             .ok_or_events::<chat::ChatCompletion, chat::ChatCompletionChunk>()
             .errors(INFERENCE),
         Route::new(post.clone(), "/v1/completions", Inference, api!(completions::handle))
@@ -104,6 +108,9 @@ pub(crate) fn all() -> Vec<Route> {
                 "OpenAI-compatible completion of a raw prompt; streams `text_completion` chunks with `stream: true`.",
             )
             .body::<completions::CompletionRequest>(false)
+            .example(|m| {
+                Some(json!({ "model": m.llm.as_ref()?, "prompt": "Once upon", "max_tokens": 8 }))
+            })
             .ok_or_events::<completions::Completion, completions::Completion>()
             .errors(INFERENCE),
         Route::new(post.clone(), "/v1/responses", Inference, api!(responses::handle))
@@ -112,6 +119,9 @@ pub(crate) fn all() -> Vec<Route> {
                 "Generates a response from `input` (a string or items). `thinking` (default/enabled/disabled) must be one of the model's capabilities.thinking_modes, else 400 thinking_unsupported. TranslateGemma models take `source_lang_code` / `target_lang_code`. Streams Responses API events with `stream: true`.",
             )
             .body::<responses::ResponsesRequest>(false)
+            .example(|m| {
+                Some(json!({ "model": m.llm.as_ref()?, "input": "Say hello.", "max_output_tokens": 8 }))
+            })
             .ok_or_events::<responses::ResponseObject, crate::openai::ResponseEvent>()
             .errors(INFERENCE),
         Route::new(post.clone(), "/v1/embeddings", Inference, api!(embeddings::handle))
@@ -120,6 +130,7 @@ pub(crate) fn all() -> Vec<Route> {
                 "OpenAI-compatible embeddings for a string or a list of strings, for models of type embedding (400 model_type_mismatch for others).",
             )
             .body::<embeddings::EmbeddingsRequest>(false)
+            .example(|m| Some(json!({ "model": m.embedding.as_ref()?, "input": ["a hangar", "a plane"] })))
             .ok::<embeddings::EmbeddingList>()
             .errors(INFERENCE),
         Route::new(post.clone(), "/v1/rerank", Inference, api!(rerank::handle))
@@ -128,6 +139,10 @@ pub(crate) fn all() -> Vec<Route> {
                 "Scores `documents` against `query` with a reranking model; results sorted by relevance with their original index.",
             )
             .body::<rerank::RerankBody>(false)
+            .example(|m| {
+                let documents = json!(["planes park in a hangar", "bread is baked"]);
+                Some(json!({ "model": m.reranking.as_ref()?, "query": "where do planes park?", "documents": documents }))
+            })
             .ok::<rerank::RerankResponse>()
             .errors(INFERENCE),
         Route::new(get.clone(), "/v1/models", Inference, api!(models::list))

@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 pub use row::ModelRow;
 pub(crate) use row::StaticRows;
 
-use crate::body::{Response, json_response, parse_json};
+use crate::body::{Response, integral_floats_to_integers, json_response, parse_json};
 use crate::error::ApiError;
 use crate::router::Ctx;
 
@@ -156,7 +156,8 @@ pub(crate) async fn show(ctx: Ctx) -> Result<Response, ApiError> {
 /// # Errors
 /// 422 when the body is not a JSON object or `replicas` is not a positive integer.
 pub(crate) fn load_options(body: &bytes::Bytes) -> Result<LoadOptions, ApiError> {
-    let value: Value = parse_json(body, true)?;
+    let mut value: Value = parse_json(body, true)?;
+    integral_floats_to_integers(&mut value);
     let Value::Object(fields) = value else {
         return Err(ApiError::body(format!(
             "the load body must be a JSON object, got {}",
