@@ -132,18 +132,20 @@ fn llama_backend() -> Result<Arc<hangar_backend_llamacpp::llama_cpp_2::llama_bac
     Ok(Arc::clone(LLAMA.get_or_init(|| llama)))
 }
 
-async fn serve(config: Config) -> Result<ExitCode> {
+async fn serve(mut config: Config) -> Result<ExitCode> {
     // Handlers first: a signal that arrives right after the listening line must drain, not
     // kill the process.
     let mut signals = Signals::install()?;
     let manager = Manager::new(&config, backends());
     let service = HangarService::new(manager.clone(), ServerOptions::from_config(&config));
+    // The manager owns the model definitions from here on; this copy would only hold memory.
+    let model_count = std::mem::take(&mut config.models).len();
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
     let addr = listener.local_addr().context("cannot read the bound address")?;
     announce(addr)?;
-    tracing::info!(%addr, models = config.models.len(), auto_load = config.auto_load, "listening");
+    tracing::info!(%addr, models = model_count, auto_load = config.auto_load, "listening");
 
     let loading = tokio::spawn(load_enabled(manager.clone()));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -13,10 +14,10 @@ pub const MAX_MODEL_NAME_LEN: usize = 128;
 ///
 /// A name is non-empty, at most [`MAX_MODEL_NAME_LEN`] bytes, has no surrounding whitespace,
 /// and contains no `/`, `\`, `..` or control characters, so it can never climb out of a
-/// directory or split a URL path segment.
+/// directory or split a URL path segment. Clones share the string.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
-pub struct ModelName(String);
+pub struct ModelName(Arc<str>);
 
 /// Why a string is not a valid [`ModelName`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,7 +71,7 @@ impl ModelName {
         if name.trim() != name {
             return Err(ModelNameError::SurroundingWhitespace);
         }
-        Ok(Self(name))
+        Ok(Self(name.into()))
     }
 
     /// The name as a string slice.

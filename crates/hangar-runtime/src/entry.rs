@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use hangar_backend::{Capabilities, LoadOverride, Runtime};
 use hangar_config::ModelConfig;
 use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState, Scheduler};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::events::StateChange;
@@ -16,11 +16,13 @@ use crate::events::StateChange;
 /// lifecycle; every change goes through [`ModelEntry::apply`].
 pub(crate) struct ModelEntry {
     pub(crate) config: Arc<ModelConfig>,
+    /// Position in config order.
+    pub(crate) position: usize,
     /// Size of the model's files in MiB, measured once at start-up.
     pub(crate) artifact_mib: Option<u64>,
     slot: Mutex<Slot>,
-    /// Bumped on every slot change that waiters care about (state, pins).
-    changed: watch::Sender<u64>,
+    /// Wakes waiters on every slot change they care about (state, pins).
+    changed: Notify,
     /// Held by whoever creates or destroys this model's runtimes.
     pub(crate) resources: tokio::sync::Mutex<()>,
 }
@@ -44,7 +46,11 @@ pub(crate) struct Slot {
 }
 
 impl ModelEntry {
-    pub(crate) fn new(config: ModelConfig, capabilities: Capabilities) -> Self {
+    pub(crate) fn new(
+        config: ModelConfig,
+        position: usize,
+        capabilities: Arc<Capabilities>,
+    ) -> Self {
         let config = Arc::new(config);
         let artifact_mib = config.model_path.as_deref().and_then(artifact_mib);
         Self {
@@ -54,7 +60,7 @@ impl ModelEntry {
                 effective: Arc::clone(&config),
                 load_override: LoadOverride::default(),
                 replicas: config.replicas,
-                capabilities: Arc::new(capabilities),
+                capabilities,
                 last_use: None,
                 pins: 0,
                 load_progress: None,
@@ -62,8 +68,9 @@ impl ModelEntry {
                 generation: 0,
             }),
             config,
+            position,
             artifact_mib,
-            changed: watch::Sender::new(0),
+            changed: Notify::new(),
             resources: tokio::sync::Mutex::new(()),
         }
     }
@@ -75,19 +82,21 @@ impl ModelEntry {
 
     /// Wakes everyone waiting on this model.
     pub(crate) fn notify(&self) {
-        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+        self.changed.notify_waiters();
     }
 
     /// Waits until `done(slot)` holds.
     pub(crate) async fn wait_until(&self, mut done: impl FnMut(&Slot) -> bool) {
-        let mut rx = self.changed.subscribe();
         loop {
+            // Registered before the check, so a change between the check and the wait is
+            // not missed.
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             if done(&self.lock()) {
                 return;
             }
-            if rx.changed().await.is_err() {
-                return;
-            }
+            notified.await;
         }
     }
 

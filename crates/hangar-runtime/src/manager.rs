@@ -87,11 +87,20 @@ impl Manager {
     pub fn new(config: &Config, backends: Backends) -> Self {
         let models = DashMap::with_capacity(config.models.len());
         let mut order = Vec::with_capacity(config.models.len());
+        // Most models share their capabilities: one allocation each distinct value.
+        let mut shared: Vec<Arc<Capabilities>> = Vec::new();
         for model in &config.models {
             let capabilities = backends
                 .get(model.backend)
                 .map_or_else(Capabilities::default, |b| b.capabilities(model));
-            let entry = Arc::new(ModelEntry::new(model.clone(), capabilities));
+            let capabilities = match shared.iter().find(|c| ***c == capabilities) {
+                Some(c) => Arc::clone(c),
+                None => {
+                    shared.push(Arc::new(capabilities));
+                    Arc::clone(&shared[shared.len() - 1])
+                }
+            };
+            let entry = Arc::new(ModelEntry::new(model.clone(), order.len(), capabilities));
             order.push(Arc::clone(&entry));
             models.insert(model.name.clone(), entry);
         }

@@ -35,6 +35,8 @@ pub enum VramEstimateSource {
 pub struct ModelSnapshot {
     /// The configured definition (merged config, before any load override).
     pub config: Arc<ModelConfig>,
+    /// The model's position in config order (0-based): a stable index for caches.
+    pub position: usize,
     /// The backend that runs it.
     pub resolved_backend: BackendKind,
     /// What it serves.
@@ -118,6 +120,7 @@ impl ModelFilter {
 
 /// The snapshot of `entry`, whose slot the caller holds locked.
 pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
+    let position = entry.position;
     let config = &entry.config;
     let state = slot.lifecycle.state();
     let stats = slot.scheduler.as_ref().map(Scheduler::stats);
@@ -137,6 +140,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
     };
     ModelSnapshot {
         config: Arc::clone(config),
+        position,
         resolved_backend: config.backend,
         model_type: config.model_type,
         device: config.device,

@@ -141,8 +141,8 @@ pub(crate) async fn list(ctx: Ctx) -> Result<Response, ApiError> {
     let query: ModelsQuery = ctx.query()?;
     let filter = ModelFilter { state: query.state, model_type: query.model_type };
     let snapshots = ctx.state.manager.list(&filter);
-    let models = snapshots.iter().map(|s| ctx.state.rows.row(s)).collect();
-    Ok(json_response(StatusCode::OK, &ModelsResponse { models }))
+    let encoded = ctx.state.rows.list(&snapshots);
+    Ok(crate::body::bytes_response(StatusCode::OK, "application/json", encoded.into()))
 }
 
 /// `GET /v1/admin/models/{name}`.

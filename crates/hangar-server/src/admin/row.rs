@@ -1,18 +1,20 @@
 //! [`ModelRow`]: the admin API's model row, the server's wire type built from the runtime's
-//! [`ModelSnapshot`], and [`StaticRows`], which encodes each model's static parts once.
+//! [`ModelSnapshot`], and [`StaticRows`], which encodes each model's static fields once.
 //!
-//! A row is the model's live fields plus four static parts: its configured `definition`,
-//! its backend's `load_constraints` and `load_recommendations`. Those change only with the
-//! config, so they are serialized to JSON once, when the service is built, and every row
-//! shares them: listing 10,000 models copies bytes instead of re-encoding the definitions.
+//! A row's fields come in two groups, static first: what changes only with the config
+//! (name, backend, type, device, `configured_*`, `replica_max`, `load_constraints`,
+//! `load_recommendations`, `definition`), then the live state. [`StaticRows`] encodes each
+//! model's static group when the service is built; a listing then writes that prefix and
+//! encodes only the live fields, so listing 10,000 models copies their definitions instead
+//! of re-encoding them. A test holds the fast path byte-equal to serde's encoding of
+//! [`ModelRow`].
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use hangar_backend::{
     Capabilities, LoadConstraints, LoadRecommendations, load_constraints, load_recommendations,
 };
-use hangar_config::{BackendKind, ModelConfig, ModelType};
+use hangar_config::{BackendKind, Device, ModelType};
 use hangar_lifecycle::ModelState;
 use hangar_runtime::{ModelSnapshot, VramEstimateSource};
 use schemars::JsonSchema;
@@ -32,9 +34,23 @@ pub struct ModelRow {
     #[serde(rename = "type")]
     pub model_type: ModelType,
     /// Devices it occupies (`cpu`, `gpu`, `npu`).
-    pub device: Vec<String>,
+    #[schemars(with = "Vec<String>")]
+    pub device: Device,
     /// `enabled` as the merged config says.
     pub configured_enabled: bool,
+    /// Most replicas a load may ask for.
+    pub replica_max: u32,
+    /// Per-replica in-flight target from config.
+    pub configured_target_inflight: u32,
+    /// Backend-specific fields a load request may override, with their value rules.
+    #[schemars(with = "LoadConstraints")]
+    pub load_constraints: Arc<RawValue>,
+    /// Recommended presets for UI defaults.
+    #[schemars(with = "LoadRecommendations")]
+    pub load_recommendations: Arc<RawValue>,
+    /// Configured definition: common fields plus only the backend's fields.
+    #[schemars(with = "Map<String, Value>")]
+    pub definition: Arc<RawValue>,
     /// The live state.
     pub runtime_state: ModelState,
     /// `runtime_state == loaded`.
@@ -42,8 +58,6 @@ pub struct ModelRow {
     /// The effective replica count: this load's choice while loading or loaded, else the
     /// configured default.
     pub replicas: u32,
-    /// Most replicas a load may ask for.
-    pub replica_max: u32,
     /// Replicas currently loaded.
     pub loaded_replicas: u32,
     /// Requests admitted and not finished: running plus queued.
@@ -52,8 +66,6 @@ pub struct ModelRow {
     pub queue_depth: u32,
     /// Requests running on the model's replicas.
     pub runtime_inflight: u32,
-    /// Per-replica in-flight target from config.
-    pub configured_target_inflight: u32,
     /// Per-replica in-flight target in effect after clamping by the backend's capability.
     pub effective_target_inflight: u32,
     /// Why the last load failed or the runtime crashed.
@@ -68,70 +80,175 @@ pub struct ModelRow {
     pub vram_estimate_replica_count: u32,
     /// Where the estimate comes from.
     pub vram_estimate_source: VramEstimateSource,
-    /// Backend-specific fields a load request may override, with their value rules.
-    #[schemars(with = "LoadConstraints")]
-    pub load_constraints: Arc<RawValue>,
-    /// Recommended presets for UI defaults.
-    #[schemars(with = "LoadRecommendations")]
-    pub load_recommendations: Arc<RawValue>,
     /// The runtime-only override of the current (or last) load; `{}` when none.
     pub load_override: Map<String, Value>,
     /// What the model supports.
     pub capabilities: Arc<Capabilities>,
-    /// Configured definition: common fields plus only the backend's fields.
-    #[schemars(with = "Map<String, Value>")]
-    pub definition: Arc<RawValue>,
+}
+
+/// The static fields of a row, in [`ModelRow`]'s order.
+#[derive(Serialize)]
+struct StaticFields<'a> {
+    name: &'a str,
+    resolved_backend: BackendKind,
+    #[serde(rename = "type")]
+    model_type: ModelType,
+    device: Device,
+    configured_enabled: bool,
+    replica_max: u32,
+    configured_target_inflight: u32,
+    load_constraints: &'a RawValue,
+    load_recommendations: &'a RawValue,
+    definition: &'a RawValue,
 }
 
 /// One model's encoded static parts.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct StaticParts {
+    /// The model's configured definition (shared with the manager): which model these
+    /// parts belong to.
+    config: Arc<hangar_config::ModelConfig>,
+    /// The static fields as JSON, `{` included, the closing `}` left out.
+    prefix: Box<[u8]>,
     definition: Arc<RawValue>,
     constraints: Arc<RawValue>,
     recommendations: Arc<RawValue>,
 }
 
-/// Every configured model's static row parts, encoded once.
+/// Every configured model's static row parts, encoded once, by config position.
 #[derive(Debug, Default)]
 pub(crate) struct StaticRows {
-    models: HashMap<String, StaticParts>,
+    models: Vec<StaticParts>,
 }
 
 impl StaticRows {
-    /// Encodes the static parts of every model in `snapshots`.
+    /// Encodes the static parts of every model in `snapshots` (in config order).
     pub(crate) fn new(snapshots: &[ModelSnapshot]) -> Self {
-        let mut per_backend: HashMap<BackendKind, (Arc<RawValue>, Arc<RawValue>)> = HashMap::new();
+        let mut per_backend: Vec<(BackendKind, Arc<RawValue>, Arc<RawValue>)> = Vec::new();
         let models = snapshots
             .iter()
             .map(|s| {
-                let (constraints, recommendations) = per_backend
-                    .entry(s.resolved_backend)
-                    .or_insert_with(|| backend_parts(s.resolved_backend))
-                    .clone();
-                let parts =
-                    StaticParts { definition: definition(&s.config), constraints, recommendations };
-                (s.name().to_owned(), parts)
+                let kind = s.resolved_backend;
+                let (constraints, recommendations) =
+                    match per_backend.iter().find(|(k, ..)| *k == kind) {
+                        Some((_, c, r)) => (Arc::clone(c), Arc::clone(r)),
+                        None => {
+                            let (c, r) = backend_parts(kind);
+                            per_backend.push((kind, Arc::clone(&c), Arc::clone(&r)));
+                            (c, r)
+                        }
+                    };
+                StaticParts::new(s, raw(&s.config.definition()), constraints, recommendations)
             })
             .collect();
         Self { models }
     }
 
-    /// The row of `snapshot`, with its static parts from this cache (or encoded now for a
-    /// model the cache does not know).
+    fn parts(&self, snapshot: &ModelSnapshot) -> Option<&StaticParts> {
+        self.models.get(snapshot.position).filter(|p| Arc::ptr_eq(&p.config, &snapshot.config))
+    }
+
+    /// The row of `snapshot`.
     pub(crate) fn row(&self, snapshot: &ModelSnapshot) -> ModelRow {
-        match self.models.get(snapshot.name()) {
-            Some(parts) => ModelRow::with(snapshot, parts.clone()),
+        match self.parts(snapshot) {
+            Some(parts) => ModelRow::with(snapshot, parts),
             None => ModelRow::of(snapshot),
         }
     }
+
+    /// `{"models": [rows…]}` for `snapshots`, encoded: each row is its cached static prefix
+    /// and its live fields.
+    pub(crate) fn list(&self, snapshots: &[ModelSnapshot]) -> Vec<u8> {
+        let static_len: usize =
+            snapshots.iter().filter_map(|s| self.parts(s)).map(|p| p.prefix.len()).sum();
+        let mut out = Vec::with_capacity(static_len + snapshots.len() * 640 + 16);
+        out.extend_from_slice(b"{\"models\":[");
+        for (i, snapshot) in snapshots.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            match self.parts(snapshot) {
+                Some(parts) => write_row(&mut out, &parts.prefix, snapshot),
+                None => {
+                    let row = ModelRow::of(snapshot);
+                    // A row of plain values always encodes.
+                    let _ = serde_json::to_writer(&mut out, &row);
+                }
+            }
+        }
+        out.extend_from_slice(b"]}");
+        out
+    }
+}
+
+impl StaticParts {
+    fn new(
+        s: &ModelSnapshot,
+        definition: Arc<RawValue>,
+        constraints: Arc<RawValue>,
+        recommendations: Arc<RawValue>,
+    ) -> Self {
+        let fields = StaticFields {
+            name: s.name(),
+            resolved_backend: s.resolved_backend,
+            model_type: s.model_type,
+            device: s.device,
+            configured_enabled: s.configured_enabled,
+            replica_max: s.replica_max,
+            configured_target_inflight: s.configured_target_inflight,
+            load_constraints: &constraints,
+            load_recommendations: &recommendations,
+            definition: &definition,
+        };
+        let mut prefix = serde_json::to_vec(&fields).unwrap_or_else(|_| b"{}".to_vec());
+        prefix.pop();
+        let config = Arc::clone(&s.config);
+        Self { config, prefix: prefix.into(), definition, constraints, recommendations }
+    }
+}
+
+/// Appends one row: the static prefix, then the live fields. The live fields are written
+/// key by key (constant keys, `serde_json` for values): listing thousands of rows spends
+/// most of its time here, and escaping constant keys is wasted work. The test below holds
+/// this byte-equal to serde's encoding of [`ModelRow`] (field order included).
+fn write_row(out: &mut Vec<u8>, prefix: &[u8], s: &ModelSnapshot) {
+    fn value<T: Serialize + ?Sized>(out: &mut Vec<u8>, key: &[u8], value: &T) {
+        out.extend_from_slice(key);
+        // Numbers, strings and maps of JSON values always encode.
+        let _ = serde_json::to_writer(&mut *out, value);
+    }
+    fn name(out: &mut Vec<u8>, key: &[u8], name: &'static str) {
+        out.extend_from_slice(key);
+        out.push(b'"');
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'"');
+    }
+    out.extend_from_slice(prefix);
+    name(out, b",\"runtime_state\":", s.runtime_state.as_str());
+    out.extend_from_slice(if s.is_loaded {
+        b",\"is_loaded\":true"
+    } else {
+        b",\"is_loaded\":false"
+    });
+    value(out, b",\"replicas\":", &s.replicas);
+    value(out, b",\"loaded_replicas\":", &s.loaded_replicas);
+    value(out, b",\"inflight_requests\":", &s.inflight_requests);
+    value(out, b",\"queue_depth\":", &s.queue_depth);
+    value(out, b",\"runtime_inflight\":", &s.runtime_inflight);
+    value(out, b",\"effective_target_inflight\":", &s.effective_target_inflight);
+    value(out, b",\"last_error\":", &s.last_error);
+    value(out, b",\"load_progress\":", &s.load_progress);
+    value(out, b",\"last_use_unix_ms\":", &s.last_use_unix_ms);
+    value(out, b",\"vram_estimate_mib\":", &s.vram_estimate_mib);
+    value(out, b",\"vram_estimate_replica_count\":", &s.vram_estimate_replica_count);
+    name(out, b",\"vram_estimate_source\":", s.vram_estimate_source.into());
+    value(out, b",\"load_override\":", s.load_override.fields());
+    value(out, b",\"capabilities\":", &*s.capabilities);
+    out.push(b'}');
 }
 
 fn backend_parts(kind: BackendKind) -> (Arc<RawValue>, Arc<RawValue>) {
     (raw(&load_constraints(kind)), raw(&load_recommendations(kind)))
-}
-
-fn definition(config: &ModelConfig) -> Arc<RawValue> {
-    raw(&config.definition())
 }
 
 fn raw<T: Serialize>(value: &T) -> Arc<RawValue> {
@@ -144,27 +261,34 @@ impl ModelRow {
     /// The row of `snapshot`, encoding its static parts now.
     pub fn of(snapshot: &ModelSnapshot) -> Self {
         let (constraints, recommendations) = backend_parts(snapshot.resolved_backend);
-        let parts =
-            StaticParts { definition: definition(&snapshot.config), constraints, recommendations };
-        Self::with(snapshot, parts)
+        let parts = StaticParts::new(
+            snapshot,
+            raw(&snapshot.config.definition()),
+            constraints,
+            recommendations,
+        );
+        Self::with(snapshot, &parts)
     }
 
-    fn with(s: &ModelSnapshot, parts: StaticParts) -> Self {
+    fn with(s: &ModelSnapshot, parts: &StaticParts) -> Self {
         Self {
             name: s.name().to_owned(),
             resolved_backend: s.resolved_backend,
             model_type: s.model_type,
-            device: s.device.names().map(str::to_owned).collect(),
+            device: s.device,
             configured_enabled: s.configured_enabled,
+            replica_max: s.replica_max,
+            configured_target_inflight: s.configured_target_inflight,
+            load_constraints: Arc::clone(&parts.constraints),
+            load_recommendations: Arc::clone(&parts.recommendations),
+            definition: Arc::clone(&parts.definition),
             runtime_state: s.runtime_state,
             is_loaded: s.is_loaded,
             replicas: s.replicas,
-            replica_max: s.replica_max,
             loaded_replicas: s.loaded_replicas,
             inflight_requests: s.inflight_requests,
             queue_depth: s.queue_depth,
             runtime_inflight: s.runtime_inflight,
-            configured_target_inflight: s.configured_target_inflight,
             effective_target_inflight: s.effective_target_inflight,
             last_error: s.last_error.clone(),
             load_progress: s.load_progress,
@@ -172,16 +296,62 @@ impl ModelRow {
             vram_estimate_mib: s.vram_estimate_mib,
             vram_estimate_replica_count: s.vram_estimate_replica_count,
             vram_estimate_source: s.vram_estimate_source,
-            load_constraints: parts.constraints,
-            load_recommendations: parts.recommendations,
             load_override: s.load_override.fields().clone(),
             capabilities: Arc::clone(&s.capabilities),
-            definition: parts.definition,
         }
     }
 
     /// The definition as a JSON object.
     pub fn definition(&self) -> Map<String, Value> {
         serde_json::from_str(self.definition.get()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hangar_runtime::{Backends, LoadOptions, Manager};
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn the_list_encodes_each_row_exactly_as_serde_encodes_model_row() {
+        let config = hangar_config::Config::from_value(&json!({
+            "models": {
+                "chat": { "backend": "stub", "replica_max": 2 },
+                "bro\"ken": { "backend": "stub", "stub": { "fail_load": "out of \"memory\"" } },
+                "g": { "backend": "llama_cpp", "model_path": "/m/x.gguf", "labels": ["embedding"] },
+            }
+        }))
+        .unwrap();
+        let stub = Arc::new(hangar_backend::stub::StubBackend::new());
+        let llama = Arc::new(hangar_backend::stub::StubBackend::with_kind(BackendKind::LlamaCpp));
+        let manager = Manager::new(&config, Backends::new().with(stub).with(llama));
+        let rows = StaticRows::new(&manager.models());
+        manager.load("chat", LoadOptions::default()).await.unwrap();
+        assert!(manager.load("bro\"ken", LoadOptions::default()).await.is_err());
+        let overrides = json!({ "gguf_n_ctx": 1024, "gguf_type_k": null });
+        let Value::Object(overrides) = overrides else { unreachable!() };
+        let options = LoadOptions { overrides, ..LoadOptions::default() };
+        manager.load("g", options).await.unwrap();
+
+        let snapshots = manager.models();
+        let listed: Value = serde_json::from_slice(&rows.list(&snapshots)).unwrap();
+        let mut expected = Vec::new();
+        for s in &snapshots {
+            let fast = {
+                let mut out = Vec::new();
+                write_row(&mut out, &rows.parts(s).expect("cached").prefix, s);
+                out
+            };
+            let canonical = serde_json::to_vec(&rows.row(s)).unwrap();
+            assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&canonical));
+            assert_eq!(serde_json::to_vec(&ModelRow::of(s)).unwrap(), canonical);
+            expected.push(serde_json::to_value(rows.row(s)).unwrap());
+        }
+        assert_eq!(listed, json!({ "models": expected }));
+        // A snapshot the cache does not know is encoded in full.
+        let other = StaticRows::default();
+        let listed: Value = serde_json::from_slice(&other.list(&snapshots)).unwrap();
+        assert_eq!(listed, json!({ "models": expected }));
     }
 }
