@@ -438,11 +438,13 @@ def constrained_decoding_refused(model):
 
 
 def expect(error, fn, *words):
+    """`fn` raises `error` whose message or machine-readable code holds every word."""
     try:
         fn()
     except error as e:
+        text = f"{e} {getattr(e, 'code', '')}"
         for word in words:
-            assert word in str(e), (word, e)
+            assert word in text, (word, text)
     else:
         raise AssertionError(f"expected {error.__name__}")
 
