@@ -77,8 +77,20 @@ impl Default for Capabilities {
 }
 
 /// Who said a chat message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Role {
     /// System prompt.
     System,
@@ -88,6 +100,13 @@ pub enum Role {
     Assistant,
     /// A tool result.
     Tool,
+}
+
+impl Role {
+    /// The snake_case name (`system`, `user`, `assistant`, `tool`).
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 /// One chat message.

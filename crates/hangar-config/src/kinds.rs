@@ -237,8 +237,21 @@ impl JsonSchema for Device {
 }
 
 /// How a model's messages are rendered into a prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum PromptFormat {
     /// A plain `role: content` transcript.
     Generic,
@@ -252,6 +265,13 @@ pub enum PromptFormat {
     TranslategemmaTemplate,
     /// The chat template embedded in the model file.
     Auto,
+}
+
+impl PromptFormat {
+    /// The snake_case name used in config and JSON.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 /// A three-way switch used by engine flags such as flash attention.
@@ -391,6 +411,9 @@ mod tests {
         }
         for ty in ModelType::ALL {
             assert_eq!(serde_json::to_value(ty).unwrap(), json!(ty.to_string()));
+        }
+        for format in [PromptFormat::Qwen3Template, PromptFormat::TranslategemmaTemplate] {
+            assert_eq!(serde_json::to_value(format).unwrap(), json!(format.as_str()));
         }
         assert_eq!(serde_json::to_value(SpecType::DraftMtp).unwrap(), json!("draft-mtp"));
         assert!(serde_json::from_value::<GgmlType>(json!("q8-0")).is_err());

@@ -42,6 +42,7 @@ mod events;
 mod load;
 mod manager;
 mod snapshot;
+mod unload;
 
 pub use admission::{RequestGuard, Work};
 pub use error::{ErrorCode, ManagerError};

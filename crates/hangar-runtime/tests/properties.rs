@@ -1,12 +1,12 @@
-//! Random interleavings of load / unload / infer / crash under random limits, against the
-//! stub backend with a paused clock.
+//! Random interleavings of load / reload / unload / infer / crash under random limits,
+//! against the stub backend with a paused clock.
 //!
 //! Invariants, checked after every step and at the end:
 //! 1. loaded models of each type never exceed that type's limit (checked on every state
 //!    change, not only between steps);
 //! 2. at most one loaded model holds the exclusive device (NPU);
 //! 3. no runtime is unloaded while a request runs on it (the backend wrapper records any
-//!    unload that happens with active calls);
+//!    unload that happens with active calls) — a reload's old runtimes included;
 //! 4. every submitted request ends in a response or a typed error — none is lost and none
 //!    hangs (each request task finishes within a bounded virtual time);
 //! 5. states only move along the transition table;
@@ -112,6 +112,7 @@ mod async_trait_shim {
 #[derive(Debug, Clone)]
 enum Op {
     Load(usize),
+    Reload(usize),
     Unload(usize),
     Infer(usize, u32),
     UnloadAll,
@@ -121,6 +122,7 @@ enum Op {
 fn op(models: usize) -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..models).prop_map(Op::Load),
+        1 => (0..models).prop_map(Op::Reload),
         2 => (0..models).prop_map(Op::Unload),
         5 => (0..models, 1u32..12).prop_map(|(m, t)| Op::Infer(m, t)),
         1 => Just(Op::UnloadAll),
@@ -238,6 +240,10 @@ proptest! {
                     Op::Load(i) => {
                         let (m, n) = (m.clone(), names[i % names.len()].clone());
                         tasks.push(tokio::spawn(async move { m.load(&n, LoadOptions::default()).await.map(drop).map_err(|e| e.code()) }));
+                    }
+                    Op::Reload(i) => {
+                        let (m, n) = (m.clone(), names[i % names.len()].clone());
+                        tasks.push(tokio::spawn(async move { m.reload(&n, LoadOptions::default()).await.map(drop).map_err(|e| e.code()) }));
                     }
                     Op::Unload(i) => {
                         let (m, n) = (m.clone(), names[i % names.len()].clone());

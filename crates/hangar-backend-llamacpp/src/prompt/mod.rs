@@ -187,23 +187,11 @@ pub fn expects_bos(format: PromptFormat) -> Option<bool> {
 }
 
 fn format_name(format: PromptFormat) -> &'static str {
-    match format {
-        PromptFormat::Generic => "generic",
-        PromptFormat::MistralTemplate => "mistral_template",
-        PromptFormat::Qwen3Template => "qwen3_template",
-        PromptFormat::Gemma4Template => "gemma4_template",
-        PromptFormat::TranslategemmaTemplate => "translategemma_template",
-        PromptFormat::Auto => "auto",
-    }
+    format.as_str()
 }
 
 fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
-    }
+    role.as_str()
 }
 
 /// The leading system message, if any, and the rest.

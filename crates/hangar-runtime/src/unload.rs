@@ -1,0 +1,142 @@
+//! Unloads and crash handling: the graceful unload (stop admissions, wait for pinned
+//! requests, cancel queued requests, drain running ones, release the runtimes), unload-all,
+//! and a crashed runtime's teardown.
+
+use std::sync::Arc;
+
+use hangar_backend::LoadOverride;
+use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState};
+
+use crate::entry::ModelEntry;
+use crate::error::ManagerError;
+use crate::events::Events;
+use crate::manager::Manager;
+use crate::snapshot::{ModelSnapshot, snapshot_of};
+
+/// Why a model is being unloaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UnloadCause {
+    Request,
+    Eviction,
+}
+
+impl Manager {
+    /// Gracefully unloads a configured model and answers when it is unloaded.
+    ///
+    /// Unloaded, unloading or failed: the current state, nothing changes.
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::Conflict`] while the model is loading.
+    pub async fn unload(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
+        let entry = self.entry(name)?;
+        {
+            let slot = entry.lock();
+            match slot.lifecycle.state() {
+                ModelState::Loaded => {}
+                ModelState::Loading => {
+                    return Err(ManagerError::Conflict {
+                        state: ModelState::Loading,
+                        message: "the model is loading; unload it once it is loaded".into(),
+                    });
+                }
+                _ => return Ok(snapshot_of(&entry, &slot)),
+            }
+        }
+        let (this, e) = (self.clone(), Arc::clone(&entry));
+        let _ =
+            tokio::spawn(async move { this.unload_entry(&e, UnloadCause::Request).await }).await;
+        let slot = entry.lock();
+        Ok(snapshot_of(&entry, &slot))
+    }
+
+    /// Unloads every loaded model (concurrently) and returns the names of the models this
+    /// call unloaded.
+    pub async fn unload_all(&self) -> Vec<String> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for entry in &self.inner.order {
+            let (this, entry) = (self.clone(), Arc::clone(entry));
+            tasks.spawn(async move {
+                let unloaded = this.unload_entry(&entry, UnloadCause::Request).await;
+                unloaded.then(|| entry.config.name.to_string())
+            });
+        }
+        let mut unloaded = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            unloaded.extend(done.ok().flatten());
+        }
+        let position =
+            |name: &String| self.inner.order.iter().position(|e| e.config.name.as_str() == name);
+        unloaded.sort_by_key(position);
+        unloaded
+    }
+
+    /// The graceful unload: stop admissions, wait for pinned requests to be admitted,
+    /// cancel queued requests, drain running ones, release the runtimes. Returns whether
+    /// this call unloaded the model (false when it was not loaded).
+    pub(crate) async fn unload_entry(&self, entry: &Arc<ModelEntry>, cause: UnloadCause) -> bool {
+        let _resources = entry.resources.lock().await;
+        let scheduler = {
+            let mut slot = entry.lock();
+            if slot.lifecycle.state() != ModelState::Loaded {
+                return false;
+            }
+            entry.apply(&mut slot, LifecycleEvent::StartUnload, None, &self.inner.events);
+            slot.scheduler.clone()
+        };
+        entry.notify();
+        tracing::info!(model = %entry.config.name, ?cause, "unloading");
+        entry.wait_until(|s| s.pins == 0).await;
+        if let Some(scheduler) = &scheduler {
+            scheduler.close(AdmissionError::ModelUnloading);
+            scheduler.drained().await;
+            for runtime in scheduler.runtimes() {
+                runtime.unload().await;
+            }
+        }
+        let mut slot = entry.lock();
+        slot.scheduler = None;
+        slot.loaded_replicas = 0;
+        slot.load_override = LoadOverride::default();
+        slot.effective = Arc::clone(&entry.config);
+        slot.replicas = entry.config.replicas;
+        entry.apply(&mut slot, LifecycleEvent::UnloadCompleted, None, &self.inner.events);
+        drop(slot);
+        Events::bump(&self.inner.events.unloads);
+        entry.notify();
+        true
+    }
+
+    /// Marks a model failed after its runtime crashed, refuses its queued requests, and
+    /// tears its runtimes down once running requests have ended. Reports about runtimes of
+    /// an earlier load (`generation`) are ignored.
+    pub(crate) fn crashed(&self, entry: &Arc<ModelEntry>, generation: u64, reason: &str) {
+        let scheduler = {
+            let mut slot = entry.lock();
+            if slot.lifecycle.state() != ModelState::Loaded || slot.generation != generation {
+                return;
+            }
+            let message = format!("runtime crashed: {reason}");
+            let event = LifecycleEvent::Crashed;
+            entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
+            slot.loaded_replicas = 0;
+            let scheduler = slot.scheduler.take();
+            if let Some(s) = &scheduler {
+                s.close(AdmissionError::ModelFailed { last_error: message });
+            }
+            scheduler
+        };
+        Events::bump(&self.inner.events.crashes);
+        entry.notify();
+        tracing::error!(model = %entry.config.name, reason, "runtime crashed; model marked failed");
+        if let Some(scheduler) = scheduler {
+            let entry = Arc::clone(entry);
+            tokio::spawn(async move {
+                let _resources = entry.resources.lock().await;
+                scheduler.drained().await;
+                for runtime in scheduler.runtimes() {
+                    runtime.unload().await;
+                }
+            });
+        }
+    }
+}
