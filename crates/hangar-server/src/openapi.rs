@@ -63,7 +63,7 @@ pub(crate) fn build(admin_key: bool, examples: &ExampleModels) -> Value {
         item[route.method.as_str().to_ascii_lowercase()] = op;
     }
     let model_state = generator.subschema_for::<ModelState>();
-    let error_code = generator.subschema_for::<ErrorCode>();
+    generator.subschema_for::<ErrorCode>();
     let mut schemas = generator.take_definitions(true);
     for schema in schemas.values_mut() {
         if let Some(obj) = schema.as_object_mut() {
@@ -72,14 +72,6 @@ pub(crate) fn build(admin_key: bool, examples: &ExampleModels) -> Value {
     }
     if let Some(state) = component_mut(&mut schemas, &model_state) {
         describe_states(state);
-    }
-    if let Some(code) = component_mut(&mut schemas, &error_code) {
-        code.insert(
-            "description".into(),
-            "Every machine-readable error code; each has one HTTP status (in its description). \
-             Also the `outcome` label of request metrics."
-                .into(),
-        );
     }
     let mut components = json!({ "schemas": schemas });
     if admin_key {
