@@ -55,23 +55,6 @@ impl Prepared {
 }
 
 impl Manager {
-    /// Checks load options against a model's backend and limits without loading or changing
-    /// anything: what [`Manager::load`] would reject as bad input, whatever the model's state.
-    ///
-    /// # Errors
-    /// `unknown_model`, [`ManagerError::InvalidLoadSchema`], [`ManagerError::InvalidLoadRequest`].
-    pub fn check_load_options(
-        &self,
-        name: &str,
-        options: &LoadOptions,
-    ) -> Result<(), ManagerError> {
-        let entry = self.entry(name)?;
-        if !options.is_empty() {
-            prepare(&entry.config, options)?;
-        }
-        Ok(())
-    }
-
     /// Loads a configured model, evicting others as the policy says, and answers when it is
     /// loaded or failed (the admin API's rule).
     ///

@@ -13,7 +13,7 @@
 use std::num::NonZeroU32;
 
 use hangar_config::{
-    BackendKind, Device, LLAMA_SERVER_MANAGED_ARGS, ModelType, context_size_field,
+    BackendKind, BackendSettings, Device, LLAMA_SERVER_MANAGED_ARGS, ModelType, context_size_field,
 };
 use hangar_lifecycle::ModelState;
 use hangar_runtime::{LoadOptions, ManagerCounters, ModelSnapshot};
@@ -274,9 +274,11 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
                 ),
             ));
         }
-        let definition = model.config.definition();
-        let builds = definition.get("llama_server_backends").and_then(Value::as_object);
-        let Some(path) = builds.and_then(|b| b.get(build)).cloned() else {
+        let builds = match &model.config.settings {
+            BackendSettings::LlamaServer(s) => s.llama_server_backends.as_ref(),
+            _ => None,
+        };
+        let Some(path) = builds.and_then(|b| b.get(build)).map(|p| Value::from(p.as_str())) else {
             let known: Vec<&str> =
                 builds.map(|b| b.keys().map(String::as_str).collect()).unwrap_or_default();
             return Err(invalid_load(

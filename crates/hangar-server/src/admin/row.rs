@@ -138,7 +138,7 @@ impl StaticRows {
                             (c, r)
                         }
                     };
-                StaticParts::new(s, raw(&s.config.definition()), constraints, recommendations)
+                StaticParts::new(s, constraints, recommendations)
             })
             .collect();
         Self { models }
@@ -182,12 +182,9 @@ impl StaticRows {
 }
 
 impl StaticParts {
-    fn new(
-        s: &ModelSnapshot,
-        definition: Arc<RawValue>,
-        constraints: Arc<RawValue>,
-        recommendations: Arc<RawValue>,
-    ) -> Self {
+    /// Encodes the snapshot's definition and static fields, with its backend's parts.
+    fn new(s: &ModelSnapshot, constraints: Arc<RawValue>, recommendations: Arc<RawValue>) -> Self {
+        let definition = raw(&s.config.definition());
         let fields = StaticFields {
             name: s.name(),
             resolved_backend: s.resolved_backend,
@@ -261,13 +258,7 @@ impl ModelRow {
     /// The row of `snapshot`, encoding its static parts now.
     pub fn of(snapshot: &ModelSnapshot) -> Self {
         let (constraints, recommendations) = backend_parts(snapshot.resolved_backend);
-        let parts = StaticParts::new(
-            snapshot,
-            raw(&snapshot.config.definition()),
-            constraints,
-            recommendations,
-        );
-        Self::with(snapshot, &parts)
+        Self::with(snapshot, &StaticParts::new(snapshot, constraints, recommendations))
     }
 
     fn with(s: &ModelSnapshot, parts: &StaticParts) -> Self {
