@@ -23,6 +23,8 @@
 //!    Both servers run [`THREADS`] generation thread(s).
 //! 5. A table of both and their ratio (hangar / llama-server). Both servers are killed at the
 //!    end, on errors too.
+//! 6. The concurrency section ([`crate::bench_streams`]): 1, 4 and 8 concurrent streams on
+//!    both servers' defaults, in a second table.
 //!
 //! The HTTP client is `ureq` (blocking), configured the same for both servers: a fresh
 //! connection per request (no pooled keep-alive connection that a server may close under
@@ -60,20 +62,20 @@ const CMAKE_OPTIONS: [&str; 8] = [
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 ];
 /// The model both servers load, relative to the workspace root.
-const FIXTURE: &str = "fixtures/models/tiny-llama.gguf";
+pub(crate) const FIXTURE: &str = "fixtures/models/tiny-llama.gguf";
 /// The model's name in Hangar's config.
-const MODEL: &str = "tiny-llama";
+pub(crate) const MODEL: &str = "tiny-llama";
 /// Context size on both servers (the fixture's training context).
-const N_CTX: u32 = 2048;
+pub(crate) const N_CTX: u32 = 2048;
 /// CPU threads for generation and prompt processing on both servers. One: the fixture's
 /// matrices are 64 wide, so a token costs microseconds of arithmetic and a second thread
 /// only adds synchronization; on a shared 2-core machine two OpenMP threads per server also
 /// stall whenever something else holds a core, which makes the figures unreadable.
 const THREADS: usize = 1;
 /// The user message of every chat request.
-const PROMPT: &str = "Write a long story about a hangar full of aeroplanes.";
+pub(crate) const PROMPT: &str = "Write a long story about a hangar full of aeroplanes.";
 /// Tokens per completion.
-const MAX_TOKENS: u32 = 128;
+pub(crate) const MAX_TOKENS: u32 = 128;
 /// Timed non-streaming requests per server.
 const REQUESTS: usize = 40;
 /// Timed streaming requests per server.
@@ -243,16 +245,21 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         ),
     ];
     print_table(root, &bench, &rows, &totals);
-    Ok(())
+    crate::bench_streams::run(&bench)
 }
 
 /// Paths and settings shared by every server start.
-struct Bench {
-    hangard: PathBuf,
-    llama_server: PathBuf,
-    model: PathBuf,
+pub(crate) struct Bench {
+    /// The release `hangard` binary.
+    pub(crate) hangard: PathBuf,
+    /// The cached `llama-server` binary.
+    pub(crate) llama_server: PathBuf,
+    /// The GGUF both servers load ([`FIXTURE`], canonical).
+    pub(crate) model: PathBuf,
+    /// The config directory of the single-stream rows.
     config: PathBuf,
-    work: PathBuf,
+    /// `target/bench/llamacpp`: configs and server logs.
+    pub(crate) work: PathBuf,
 }
 
 impl Bench {
@@ -278,18 +285,25 @@ impl Bench {
 
     /// `llama-server` on the same model, context and threads; ready when `/health` is 200.
     fn start_llama_server(&self) -> Result<Server> {
+        let threads = THREADS.to_string();
+        let args = ["-c", &N_CTX.to_string(), "-t", &threads, "-tb", &threads];
+        let args = [&args[..], &["-np", "1", "--no-cache-prompt", "--no-webui"]].concat();
+        self.spawn_llama_server(&args, "llama-server.log")
+    }
+
+    /// `llama-server -m <model> <args> --host 127.0.0.1 --port <free port>`, its output in
+    /// `<work>/<log_name>`; ready (and timed) when `/health` answers 200.
+    pub(crate) fn spawn_llama_server(&self, args: &[&str], log_name: &str) -> Result<Server> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let log_path = self.work.join("llama-server.log");
+        let log_path = self.work.join(log_name);
         let log = File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let threads = THREADS.to_string();
         let spawned = Instant::now();
         let child = Command::new(&self.llama_server)
             .arg("-m")
             .arg(&self.model)
-            .args(["-c", &N_CTX.to_string(), "-t", &threads, "-tb", &threads])
-            .args(["-np", "1", "--no-cache-prompt", "--no-webui", "--host", "127.0.0.1"])
-            .args(["--port", &port.to_string()])
+            .args(args)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -321,14 +335,17 @@ impl Bench {
 }
 
 /// A running server. Killed on drop.
-struct Server {
+pub(crate) struct Server {
+    /// `hangar` or `llama-server`, for messages.
     name: &'static str,
-    child: Child,
+    /// The server process.
+    pub(crate) child: Child,
     /// `http://127.0.0.1:PORT`.
     base: String,
     /// The HTTP client for this server.
-    agent: ureq::Agent,
-    log: PathBuf,
+    pub(crate) agent: ureq::Agent,
+    /// The file its output goes to.
+    pub(crate) log: PathBuf,
     /// Spawn → model ready.
     ready: Duration,
     /// The load request alone (Hangar only).
@@ -337,13 +354,13 @@ struct Server {
 
 impl Server {
     /// A started server, not yet timed.
-    fn new(name: &'static str, child: Child, base: String, log: PathBuf) -> Self {
+    pub(crate) fn new(name: &'static str, child: Child, base: String, log: PathBuf) -> Self {
         let agent = client();
         Self { name, child, base, agent, log, ready: Duration::ZERO, load: Duration::ZERO }
     }
 
     /// `base` + `path`.
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 }
@@ -353,7 +370,7 @@ impl Server {
 /// no idle connection is kept: every request connects anew, as every measure has since the
 /// first version of this benchmark. (With pooled keep-alive connections a run once failed
 /// with `Peer disconnected`: a request went out on a connection the server was closing.)
-fn client() -> ureq::Agent {
+pub(crate) fn client() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
         .max_redirects(0)
@@ -468,7 +485,7 @@ os.replace(dest + ".part", dest)
 "#;
 
 /// One non-streaming chat completion.
-struct Completion {
+pub(crate) struct Completion {
     elapsed: Duration,
     prompt_tokens: u64,
     completion_tokens: u32,
@@ -479,15 +496,17 @@ struct Completion {
 }
 
 /// One streaming chat completion.
-struct Streamed {
-    elapsed: Duration,
+pub(crate) struct Streamed {
+    /// Request sent → last event read.
+    pub(crate) elapsed: Duration,
     /// Request sent → first chunk with text.
-    first: Duration,
-    completion_tokens: u32,
+    pub(crate) first: Duration,
+    /// `usage.completion_tokens` of the final chunk.
+    pub(crate) completion_tokens: u32,
 }
 
 /// `POST /v1/chat/completions` and its usage.
-fn complete(server: &Server, body: &Value) -> Result<Completion> {
+pub(crate) fn complete(server: &Server, body: &Value) -> Result<Completion> {
     let started = Instant::now();
     let mut response = server
         .agent
@@ -532,9 +551,13 @@ fn complete(server: &Server, body: &Value) -> Result<Completion> {
 
 /// `POST /v1/chat/completions` with `"stream": true`, read event by event as it arrives.
 fn stream(server: &Server, body: &Value) -> Result<Streamed> {
+    stream_with(&server.agent, server, body)
+}
+
+/// [`stream`] sent with `agent` (a client thread's own) instead of the server's.
+pub(crate) fn stream_with(agent: &ureq::Agent, server: &Server, body: &Value) -> Result<Streamed> {
     let started = Instant::now();
-    let mut response = server
-        .agent
+    let mut response = agent
         .post(server.url("/v1/chat/completions"))
         .send_json(body)
         .with_context(|| format!("{}: stream", server.name))?;
@@ -712,7 +735,7 @@ fn server_version(binary: &Path) -> String {
 }
 
 /// The CPU's model name from `/proc/cpuinfo`.
-fn cpu_model() -> String {
+pub(crate) fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -730,7 +753,7 @@ fn share(total: usize, block: usize) -> usize {
 }
 
 /// The middle sample (the upper one of an even count).
-fn median(samples: &mut [Duration]) -> Duration {
+pub(crate) fn median(samples: &mut [Duration]) -> Duration {
     samples.sort();
     samples.get(samples.len() / 2).copied().unwrap_or_default()
 }
@@ -747,6 +770,6 @@ fn rate(tokens: u32, elapsed: Duration) -> f64 {
 }
 
 /// Milliseconds.
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }

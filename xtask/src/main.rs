@@ -26,6 +26,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench_llamacpp;
+mod bench_streams;
 mod deps;
 mod e2e;
 mod fixtures;

@@ -4,7 +4,10 @@
 //! runtime of one loaded replica. Architecture invariant: no llama.cpp context or sampler
 //! ever leaves its worker thread. Each replica is one dedicated OS thread that owns its
 //! context and samplers; the async side talks to it through a bounded command channel and
-//! gets readiness through a oneshot. The weights (`LlamaModel`, read-only once loaded) are
+//! gets readiness through a oneshot. A generation model's replica serves up to its
+//! `target_inflight` sequences at once in its one context (continuous batching, with prompt
+//! reuse); without `gguf_n_threads` the replicas loaded at once split the cores this process
+//! may use ([`threads`]). The weights (`LlamaModel`, read-only once loaded) are
 //! loaded by the first replica's worker and shared by the model's other replicas, so `N`
 //! replicas cost one copy of the weights plus `N` contexts (KV caches). The llama.cpp backend
 //! itself (`LlamaBackend`, global init) is created once by the composition root and passed in
@@ -30,6 +33,7 @@ pub mod prompt;
 mod capture;
 mod settings;
 mod structured;
+pub mod threads;
 mod worker;
 
 use std::collections::HashMap;
@@ -42,17 +46,22 @@ use async_trait::async_trait;
 use hangar_backend::{
     Backend, Capabilities, EmbedRequest, Embeddings, GenerateEvent, GenerateRequest,
     GenerateSummary, LoadError, LoadRequest, Modality, RerankRequest, Rerankings, Runtime,
-    RuntimeError,
+    RuntimeDetails, RuntimeError,
 };
-use hangar_config::{BackendKind, ModelConfig, PromptFormat};
+use hangar_config::{BackendKind, ModelConfig, ModelType, PromptFormat};
 pub use llama_cpp_2;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::threads::{Claim, CoreShare};
+pub use crate::worker::SlotState;
 use crate::worker::{Command, SharedModel, WorkerSpec};
 
 /// Commands that may wait for a replica's worker before senders block.
 const COMMAND_QUEUE: usize = 64;
+
+/// Most sequences one context serves at once (llama.cpp's `LLAMA_MAX_SEQ`).
+const MAX_SEQUENCES: u32 = 256;
 
 /// What makes two replicas' weights the same: the file and how many layers are offloaded.
 type WeightsKey = (PathBuf, Option<i32>);
@@ -66,6 +75,7 @@ type Weights = Mutex<HashMap<WeightsKey, Arc<tokio::sync::Mutex<Weak<SharedModel
 pub struct LlamaCppBackend {
     llama: Arc<LlamaBackend>,
     weights: Arc<Weights>,
+    cores: CoreShare,
 }
 
 impl std::fmt::Debug for LlamaCppBackend {
@@ -83,21 +93,37 @@ impl LlamaCppBackend {
     /// the error lines llama.cpp logged meanwhile ("error loading model: …"), and without the
     /// hook those lines go to stderr and the reason is only `llama-cpp-2`'s bare error.
     pub fn new(llama: Arc<LlamaBackend>) -> Self {
-        Self { llama, weights: Arc::default() }
+        Self::with_cores(llama, threads::available_cores())
+    }
+
+    /// An engine whose replicas split `cores` cores (when their model sets no
+    /// `gguf_n_threads`) instead of those [`threads::available_cores`] finds.
+    pub fn with_cores(llama: Arc<LlamaBackend>, cores: usize) -> Self {
+        Self { llama, weights: Arc::default(), cores: CoreShare::new(cores) }
+    }
+}
+
+/// Sequences one replica of `model` serves at once: its `target_inflight` for a generation
+/// model (at most 256), one for embedding and reranking models.
+pub fn parallel_sequences(model: &ModelConfig) -> NonZeroU32 {
+    match model.model_type {
+        ModelType::Llm => {
+            model.target_inflight.min(NonZeroU32::new(MAX_SEQUENCES).unwrap_or(NonZeroU32::MIN))
+        }
+        ModelType::Embedding | ModelType::Reranking => NonZeroU32::MIN,
     }
 }
 
 /// What a `llama_cpp` model supports, from its config alone: text only, multi-turn and
 /// thinking modes per its prompt format ([`prompt::multi_turn`], [`prompt::thinking_modes`]),
-/// one sequence at a time per replica.
+/// [`parallel_sequences`] per replica.
 pub fn capabilities(model: &ModelConfig) -> Capabilities {
     let format = model.prompt_format.unwrap_or(PromptFormat::Auto);
     Capabilities {
         modalities: vec![Modality::Text],
         multi_turn: prompt::multi_turn(format),
         thinking_modes: prompt::thinking_modes(format),
-        // One context per worker thread, requests served one after another.
-        max_parallel_sequences: Some(NonZeroU32::MIN),
+        max_parallel_sequences: Some(parallel_sequences(model)),
     }
 }
 
@@ -149,7 +175,14 @@ impl LlamaCppBackend {
             Err(e) => return Err(LoadError::NotFound { path, message: e.to_string() }),
         }
         request.progress.report(0.0);
-        let spec = WorkerSpec::new(model, Path::new(&path), request.progress.clone());
+        let (threads, claim) = match settings_threads(model) {
+            Some(threads) => (threads, None),
+            None => {
+                let (threads, claim) = self.cores.claim(&model.name, request.replicas);
+                (u32::try_from(threads).unwrap_or(u32::MAX), Some(claim))
+            }
+        };
+        let spec = WorkerSpec::new(model, Path::new(&path), request.progress.clone(), threads);
         let key = (PathBuf::from(&path), spec.n_gpu_layers());
         let slot = {
             let mut weights =
@@ -183,10 +216,24 @@ impl LlamaCppBackend {
         *slot = Arc::downgrade(&weights);
         drop(slot);
         request.progress.report(1.0);
-        tracing::info!(model = %model.name, replica = request.replica, n_ctx = info.n_ctx, "llama.cpp model loaded");
+        tracing::info!(
+            model = %model.name,
+            replica = request.replica,
+            n_ctx = info.n_ctx,
+            n_ctx_seq = info.n_ctx_seq,
+            n_seq_max = info.n_seq_max,
+            n_threads = info.n_threads,
+            n_threads_batch = info.n_threads_batch,
+            cores = self.cores.cores(),
+            threads_from = if claim.is_some() { "core_share" } else { "gguf_n_threads" },
+            "llama.cpp model loaded"
+        );
+        let details = details(&info, self.cores.cores(), claim.is_none());
         Ok(Arc::new(LlamaCppRuntime {
             capabilities: capabilities(model),
             info,
+            details,
+            claim: Mutex::new(claim),
             weights: Arc::downgrade(&weights),
             commands: Mutex::new(Some(commands)),
             thread: Mutex::new(Some(thread)),
@@ -194,21 +241,58 @@ impl LlamaCppBackend {
     }
 }
 
+/// `gguf_n_threads` when the model sets it.
+fn settings_threads(model: &ModelConfig) -> Option<u32> {
+    match &model.settings {
+        hangar_config::BackendSettings::LlamaCpp(s) => s.gguf_n_threads,
+        _ => None,
+    }
+}
+
+/// The runtime details of a replica, as the admin row shows them.
+fn details(info: &RuntimeInfo, cores: usize, configured_threads: bool) -> RuntimeDetails {
+    let mut details = RuntimeDetails::new();
+    let mut put = |key: &str, value: serde_json::Value| {
+        details.insert(key.to_owned(), value);
+    };
+    put("n_threads", info.n_threads.into());
+    put("n_threads_batch", info.n_threads_batch.into());
+    put("threads_from", if configured_threads { "gguf_n_threads" } else { "core_share" }.into());
+    put("cores_available", cores.into());
+    put("n_seq_max", info.n_seq_max.into());
+    put("n_ctx", info.n_ctx.into());
+    put("n_ctx_seq", info.n_ctx_seq.into());
+    put("n_batch", info.n_batch.into());
+    put("n_ctx_train", info.n_ctx_train.into());
+    details
+}
+
 /// Facts about a loaded replica, as llama.cpp reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuntimeInfo {
-    /// The context size in tokens (`llama_n_ctx`).
+    /// The context size of all sequences together, in tokens (`llama_n_ctx`).
     pub n_ctx: u32,
-    /// The logical batch size (`llama_n_batch`).
+    /// The context one sequence may use (`gguf_n_ctx`, else its share of `n_ctx`).
+    pub n_ctx_seq: u32,
+    /// Sequences the context serves at once (continuous batching).
+    pub n_seq_max: u32,
+    /// The logical batch size (`llama_n_batch`): tokens one decode step holds.
     pub n_batch: u32,
     /// The model's training context.
     pub n_ctx_train: u32,
+    /// Generation threads.
+    pub n_threads: u32,
+    /// Prompt (batch) threads.
+    pub n_threads_batch: u32,
 }
 
 /// One loaded replica: a handle to its worker thread.
 pub struct LlamaCppRuntime {
     capabilities: Capabilities,
     info: RuntimeInfo,
+    details: RuntimeDetails,
+    /// This replica's share of the cores, returned at unload.
+    claim: Mutex<Option<Claim>>,
     /// The weights this replica serves from (its worker holds them).
     weights: Weak<SharedModel>,
     commands: Mutex<Option<mpsc::Sender<Command>>>,
@@ -229,6 +313,18 @@ impl LlamaCppRuntime {
     /// What llama.cpp reported when this replica loaded.
     pub fn info(&self) -> RuntimeInfo {
         self.info
+    }
+
+    /// What each sequence slot of the context holds (a generation model's; empty for
+    /// embedding and reranking models).
+    ///
+    /// # Errors
+    /// [`RuntimeError::Crashed`] when the worker is gone.
+    pub async fn slots(&self) -> Result<Vec<SlotState>, RuntimeError> {
+        let tx = self.sender()?;
+        let (reply, answer) = oneshot::channel();
+        tx.send(Command::Slots { reply }).await.map_err(|_| worker_gone())?;
+        answer.await.map_err(|_| worker_gone())
     }
 
     /// Whether this replica and `other` serve from one copy of the weights.
@@ -260,6 +356,11 @@ impl LlamaCppRuntime {
 impl Runtime for LlamaCppRuntime {
     fn capabilities(&self) -> &Capabilities {
         &self.capabilities
+    }
+
+    /// Threads (and where their count came from), sequences and context sizes.
+    fn details(&self) -> RuntimeDetails {
+        self.details.clone()
     }
 
     async fn generate(
@@ -295,5 +396,6 @@ impl Runtime for LlamaCppRuntime {
                 tracing::warn!("llama.cpp worker thread panicked");
             }
         }
+        drop(self.claim.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take());
     }
 }

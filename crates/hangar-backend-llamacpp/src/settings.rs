@@ -3,8 +3,10 @@
 //! Everything in [`LlamaCppSettings`] maps onto a parameter `llama-cpp-2` exposes:
 //! `gguf_n_gpu_layers` (model), `gguf_n_ctx`, `gguf_n_batch` (also the micro-batch for
 //! embedding and reranking models, whose inputs must fit one micro-batch),
-//! `gguf_n_threads` (generation and batch threads), `gguf_flash_attn`, `gguf_type_k`,
-//! `gguf_type_v` (context).
+//! `gguf_n_threads` (generation and batch threads; without it the replica's share of the
+//! machine's cores, [`crate::threads`]), `gguf_flash_attn`, `gguf_type_k`, `gguf_type_v`
+//! (context). The context holds `n_seq_max` sequences (the model's `target_inflight`), each
+//! with its own KV cells for `gguf_n_ctx` tokens.
 
 use std::num::NonZeroU32;
 
@@ -29,20 +31,32 @@ pub(crate) fn model_params(
     }
 }
 
-/// The context parameters for a model of `model_type` with `settings`.
+/// What a replica decides beyond the settings: the whole context, its sequences, threads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ContextPlan {
+    /// Context of all sequences together (one sequence's context times `n_seq`).
+    pub(crate) n_ctx: u32,
+    /// Sequences the context serves at once; each gets its own KV cells (not unified).
+    pub(crate) n_seq: u32,
+    /// Generation and batch threads.
+    pub(crate) threads: u32,
+}
+
+/// The context parameters for a model of `model_type` with `settings`, as `plan` sizes it.
 pub(crate) fn context_params(
     settings: &LlamaCppSettings,
     model_type: ModelType,
+    plan: ContextPlan,
 ) -> LlamaContextParams {
-    // n_ctx 0 asks llama.cpp for the model's training context.
-    let mut params =
-        LlamaContextParams::default().with_n_ctx(NonZeroU32::new(settings.gguf_n_ctx.unwrap_or(0)));
+    let threads = i32::try_from(plan.threads).unwrap_or(i32::MAX);
+    let mut params = LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(plan.n_ctx))
+        .with_n_seq_max(plan.n_seq)
+        .with_kv_unified(false)
+        .with_n_threads(threads)
+        .with_n_threads_batch(threads);
     if let Some(n_batch) = settings.gguf_n_batch {
         params = params.with_n_batch(n_batch);
-    }
-    if let Some(threads) = settings.gguf_n_threads {
-        let threads = i32::try_from(threads).unwrap_or(i32::MAX);
-        params = params.with_n_threads(threads).with_n_threads_batch(threads);
     }
     if let Some(switch) = settings.gguf_flash_attn {
         params = params.with_flash_attention_policy(match switch {

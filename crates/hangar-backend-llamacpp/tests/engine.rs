@@ -33,7 +33,7 @@ fn model(extra: Value) -> Arc<ModelConfig> {
 }
 
 fn request(model: Arc<ModelConfig>, replica: u32) -> LoadRequest {
-    LoadRequest { model, replica, progress: ProgressSink::default() }
+    LoadRequest { model, replica, replicas: replica + 1, progress: ProgressSink::default() }
 }
 
 async fn load(extra: Value) -> Arc<dyn Runtime> {
@@ -77,7 +77,10 @@ async fn streamed_pieces_concatenate_to_the_same_text_every_greedy_run() {
     let runtime = load(json!({})).await;
     let (first, pieces) = generate(&*runtime, text("the model", 16)).await;
     let (second, again) = generate(&*runtime, text("the model", 16)).await;
-    assert_eq!(first.unwrap(), second.unwrap());
+    let (first, second) = (first.unwrap(), second.unwrap());
+    // The repeat reuses the prompt's KV cells (all but the last token) and answers the same.
+    assert_eq!((first.cached_tokens, second.cached_tokens), (0, first.prompt_tokens - 1));
+    assert_eq!(GenerateSummary { cached_tokens: 0, ..second }, first);
     assert!(pieces.len() > 1, "one event per token: {pieces:?}");
     assert_eq!(pieces.concat(), again.concat());
     assert!(!pieces.concat().is_empty());
@@ -97,7 +100,8 @@ async fn seeded_sampling_is_reproducible() {
     };
     let (a, pa) = generate(&*runtime, sampled(7)).await;
     let (b, pb) = generate(&*runtime, sampled(7)).await;
-    assert_eq!(a.unwrap(), b.unwrap());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(GenerateSummary { cached_tokens: 0, ..b }, a);
     assert_eq!(pa.concat(), pb.concat());
     runtime.unload().await;
 }
@@ -198,7 +202,7 @@ async fn load_reports_progress_up_to_one() {
         ProgressSink::new(move |p| seen.lock().unwrap().push(p))
     };
     let runtime = backend()
-        .load(LoadRequest { model: model(json!({})), replica: 0, progress: sink })
+        .load(LoadRequest { model: model(json!({})), replica: 0, replicas: 1, progress: sink })
         .await
         .unwrap();
     let seen = seen.lock().unwrap().clone();

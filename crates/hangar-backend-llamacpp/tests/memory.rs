@@ -33,6 +33,7 @@ async fn fifty_load_unload_cycles_return_memory() {
         let request = LoadRequest {
             model: Arc::clone(&model),
             replica: 0,
+            replicas: 1,
             progress: ProgressSink::default(),
         };
         let runtime = backend.load(request).await.unwrap();

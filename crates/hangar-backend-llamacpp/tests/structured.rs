@@ -22,8 +22,12 @@ async fn load() -> Arc<dyn Runtime> {
     let path = format!("{}/../../fixtures/models/tiny-llama.gguf", env!("CARGO_MANIFEST_DIR"));
     let config = json!({ "backend": "llama_cpp", "model_path": path, "gguf_n_ctx": 1024 });
     let model = ModelConfig::parse(&ModelName::new("tiny").unwrap(), &config).unwrap();
-    let request =
-        LoadRequest { model: Arc::new(model), replica: 0, progress: ProgressSink::default() };
+    let request = LoadRequest {
+        model: Arc::new(model),
+        replica: 0,
+        replicas: 1,
+        progress: ProgressSink::default(),
+    };
     LlamaCppBackend::new(support::llama()).load(request).await.expect("fixture loads")
 }
 

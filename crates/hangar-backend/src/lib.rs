@@ -34,6 +34,9 @@ pub use hangar_config::{ConstraintKind, LoadConstraint, LoadConstraints, load_co
 pub use overrides::{LoadOverride, OverrideError, validate_load_override};
 pub use types::*;
 
+/// Engine-specific facts about a loaded replica, by name ([`Runtime::details`]).
+pub type RuntimeDetails = serde_json::Map<String, serde_json::Value>;
+
 /// An engine that can load models of one [`BackendKind`].
 ///
 /// Implementations are cheap to share (`Arc<dyn Backend>`); all per-model state lives in
@@ -63,6 +66,8 @@ pub struct LoadRequest {
     pub model: Arc<ModelConfig>,
     /// Which replica this is (0-based), for logs and port allocation.
     pub replica: u32,
+    /// How many replicas this load creates (the engine may split resources between them).
+    pub replicas: u32,
     /// Where the backend reports load progress in `[0, 1]`; may be ignored.
     pub progress: ProgressSink,
 }
@@ -75,6 +80,13 @@ pub struct LoadRequest {
 pub trait Runtime: Send + Sync + 'static {
     /// What this runtime supports.
     fn capabilities(&self) -> &Capabilities;
+
+    /// What the engine made of the model's settings for this replica (threads, context,
+    /// parallel sequences, …): engine-specific facts for operators, shown in the admin row.
+    /// Empty by default.
+    fn details(&self) -> RuntimeDetails {
+        RuntimeDetails::new()
+    }
 
     /// Generates text for `request`, sending each piece to `events` as it is produced.
     ///

@@ -20,7 +20,7 @@
 //! .unwrap();
 //! let backend = StubBackend::new();
 //! let runtime = backend
-//!     .load(LoadRequest { model: Arc::new(model), replica: 0, progress: Default::default() })
+//!     .load(LoadRequest { model: Arc::new(model), replica: 0, replicas: 1, progress: Default::default() })
 //!     .await
 //!     .unwrap();
 //! let (tx, mut rx) = tokio::sync::mpsc::channel(16);
@@ -330,6 +330,7 @@ impl Runtime for StubRuntime {
             finish_reason,
             prompt_tokens: count_words(&prompt).max(1),
             completion_tokens,
+            cached_tokens: 0,
         })
     }
 

@@ -276,6 +276,9 @@ pub struct GenerateSummary {
     pub prompt_tokens: u32,
     /// Tokens generated.
     pub completion_tokens: u32,
+    /// Prompt tokens the engine reused from an earlier request instead of decoding them again
+    /// (a prompt cache); 0 when it has none.
+    pub cached_tokens: u32,
 }
 
 /// An embedding request.

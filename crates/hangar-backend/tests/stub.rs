@@ -24,7 +24,12 @@ fn stub_model(stub: Value) -> Arc<ModelConfig> {
 }
 
 fn request(model: &Arc<ModelConfig>) -> LoadRequest {
-    LoadRequest { model: Arc::clone(model), replica: 0, progress: ProgressSink::default() }
+    LoadRequest {
+        model: Arc::clone(model),
+        replica: 0,
+        replicas: 1,
+        progress: ProgressSink::default(),
+    }
 }
 
 async fn load(backend: &StubBackend, stub: Value) -> Arc<dyn Runtime> {
@@ -208,7 +213,10 @@ async fn load_waits_the_delay_and_reports_progress() {
     };
     let model = stub_model(json!({ "load_delay_ms": 2500 }));
     let start = Instant::now();
-    StubBackend::new().load(LoadRequest { model, replica: 1, progress }).await.unwrap();
+    StubBackend::new()
+        .load(LoadRequest { model, replica: 1, replicas: 2, progress })
+        .await
+        .unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(2500));
     assert_eq!(*seen.lock().unwrap(), [0.0, 1.0]);
 }

@@ -83,7 +83,7 @@ async fn main() {
     // Reference runtime: the same stub, called directly without the manager.
     let model = Arc::new(config.model("chat").expect("chat").clone());
     let direct: Arc<dyn Runtime> = stub
-        .load(LoadRequest { model, replica: 0, progress: ProgressSink::default() })
+        .load(LoadRequest { model, replica: 0, replicas: 1, progress: ProgressSink::default() })
         .await
         .expect("direct load");
 
@@ -155,6 +155,7 @@ async fn main() {
         let request = LoadRequest {
             model: Arc::clone(&cycle_model),
             replica: 0,
+            replicas: 1,
             progress: ProgressSink::default(),
         };
         stub.load(request).await.expect("load").unload().await;

@@ -4,7 +4,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
-use hangar_backend::{Capabilities, LoadOverride, Runtime};
+use hangar_backend::{Capabilities, LoadOverride, Runtime, RuntimeDetails};
 use hangar_config::ModelConfig;
 use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState, Scheduler};
 use tokio::sync::Notify;
@@ -35,6 +35,8 @@ pub(crate) struct Slot {
     pub(crate) load_override: LoadOverride,
     pub(crate) replicas: NonZeroU32,
     pub(crate) capabilities: Arc<Capabilities>,
+    /// What the engine reported for each replica of the installed runtimes.
+    pub(crate) runtime_details: Arc<[RuntimeDetails]>,
     pub(crate) last_use: Option<(Instant, SystemTime)>,
     /// Requests that triggered an auto-load and hold the model until they are admitted.
     pub(crate) pins: u32,
@@ -61,6 +63,7 @@ impl ModelEntry {
                 load_override: LoadOverride::default(),
                 replicas: config.replicas,
                 capabilities,
+                runtime_details: Arc::new([]),
                 last_use: None,
                 pins: 0,
                 load_progress: None,

@@ -350,6 +350,7 @@ impl Manager {
         let caps = runtimes.first().map(|r| r.capabilities().clone()).unwrap_or_default();
         let target = effective_target(slot.effective.target_inflight, caps.max_parallel_sequences);
         slot.loaded_replicas = runtimes.len() as u32;
+        slot.runtime_details = runtimes.iter().map(|r| r.details()).collect();
         slot.scheduler = Some(Scheduler::new(runtimes, target, self.inner.max_queue_depth));
         slot.capabilities = Arc::new(caps);
         slot.generation += 1;
@@ -375,7 +376,7 @@ impl Manager {
             let progress = ProgressSink::new(move |p| {
                 progress_entry.lock().load_progress = Some((replica as f32 + p) / replicas as f32);
             });
-            let request = LoadRequest { model: Arc::clone(model), replica, progress };
+            let request = LoadRequest { model: Arc::clone(model), replica, replicas, progress };
             match backend.load(request).await {
                 Ok(runtime) => runtimes.push(runtime),
                 Err(e) => {

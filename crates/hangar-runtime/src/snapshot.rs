@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use hangar_backend::{Capabilities, LoadOverride};
+use hangar_backend::{Capabilities, LoadOverride, RuntimeDetails};
 use hangar_config::{BackendKind, Device, ModelConfig, ModelType};
 use hangar_lifecycle::{ModelState, Scheduler, effective_target};
 use schemars::JsonSchema;
@@ -82,6 +82,9 @@ pub struct ModelSnapshot {
     pub load_override: LoadOverride,
     /// What the model supports (from the loaded runtime once loaded, else from config).
     pub capabilities: Arc<Capabilities>,
+    /// What the engine made of the settings, per loaded replica in replica order (threads,
+    /// context, parallel sequences for llama.cpp); empty unless loaded or unloading.
+    pub runtime_details: Arc<[RuntimeDetails]>,
 }
 
 impl ModelSnapshot {
@@ -169,5 +172,9 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         },
         load_override: slot.load_override.clone(),
         capabilities: Arc::clone(&slot.capabilities),
+        runtime_details: match state {
+            ModelState::Loaded | ModelState::Unloading => Arc::clone(&slot.runtime_details),
+            _ => Arc::new([]),
+        },
     }
 }

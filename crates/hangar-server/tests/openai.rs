@@ -168,7 +168,10 @@ async fn chat_completion_returns_content_usage_and_finish_reason() {
     assert_eq!(choice["finish_reason"], "stop");
     assert_eq!(
         body["usage"],
-        json!({ "prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6 })
+        json!({
+            "prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+            "prompt_tokens_details": { "cached_tokens": 0 },
+        })
     );
 
     let (_, body) = post(
@@ -569,7 +572,10 @@ async fn completions_plain_and_streamed_agree() {
     assert_eq!(plain["choices"][0]["finish_reason"], "length");
     assert_eq!(
         plain["usage"],
-        json!({ "prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6 })
+        json!({
+            "prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6,
+            "prompt_tokens_details": { "cached_tokens": 0 },
+        })
     );
 
     let (_, listed) = post(

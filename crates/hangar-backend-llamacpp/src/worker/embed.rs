@@ -5,10 +5,32 @@
 use hangar_backend::{EmbedRequest, Embeddings, RerankRequest, Rerankings, RuntimeError};
 use hangar_config::ModelType;
 use llama_cpp_2::token::LlamaToken;
+use tokio::sync::mpsc;
 
-use super::{Worker, count, failed, unsupported};
+use super::{Command, Worker, count, failed, unsupported};
 
 impl Worker<'_> {
+    /// An embedding or reranking model's loop: one command after another until the channel
+    /// closes (each input is one pooled pass over the whole context).
+    pub(super) fn serve_one_by_one(&mut self, commands: &mut mpsc::Receiver<Command>) {
+        while let Some(command) = commands.blocking_recv() {
+            match command {
+                Command::Generate { reply, .. } => {
+                    let _ = reply.send(Err(unsupported("generate", self.spec.model_type)));
+                }
+                Command::Embed { request, reply } => {
+                    let _ = reply.send(self.embed(&request));
+                }
+                Command::Rerank { request, reply } => {
+                    let _ = reply.send(self.rerank(&request));
+                }
+                Command::Slots { reply } => {
+                    let _ = reply.send(Vec::new());
+                }
+            }
+        }
+    }
+
     /// Tokens of one embedding or rerank input, checked against the context.
     fn checked(&self, tokens: Vec<LlamaToken>) -> Result<Vec<LlamaToken>, RuntimeError> {
         let limit = self.n_ctx().min(self.context.n_ubatch() as usize);

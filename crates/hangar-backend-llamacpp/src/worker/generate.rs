@@ -1,19 +1,70 @@
-//! A generation: the request's prompt text (tools prepared, rendered by the configured
-//! format or the GGUF's embedded template), then the token loop — sample, stream, stop at
-//! end-of-generation, a stop sequence, `max_tokens` or the context's end.
+//! One generation as a [`Sequence`] of the replica's batch: the request's prompt text (tools
+//! prepared, rendered by the configured format or the GGUF's embedded template) and tokens,
+//! checked against the per-sequence context before it takes a slot; then, each time the batch
+//! gives it logits, one token — sampled by its own sampler chain, streamed through its own
+//! stop sequences and tool-call routing — until end-of-generation, a stop sequence,
+//! `max_tokens` or the end of its context.
+
+use std::collections::VecDeque;
 
 use hangar_backend::{
     FinishReason, GenerateEvent, GenerateRequest, GenerateSummary, Prompt, RuntimeError,
 };
-use hangar_config::ModelType;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
 use super::output::Output;
-use super::utf8::take_utf8;
-use super::{Worker, count, failed, sampling, unsupported};
+use super::utf8::{Utf8Guard, take_utf8};
+use super::{Worker, count, failed};
 use crate::prompt::{self, RenderRequest};
 use crate::structured;
+
+/// Where a generation's answer goes.
+pub(super) type Reply = oneshot::Sender<Result<GenerateSummary, RuntimeError>>;
+
+/// A generation in the batch: its prompt, sampler, output routing and progress.
+pub(super) struct Sequence {
+    events: mpsc::Sender<GenerateEvent>,
+    reply: Reply,
+    sampler: LlamaSampler,
+    output: Output,
+    max_tokens: Option<u32>,
+    /// The whole prompt.
+    pub(super) prompt: Vec<LlamaToken>,
+    /// Prompt tokens already in the sequence's KV cells (reused or decoded).
+    pub(super) fed: usize,
+    /// Prompt tokens whose cells an earlier sequence left in the slot (not decoded again).
+    pub(super) reused: usize,
+    /// Tokens in the sequence's KV cells: the position of the next token to decode.
+    pub(super) n_past: usize,
+    /// The sampled token that the next step decodes.
+    pub(super) next: Option<LlamaToken>,
+    completion: u32,
+    /// Bytes of a character not yet complete.
+    pending_bytes: Vec<u8>,
+    /// Events the client's channel had no room for yet, in order.
+    outbox: VecDeque<GenerateEvent>,
+    /// The answer, once the generation ended; sent after the last event.
+    done: Option<Result<GenerateSummary, RuntimeError>>,
+}
+
+/// What a sequence does next, from the batch's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// It has prompt tokens to decode.
+    Prompt,
+    /// It has a sampled token to decode.
+    Decode,
+    /// It waits for its client to take events (a slow reader holds back only itself).
+    Blocked,
+    /// Its answer is out (or its client left): the slot is free.
+    Gone,
+}
 
 impl Worker<'_> {
     /// The prompt text: raw prompts as they are, chat through the configured format
@@ -46,94 +97,155 @@ impl Worker<'_> {
         }
     }
 
-    /// Generates for `request`, streaming text and tool calls to `events`, until
-    /// end-of-generation, a stop sequence, a complete tool call, `max_tokens` (when set) or
-    /// the end of the context (`Length`, not an error: OpenAI's and llama-server's `length`).
-    /// Stops with [`RuntimeError::Cancelled`] once `events` or `reply` is dropped.
-    pub(super) fn generate(
-        &mut self,
+    /// A sequence for `request`, or why it cannot start: a prompt that does not fit one
+    /// sequence's context, a schema llama.cpp cannot turn into a grammar. Nothing of the batch
+    /// is touched before these checks pass.
+    pub(super) fn sequence(
+        &self,
         request: &GenerateRequest,
-        events: &mpsc::Sender<GenerateEvent>,
-        reply: &oneshot::Sender<Result<GenerateSummary, RuntimeError>>,
-    ) -> Result<GenerateSummary, RuntimeError> {
-        if self.spec.model_type != ModelType::Llm {
-            return Err(unsupported("generate", self.spec.model_type));
+        events: mpsc::Sender<GenerateEvent>,
+        reply: Reply,
+    ) -> Result<Sequence, (Reply, RuntimeError)> {
+        let prepared = (|| {
+            let text = self.prompt_text(request)?;
+            let prompt = self.tokenize(&text, true);
+            if prompt.is_empty() {
+                return Err(RuntimeError::InvalidRequest { message: "empty prompt".to_owned() });
+            }
+            if prompt.len() >= self.n_ctx() {
+                return Err(RuntimeError::InvalidRequest {
+                    message: format!(
+                        "prompt is {} tokens, the context holds {}",
+                        prompt.len(),
+                        self.n_ctx()
+                    ),
+                });
+            }
+            let constraint = structured::plan(request)?;
+            let sampler = super::sampling::sampler(self.model, request, &constraint)?;
+            Ok((prompt, sampler, Output::new(&request.params.stop, &constraint)))
+        })();
+        match prepared {
+            Ok((prompt, sampler, output)) => Ok(Sequence {
+                events,
+                reply,
+                sampler,
+                output,
+                // Without max_tokens the context is the only limit (as OpenAI and llama-server).
+                max_tokens: request.params.max_tokens,
+                prompt,
+                fed: 0,
+                reused: 0,
+                n_past: 0,
+                next: None,
+                completion: 0,
+                pending_bytes: Vec::new(),
+                outbox: VecDeque::new(),
+                done: None,
+            }),
+            Err(e) => Err((reply, e)),
         }
-        let text = self.prompt_text(request)?;
-        let prompt = self.tokenize(&text, true);
-        if prompt.is_empty() {
-            return Err(RuntimeError::InvalidRequest { message: "empty prompt".to_owned() });
-        }
-        if prompt.len() >= self.n_ctx() {
-            return Err(RuntimeError::InvalidRequest {
-                message: format!(
-                    "prompt is {} tokens, the context holds {}",
-                    prompt.len(),
-                    self.n_ctx()
-                ),
-            });
-        }
-        // Without max_tokens the context is the only limit (as OpenAI and llama-server).
-        let max_tokens = request.params.max_tokens;
-        let constraint = structured::plan(request)?;
-        let mut sampler = sampling::sampler(self.model, request, &constraint)?;
-        let mut output = Output::new(&request.params.stop, &constraint);
-        self.context.clear_kv_cache();
-        self.decode(&prompt, 0, false)?;
+    }
+}
 
-        let mut n_past = prompt.len();
-        let mut completion = 0u32;
-        let mut pending_bytes: Vec<u8> = Vec::new();
-        let model = self.model;
-        let vocab = model.vocab();
-        let cancelled = || events.is_closed() || reply.is_closed();
-        let send =
-            |event: GenerateEvent| events.blocking_send(event).map_err(|_| RuntimeError::Cancelled);
-        let mut finish_reason = loop {
-            if max_tokens.is_some_and(|max| completion >= max) || n_past >= self.n_ctx() {
-                break FinishReason::Length;
+impl Sequence {
+    /// Where it stands; first hands what events its client has room for.
+    pub(super) fn phase(&mut self) -> Phase {
+        if self.reply.is_closed() || self.events.is_closed() {
+            return Phase::Gone;
+        }
+        while let Some(event) = self.outbox.pop_front() {
+            match self.events.try_send(event) {
+                Ok(()) => {}
+                Err(TrySendError::Full(event)) => {
+                    self.outbox.push_front(event);
+                    return Phase::Blocked;
+                }
+                Err(TrySendError::Closed(_)) => return Phase::Gone,
             }
-            if cancelled() {
-                return Err(RuntimeError::Cancelled);
-            }
-            let mut candidates =
-                LlamaTokenDataArray::from_iter(self.context.candidates_ith(-1), false);
-            self.utf8.mask(&mut candidates, &pending_bytes);
-            sampler.apply(&mut candidates);
-            let Some(token) = candidates.selected_token() else {
-                return Err(failed("the sampler selected no token"));
-            };
-            sampler.accept(token);
-            if vocab.is_eog(token) {
-                break FinishReason::Stop;
-            }
-            completion += 1;
-            pending_bytes.extend(vocab.token_to_piece(token, false, None));
-            let piece = take_utf8(&mut pending_bytes);
-            let (text, stopped) = output.push(&piece);
-            if !text.is_empty() {
-                send(GenerateEvent::Text(text))?;
-            }
-            if stopped {
-                break FinishReason::Stop;
-            }
-            self.decode(&[token], n_past, false)?;
-            n_past += 1;
+        }
+        if self.done.is_some() {
+            return Phase::Gone;
+        }
+        if self.fed < self.prompt.len() { Phase::Prompt } else { Phase::Decode }
+    }
+
+    /// Sends the answer (when the generation ended and its client still listens) and frees
+    /// the sequence. A client that left gets [`RuntimeError::Cancelled`] if anyone listens.
+    pub(super) fn retire(self) {
+        let answer = match self.done {
+            Some(answer) if self.outbox.is_empty() => answer,
+            _ => Err(RuntimeError::Cancelled),
         };
-        // The guard keeps `pending_bytes` a valid prefix: what is left is the start of a
-        // character that max_tokens or the context's end cut off, not text.
-        let (text, call) = output.finish();
+        let _ = self.reply.send(answer);
+    }
+
+    /// Ends the sequence with `error` (a failed decode).
+    pub(super) fn fail(mut self, error: RuntimeError) {
+        self.outbox.clear();
+        self.done = Some(Err(error));
+        self.retire();
+    }
+
+    /// Takes one token from the logits at batch index `i`: checks the limits, samples,
+    /// routes the text. Returns whether the sequence goes on (with [`Self::next`] to decode).
+    pub(super) fn step(
+        &mut self,
+        context: &LlamaContext<'_>,
+        i: i32,
+        model: &LlamaModel,
+        utf8: &Utf8Guard,
+        n_ctx: usize,
+    ) -> Result<bool, RuntimeError> {
+        self.next = None;
+        if self.max_tokens.is_some_and(|max| self.completion >= max) || self.n_past >= n_ctx {
+            self.finish(FinishReason::Length);
+            return Ok(false);
+        }
+        let mut candidates = LlamaTokenDataArray::from_iter(context.candidates_ith(i), false);
+        utf8.mask(&mut candidates, &self.pending_bytes);
+        self.sampler.apply(&mut candidates);
+        let Some(token) = candidates.selected_token() else {
+            return Err(failed("the sampler selected no token"));
+        };
+        self.sampler.accept(token);
+        let vocab = model.vocab();
+        if vocab.is_eog(token) {
+            self.finish(FinishReason::Stop);
+            return Ok(false);
+        }
+        self.completion += 1;
+        self.pending_bytes.extend(vocab.token_to_piece(token, false, None));
+        let piece = take_utf8(&mut self.pending_bytes);
+        let (text, stopped) = self.output.push(&piece);
         if !text.is_empty() {
-            send(GenerateEvent::Text(text))?;
+            self.outbox.push_back(GenerateEvent::Text(text));
+        }
+        if stopped {
+            self.finish(FinishReason::Stop);
+            return Ok(false);
+        }
+        self.next = Some(token);
+        Ok(true)
+    }
+
+    /// Ends the generation: flushes what the output held back, turns a complete tool call
+    /// into its event. The guard keeps `pending_bytes` a valid prefix: what is left is the
+    /// start of a character that `max_tokens` or the context's end cut off, not text.
+    fn finish(&mut self, mut finish_reason: FinishReason) {
+        let (text, call) = self.output.finish();
+        if !text.is_empty() {
+            self.outbox.push_back(GenerateEvent::Text(text));
         }
         if let Some(call) = call {
-            send(GenerateEvent::ToolCall(call))?;
+            self.outbox.push_back(GenerateEvent::ToolCall(call));
             finish_reason = FinishReason::ToolCalls;
         }
-        Ok(GenerateSummary {
+        self.done = Some(Ok(GenerateSummary {
             finish_reason,
-            prompt_tokens: count(prompt.len()),
-            completion_tokens: completion,
-        })
+            prompt_tokens: count(self.prompt.len()),
+            completion_tokens: self.completion,
+            cached_tokens: count(self.reused),
+        }));
     }
 }

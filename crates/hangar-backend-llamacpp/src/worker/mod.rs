@@ -1,13 +1,16 @@
 //! The worker thread of one replica: it owns the llama.cpp context and samplers (and, for the
-//! first replica, loads the weights), and serves commands one at a time until its command
-//! channel closes. This module owns the thread, the command loop and the context helpers
-//! (tokenize, decode) the commands share; each command lives in its own module.
+//! first replica, loads the weights), and serves commands until its command channel closes.
+//! This module owns the thread and the context helpers (tokenize, decode) the commands share;
+//! each kind of work lives in its own module.
 //!
-//! - `generate.rs` — the token loop of a generation, and `sampling.rs` its sampler chain;
-//!   `output.rs` routes the text (stop sequences, tool calls) and `utf8.rs` keeps it valid
-//!   UTF-8.
-//! - `embed.rs` — embeddings and reranking.
+//! - `batch.rs` — a generation model's loop: continuous batching of up to `n_seq_max`
+//!   sequences in the one context, with prompt reuse.
+//! - `generate.rs` — one generation as a sequence of the batch, and `sampling.rs` its sampler
+//!   chain; `output.rs` routes the text (stop sequences, tool calls) and `utf8.rs` keeps it
+//!   valid UTF-8.
+//! - `embed.rs` — embeddings and reranking, one input after another.
 
+mod batch;
 mod embed;
 mod generate;
 mod output;
@@ -30,6 +33,7 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::token::LlamaToken;
 use tokio::sync::{mpsc, oneshot};
 
+pub use self::batch::SlotState;
 use self::utf8::Utf8Guard;
 use crate::{RuntimeInfo, capture, settings};
 
@@ -48,6 +52,10 @@ pub(crate) enum Command {
         request: RerankRequest,
         reply: oneshot::Sender<Result<Rerankings, RuntimeError>>,
     },
+    /// What each sequence slot holds.
+    Slots {
+        reply: oneshot::Sender<Vec<SlotState>>,
+    },
 }
 
 /// Everything the worker needs to load its replica.
@@ -57,6 +65,10 @@ pub(crate) struct WorkerSpec {
     model_type: ModelType,
     prompt_format: PromptFormat,
     progress: ProgressSink,
+    /// Sequences the context serves at once.
+    n_seq: u32,
+    /// Generation and batch threads.
+    threads: u32,
 }
 
 impl WorkerSpec {
@@ -65,7 +77,13 @@ impl WorkerSpec {
         self.settings.gguf_n_gpu_layers
     }
 
-    pub(crate) fn new(model: &ModelConfig, path: &Path, progress: ProgressSink) -> Self {
+    /// The spec of a replica of `model` running `threads` threads.
+    pub(crate) fn new(
+        model: &ModelConfig,
+        path: &Path,
+        progress: ProgressSink,
+        threads: u32,
+    ) -> Self {
         let settings = match &model.settings {
             BackendSettings::LlamaCpp(s) => s.clone(),
             _ => LlamaCppSettings::default(),
@@ -76,6 +94,8 @@ impl WorkerSpec {
             model_type: model.model_type,
             prompt_format: model.prompt_format.unwrap_or(PromptFormat::Auto),
             progress,
+            n_seq: crate::parallel_sequences(model).get(),
+            threads: threads.max(1),
         }
     }
 }
@@ -137,7 +157,14 @@ pub(crate) fn run(
         },
     };
     let model = &shared.model;
-    let ctx_params = settings::context_params(&spec.settings, spec.model_type);
+    // Every sequence gets the configured context (or the model's training context).
+    let n_ctx_seq = spec.settings.gguf_n_ctx.unwrap_or_else(|| model.n_ctx_train()).max(1);
+    let plan = settings::ContextPlan {
+        n_ctx: n_ctx_seq.saturating_mul(spec.n_seq),
+        n_seq: spec.n_seq,
+        threads: spec.threads,
+    };
+    let ctx_params = settings::context_params(&spec.settings, spec.model_type, plan);
     let (context, errors) = {
         let _serialized =
             shared.new_context.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -155,28 +182,24 @@ pub(crate) fn run(
             return;
         }
     };
+    let n_seq = spec.n_seq as usize;
+    let mut worker = Worker { model, context, spec, utf8: &shared.utf8, n_seq, seatings: 0 };
     let info = RuntimeInfo {
-        n_ctx: context.n_ctx(),
-        n_batch: context.n_batch(),
+        n_ctx: worker.context.n_ctx(),
+        n_ctx_seq: count(worker.n_ctx()),
+        n_seq_max: worker.spec.n_seq,
+        n_batch: worker.context.n_batch(),
         n_ctx_train: model.n_ctx_train(),
+        n_threads: worker.spec.threads,
+        n_threads_batch: worker.spec.threads,
     };
-    let mut worker = Worker { model, context, spec, utf8: &shared.utf8 };
     if ready.send(Ok((info, Arc::clone(&shared)))).is_err() {
         return; // the load was abandoned
     }
-    while let Some(command) = commands.blocking_recv() {
-        match command {
-            Command::Generate { request, events, reply } => {
-                let result = worker.generate(&request, &events, &reply);
-                let _ = reply.send(result);
-            }
-            Command::Embed { request, reply } => {
-                let _ = reply.send(worker.embed(&request));
-            }
-            Command::Rerank { request, reply } => {
-                let _ = reply.send(worker.rerank(&request));
-            }
-        }
+    if worker.spec.model_type == ModelType::Llm {
+        worker.serve(&mut commands);
+    } else {
+        worker.serve_one_by_one(&mut commands);
     }
     // The context is dropped here, on the thread that created it; the weights when the
     // model's last replica goes.
@@ -188,6 +211,10 @@ struct Worker<'m> {
     context: LlamaContext<'m>,
     spec: WorkerSpec,
     utf8: &'m Utf8Guard,
+    /// Sequence slots of the context.
+    n_seq: usize,
+    /// Sequences seated so far (orders the slots by last use).
+    seatings: u64,
 }
 
 fn failed(message: impl std::fmt::Display) -> RuntimeError {
@@ -205,12 +232,12 @@ fn count(n: usize) -> u32 {
 }
 
 impl Worker<'_> {
-    /// The context a request may use: llama.cpp's, or the configured `gguf_n_ctx` when that
-    /// is smaller (llama.cpp pads the context to a multiple of 256; the operator's limit is
-    /// the one requests see).
+    /// The context one sequence may use: its share of llama.cpp's, or the configured
+    /// `gguf_n_ctx` when that is smaller (llama.cpp pads each sequence's context to a multiple
+    /// of 256; the operator's limit is the one requests see).
     fn n_ctx(&self) -> usize {
         let configured = self.spec.settings.gguf_n_ctx.map_or(usize::MAX, |n| n as usize);
-        (self.context.n_ctx() as usize).min(configured)
+        (self.context.n_ctx() as usize / self.n_seq.max(1)).min(configured)
     }
 
     fn n_batch(&self) -> usize {

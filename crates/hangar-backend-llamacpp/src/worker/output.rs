@@ -9,24 +9,24 @@ use crate::structured::{self, Constraint};
 
 /// Routes generated text: content through the stop sequences to the client, and, when the
 /// request has tools, everything from [`TOOL_CALL_OPEN`] on into the tool call.
-pub(super) struct Output<'a> {
+pub(super) struct Output {
     /// Content, with the request's stop sequences.
-    content: StopStream<'a>,
+    content: StopStream,
     /// Watches the content for the start of a tool call (tools only).
-    opener: Option<StopStream<'static>>,
+    opener: Option<StopStream>,
     /// The call's text after [`TOOL_CALL_OPEN`], once the model started one.
     call: Option<String>,
     /// Functions a call may name.
-    names: &'a [String],
+    names: Vec<String>,
 }
 
-impl<'a> Output<'a> {
-    pub(super) fn new(stops: &'a [String], constraint: &'a Constraint) -> Self {
+impl Output {
+    pub(super) fn new(stops: &[String], constraint: &Constraint) -> Self {
         let (opener, names) = match constraint {
             Constraint::Tools { names, .. } => {
-                (Some(StopStream::with(vec![TOOL_CALL_OPEN])), names.as_slice())
+                (Some(StopStream::with(vec![TOOL_CALL_OPEN.to_owned()])), names.clone())
             }
-            _ => (None, &[][..]),
+            _ => (None, Vec::new()),
         };
         Self { content: StopStream::new(stops), opener, call: None, names }
     }
@@ -51,9 +51,9 @@ impl<'a> Output<'a> {
     /// Ends the output: the content still held back, and the tool call if the model wrote a
     /// complete one. An incomplete call (cut by `max_tokens` or the context's end) is
     /// returned as content, as written.
-    pub(super) fn finish(mut self) -> (String, Option<ToolCall>) {
+    pub(super) fn finish(&mut self) -> (String, Option<ToolCall>) {
         if let Some(call) = self.call.take() {
-            return match structured::parse_call(&call, self.names) {
+            return match structured::parse_call(&call, &self.names) {
                 Some(parsed) => (self.content.finish(""), Some(parsed)),
                 None => (self.content.finish(&format!("{TOOL_CALL_OPEN}{call}")), None),
             };
@@ -72,20 +72,20 @@ impl<'a> Output<'a> {
 
 /// Streams generated text while holding back what could be the start of a stop sequence.
 #[derive(Debug)]
-pub(super) struct StopStream<'a> {
-    stops: Vec<&'a str>,
+pub(super) struct StopStream {
+    stops: Vec<String>,
     held: String,
     /// What followed the stop sequence in the text pushed so far.
     after: String,
     stopped: bool,
 }
 
-impl<'a> StopStream<'a> {
-    pub(super) fn new(stops: &'a [String]) -> Self {
-        Self::with(stops.iter().map(String::as_str).collect())
+impl StopStream {
+    pub(super) fn new(stops: &[String]) -> Self {
+        Self::with(stops.to_vec())
     }
 
-    pub(super) fn with(stops: Vec<&'a str>) -> Self {
+    pub(super) fn with(stops: Vec<String>) -> Self {
         Self {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
@@ -103,8 +103,11 @@ impl<'a> StopStream<'a> {
     /// (the text before it is emitted, the stop sequence and what follows are not).
     pub(super) fn push(&mut self, piece: &str) -> (String, bool) {
         self.held.push_str(piece);
-        let found =
-            self.stops.iter().filter_map(|s| self.held.find(s).map(|at| (at, s.len()))).min();
+        let found = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s.len())))
+            .min();
         if let Some((at, len)) = found {
             self.after = self.held.split_off(at + len);
             self.held.truncate(at);

@@ -84,6 +84,10 @@ pub struct ModelRow {
     pub load_override: Map<String, Value>,
     /// What the model supports.
     pub capabilities: Arc<Capabilities>,
+    /// What the engine made of the settings, one object per loaded replica in replica order
+    /// (llama.cpp: `n_threads`, `n_threads_batch`, `threads_from`, `cores_available`,
+    /// `n_seq_max`, `n_ctx`, `n_ctx_seq`, `n_batch`, `n_ctx_train`); `[]` unless loaded.
+    pub runtime_details: Vec<Map<String, Value>>,
 }
 
 /// The static fields of a row, in [`ModelRow`]'s order.
@@ -241,6 +245,7 @@ fn write_row(out: &mut Vec<u8>, prefix: &[u8], s: &ModelSnapshot) {
     name(out, b",\"vram_estimate_source\":", s.vram_estimate_source.into());
     value(out, b",\"load_override\":", s.load_override.fields());
     value(out, b",\"capabilities\":", &*s.capabilities);
+    value(out, b",\"runtime_details\":", &*s.runtime_details);
     out.push(b'}');
 }
 
@@ -289,6 +294,7 @@ impl ModelRow {
             vram_estimate_source: s.vram_estimate_source,
             load_override: s.load_override.fields().clone(),
             capabilities: Arc::clone(&s.capabilities),
+            runtime_details: s.runtime_details.to_vec(),
         }
     }
 

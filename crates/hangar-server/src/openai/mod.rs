@@ -72,6 +72,15 @@ pub(crate) struct Usage {
     pub(crate) completion_tokens: u32,
     /// Both.
     pub(crate) total_tokens: u32,
+    /// How the prompt tokens were served.
+    pub(crate) prompt_tokens_details: PromptTokensDetails,
+}
+
+/// Prompt tokens served from the engine's prompt cache (OpenAI's `prompt_tokens_details`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct PromptTokensDetails {
+    /// Prompt tokens reused from an earlier request's KV cache, not decoded again.
+    pub(crate) cached_tokens: u32,
 }
 
 impl Usage {
@@ -80,6 +89,7 @@ impl Usage {
             prompt_tokens: summary.prompt_tokens,
             completion_tokens: summary.completion_tokens,
             total_tokens: summary.prompt_tokens.saturating_add(summary.completion_tokens),
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: summary.cached_tokens },
         }
     }
 }

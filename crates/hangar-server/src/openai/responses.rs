@@ -268,7 +268,7 @@ impl OutputItem {
 /// Cached input tokens.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct InputTokensDetails {
-    /// Always 0.
+    /// Input tokens reused from an earlier request's KV cache, not decoded again.
     cached_tokens: u32,
 }
 
@@ -430,7 +430,7 @@ impl ResponseMeta {
         }
         object.usage = Some(ResponseUsage {
             input_tokens: summary.prompt_tokens,
-            input_tokens_details: InputTokensDetails { cached_tokens: 0 },
+            input_tokens_details: InputTokensDetails { cached_tokens: summary.cached_tokens },
             output_tokens: summary.completion_tokens,
             output_tokens_details: OutputTokensDetails { reasoning_tokens: 0 },
             total_tokens: summary.prompt_tokens.saturating_add(summary.completion_tokens),
