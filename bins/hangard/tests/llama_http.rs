@@ -127,6 +127,17 @@ async fn chat_ok(server: &Server, model: &str, prompt: &str, max_tokens: u32) ->
     body
 }
 
+/// `usage` without what the prompt cache served: that depends on the requests before (a
+/// repeated prompt reuses the KV cells its first run left), the counts do not.
+fn counts(usage: &Value) -> Value {
+    let mut usage = usage.clone();
+    if let Some(usage) = usage.as_object_mut() {
+        usage.remove("prompt_tokens_details");
+        usage.remove("input_tokens_details");
+    }
+    usage
+}
+
 /// `usage` adds up, and the finish reason agrees with the completion's length: `length`
 /// exactly at `max_tokens`, `stop` (end of generation) before it.
 fn check_usage(usage: &Value, finish_reason: Option<&str>, max_tokens: u32) {
@@ -352,7 +363,11 @@ async fn greedy_chat_streams_the_same_text_as_the_non_streaming_answer() {
         assert_eq!(stream.text, content);
         let (usage_chunk, rest) = stream.chunks.split_last().unwrap();
         assert_eq!(usage_chunk["choices"], json!([]), "{usage_chunk}");
-        assert_eq!(usage_chunk["usage"], whole["usage"], "{usage_chunk} vs {whole}");
+        assert_eq!(
+            counts(&usage_chunk["usage"]),
+            counts(&whole["usage"]),
+            "{usage_chunk} vs {whole}"
+        );
         assert!(rest.iter().all(|c| c["usage"].is_null()), "usage only in the last chunk");
     }
 }
@@ -380,7 +395,7 @@ async fn completions_stream_and_whole_agree() {
         streaming(request.clone(), json!({ "stream_options": { "include_usage": true } }));
     let events = Sse::start(&server, "/v1/completions", &usage_request).await.all().await;
     let stream = streamed(&events, "text_completion");
-    assert_eq!(stream.chunks.last().unwrap()["usage"], whole["usage"]);
+    assert_eq!(counts(&stream.chunks.last().unwrap()["usage"]), counts(&whole["usage"]));
 
     // echo puts the prompt first, in both forms.
     let mut echo = request.clone();
@@ -473,7 +488,7 @@ async fn responses_stream_events_from_created_to_completed() {
         assert_eq!(&finished["id"], id, "one response id: {finished}");
         assert_eq!(finished["status"], status);
         assert_eq!(finished["output_text"], text);
-        assert_eq!(finished["usage"], whole["usage"]);
+        assert_eq!(counts(&finished["usage"]), counts(&whole["usage"]));
     }
 }
 
@@ -837,6 +852,79 @@ async fn two_replicas_stream_two_chats_at_once() {
     }
     assert_eq!(most_running, 2, "both replicas were busy at the same time");
     wait_for_row(&server, "duo", "no work", |r| r["inflight_requests"] == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_replica_streams_four_chats_at_once_in_one_batch() {
+    let models = json!({ "batch": chat_model(json!({ "target_inflight": 4 })) });
+    let server = serve(models, &["batch"]).await;
+    let shown = row(&server, "batch").await;
+    assert_eq!(shown["effective_target_inflight"], 4, "{shown}");
+    // What llama.cpp was given: four sequences of the configured context, threads from the
+    // machine's cores (no gguf_n_threads in the config).
+    let details = &shown["runtime_details"];
+    assert_eq!(details.as_array().map(Vec::len), Some(1), "one replica: {shown}");
+    let details = &details[0];
+    assert_eq!(
+        (details["n_seq_max"].as_u64(), details["n_ctx_seq"].as_u64()),
+        (Some(4), Some(2048))
+    );
+    assert_eq!(details["threads_from"], "core_share", "{details}");
+    let cores = details["cores_available"].as_u64().expect("cores");
+    let threads = details["n_threads"].as_u64().expect("threads");
+    assert!((1..=cores).contains(&threads), "{details}");
+
+    let prompt = running_prompt(&server, "batch", 600).await;
+    let request = streaming(chat_body("batch", &prompt, 600), json!({}));
+    let log = Mutex::new(Vec::new());
+    let done = AtomicBool::new(false);
+    let readers = async {
+        let streams = tokio::join!(
+            read_logged(0, &server, &request, &log),
+            read_logged(1, &server, &request, &log),
+            read_logged(2, &server, &request, &log),
+            read_logged(3, &server, &request, &log)
+        );
+        done.store(true, Ordering::SeqCst);
+        streams
+    };
+    let monitor = async {
+        let mut most = 0;
+        while !done.load(Ordering::SeqCst) {
+            let row = row(&server, "batch").await;
+            most = most.max(row["runtime_inflight"].as_u64().unwrap());
+            assert_eq!(row["queue_depth"], 0, "nothing waits with a free sequence slot: {row}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        most
+    };
+    let ((a, b, c, d), most_running) = tokio::join!(readers, monitor);
+    let texts: Vec<String> = [a, b, c, d]
+        .iter()
+        .map(|events| {
+            let s = streamed(events, "chat.completion.chunk");
+            assert_eq!(s.finish_reason.as_deref(), Some("length"));
+            s.text
+        })
+        .collect();
+    assert!(texts.iter().all(|t| *t == texts[0]), "same prompt, same greedy text in one batch");
+    let log = log.into_inner().unwrap();
+    let first_finish =
+        log.iter().position(|s| matches!(s, Seen::Finish(_))).expect("a finish chunk");
+    for stream in 0..4 {
+        assert!(
+            log[..first_finish].contains(&Seen::Content(stream)),
+            "stream {stream} got no content before the first stream finished"
+        );
+    }
+    assert_eq!(most_running, 4, "all four ran on the one replica at once");
+
+    // The same prompt again reuses a slot's KV cells, and says so in its usage.
+    let again = chat_ok(&server, "batch", &prompt, 4).await;
+    let usage = &again["usage"];
+    let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(prompt_tokens - 1));
+    wait_for_row(&server, "batch", "no work", |r| r["inflight_requests"] == 0).await;
 }
 
 fn metric<'a>(metrics: &'a str, series: &str) -> Option<&'a str> {

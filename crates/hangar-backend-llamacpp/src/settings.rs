@@ -5,8 +5,9 @@
 //! embedding and reranking models, whose inputs must fit one micro-batch),
 //! `gguf_n_threads` (generation and batch threads; without it the replica's share of the
 //! machine's cores, [`crate::threads`]), `gguf_flash_attn`, `gguf_type_k`, `gguf_type_v`
-//! (context). The context holds `n_seq_max` sequences (the model's `target_inflight`), each
-//! with its own KV cells for `gguf_n_ctx` tokens.
+//! (context). The context holds `n_seq_max` sequences (the model's `target_inflight`) in one
+//! unified KV cache of `n_seq_max × gguf_n_ctx` cells; each sequence may use `gguf_n_ctx` of
+//! them, so the cache never runs out.
 
 use std::num::NonZeroU32;
 
@@ -36,7 +37,9 @@ pub(crate) fn model_params(
 pub(crate) struct ContextPlan {
     /// Context of all sequences together (one sequence's context times `n_seq`).
     pub(crate) n_ctx: u32,
-    /// Sequences the context serves at once; each gets its own KV cells (not unified).
+    /// Sequences the context serves at once, in one unified KV cache: a batch of several
+    /// sequences is one graph over it (per-sequence streams measured about half as fast at
+    /// 4 sequences on the tiny model, `docs/benchmarks.md`).
     pub(crate) n_seq: u32,
     /// Generation and batch threads.
     pub(crate) threads: u32,
@@ -52,7 +55,7 @@ pub(crate) fn context_params(
     let mut params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(plan.n_ctx))
         .with_n_seq_max(plan.n_seq)
-        .with_kv_unified(false)
+        .with_kv_unified(true)
         .with_n_threads(threads)
         .with_n_threads_batch(threads);
     if let Some(n_batch) = settings.gguf_n_batch {

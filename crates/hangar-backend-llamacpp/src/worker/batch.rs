@@ -1,6 +1,6 @@
 //! Continuous batching: the generation loop of a replica. The context holds `n_seq_max`
-//! sequence slots, each with its own KV cells (llama.cpp's per-sequence streams, sized for one
-//! sequence's context). Each step decodes one `llama_batch` holding the next token of every
+//! sequence slots in one unified KV cache with room for every slot's full context (a slot's
+//! sequence never holds more than one sequence's context, so no step runs out of cells). Each step decodes one `llama_batch` holding the next token of every
 //! decoding sequence and prompt chunks of new ones (within `n_batch`), then samples each
 //! sequence from its own logits. New requests join between steps while a slot is free;
 //! finished, failed or cancelled ones leave at once, and their slot takes the next request.
