@@ -138,19 +138,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     }
     let (hangar, llama) = servers.context("no load round ran")?;
 
-    let chat = |stream: bool| {
-        let mut body = json!({
-            "model": MODEL,
-            "messages": [{"role": "user", "content": PROMPT}],
-            "temperature": 0,
-            "max_tokens": MAX_TOKENS,
-        });
-        if stream {
-            body["stream"] = json!(true);
-            body["stream_options"] = json!({"include_usage": true});
-        }
-        body
-    };
+    let chat = |stream: bool| chat_body(MODEL, PROMPT, stream);
     eprintln!("warm-up");
     let mut first = Vec::new();
     for server in [&hangar, &llama] {
@@ -246,6 +234,22 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     ];
     print_table(root, &bench, &rows, &totals);
     crate::bench_streams::run(&bench)
+}
+
+/// A greedy chat request to `model` with the user message `content`, `max_tokens`
+/// [`MAX_TOKENS`]; streaming with usage when `stream`.
+pub(crate) fn chat_body(model: &str, content: &str, stream: bool) -> Value {
+    let mut body = json!({
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0,
+        "max_tokens": MAX_TOKENS,
+    });
+    if stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
 }
 
 /// Paths and settings shared by every server start.

@@ -40,8 +40,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Map, Value, json};
 
 use crate::bench_llamacpp::{
-    Bench, FIXTURE, MAX_TOKENS, MODEL, N_CTX, PROMPT, Server, Streamed, client, complete,
-    cpu_model, median, ms, stream_with,
+    Bench, FIXTURE, MAX_TOKENS, MODEL, N_CTX, PROMPT, Server, Streamed, chat_body, client,
+    complete, cpu_model, median, ms, stream_with,
 };
 
 /// Concurrent streams per row.
@@ -178,17 +178,7 @@ fn llama_threads(server: &Server) -> Option<String> {
 
 /// A chat request (streaming with usage when `stream`) to `model` with the user message [`PROMPT`]` (tag)`.
 fn chat(model: &str, tag: &str, stream: bool) -> Value {
-    let mut body = json!({
-        "model": model,
-        "messages": [{"role": "user", "content": format!("{PROMPT} ({tag})")}],
-        "temperature": 0,
-        "max_tokens": MAX_TOKENS,
-    });
-    if stream {
-        body["stream"] = json!(true);
-        body["stream_options"] = json!({"include_usage": true});
-    }
-    body
+    chat_body(model, &format!("{PROMPT} ({tag})"), stream)
 }
 
 /// One line of the second table.

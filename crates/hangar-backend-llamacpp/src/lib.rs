@@ -53,7 +53,7 @@ pub use llama_cpp_2;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::threads::{Claim, CoreShare};
+use crate::threads::{Claim, CoreShare, ThreadPlan, ThreadsFrom};
 pub use crate::worker::SlotState;
 use crate::worker::{Command, SharedModel, WorkerSpec};
 
@@ -61,7 +61,7 @@ use crate::worker::{Command, SharedModel, WorkerSpec};
 const COMMAND_QUEUE: usize = 64;
 
 /// Most sequences one context serves at once (llama.cpp's `LLAMA_MAX_SEQ`).
-const MAX_SEQUENCES: u32 = 256;
+const MAX_SEQUENCES: NonZeroU32 = NonZeroU32::new(256).expect("256 is not zero");
 
 /// What makes two replicas' weights the same: the file and how many layers are offloaded.
 type WeightsKey = (PathBuf, Option<i32>);
@@ -107,9 +107,7 @@ impl LlamaCppBackend {
 /// model (at most 256), one for embedding and reranking models.
 pub fn parallel_sequences(model: &ModelConfig) -> NonZeroU32 {
     match model.model_type {
-        ModelType::Llm => {
-            model.target_inflight.min(NonZeroU32::new(MAX_SEQUENCES).unwrap_or(NonZeroU32::MIN))
-        }
+        ModelType::Llm => model.target_inflight.min(MAX_SEQUENCES),
         ModelType::Embedding | ModelType::Reranking => NonZeroU32::MIN,
     }
 }
@@ -175,14 +173,16 @@ impl LlamaCppBackend {
             Err(e) => return Err(LoadError::NotFound { path, message: e.to_string() }),
         }
         request.progress.report(0.0);
-        let (threads, claim) = match settings_threads(model) {
-            Some(threads) => (threads, None),
+        let cores = u32::try_from(self.cores.cores()).unwrap_or(u32::MAX);
+        let (plan, claim) = match settings_threads(model) {
+            Some(threads) => (ThreadPlan { threads, from: ThreadsFrom::GgufNThreads, cores }, None),
             None => {
                 let (threads, claim) = self.cores.claim(&model.name, request.replicas);
-                (u32::try_from(threads).unwrap_or(u32::MAX), Some(claim))
+                let threads = u32::try_from(threads).unwrap_or(u32::MAX);
+                (ThreadPlan { threads, from: ThreadsFrom::CoreShare, cores }, Some(claim))
             }
         };
-        let spec = WorkerSpec::new(model, Path::new(&path), request.progress.clone(), threads);
+        let spec = WorkerSpec::new(model, Path::new(&path), request.progress.clone(), plan);
         let key = (PathBuf::from(&path), spec.n_gpu_layers());
         let slot = {
             let mut weights =
@@ -224,15 +224,13 @@ impl LlamaCppBackend {
             n_seq_max = info.n_seq_max,
             n_threads = info.n_threads,
             n_threads_batch = info.n_threads_batch,
-            cores = self.cores.cores(),
-            threads_from = if claim.is_some() { "core_share" } else { "gguf_n_threads" },
+            cores = info.cores_available,
+            threads_from = ?info.threads_from,
             "llama.cpp model loaded"
         );
-        let details = details(&info, self.cores.cores(), claim.is_none());
         Ok(Arc::new(LlamaCppRuntime {
             capabilities: capabilities(model),
             info,
-            details,
             claim: Mutex::new(claim),
             weights: Arc::downgrade(&weights),
             commands: Mutex::new(Some(commands)),
@@ -249,26 +247,9 @@ fn settings_threads(model: &ModelConfig) -> Option<u32> {
     }
 }
 
-/// The runtime details of a replica, as the admin row shows them.
-fn details(info: &RuntimeInfo, cores: usize, configured_threads: bool) -> RuntimeDetails {
-    let mut details = RuntimeDetails::new();
-    let mut put = |key: &str, value: serde_json::Value| {
-        details.insert(key.to_owned(), value);
-    };
-    put("n_threads", info.n_threads.into());
-    put("n_threads_batch", info.n_threads_batch.into());
-    put("threads_from", if configured_threads { "gguf_n_threads" } else { "core_share" }.into());
-    put("cores_available", cores.into());
-    put("n_seq_max", info.n_seq_max.into());
-    put("n_ctx", info.n_ctx.into());
-    put("n_ctx_seq", info.n_ctx_seq.into());
-    put("n_batch", info.n_batch.into());
-    put("n_ctx_train", info.n_ctx_train.into());
-    details
-}
-
-/// Facts about a loaded replica, as llama.cpp reports them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Facts about a loaded replica, as llama.cpp reports them: its [`Runtime::details`] (the
+/// admin row's `runtime_details`) are these fields by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct RuntimeInfo {
     /// The context size of all sequences together, in tokens (`llama_n_ctx`).
     pub n_ctx: u32,
@@ -284,13 +265,16 @@ pub struct RuntimeInfo {
     pub n_threads: u32,
     /// Prompt (batch) threads.
     pub n_threads_batch: u32,
+    /// Where the thread counts came from.
+    pub threads_from: ThreadsFrom,
+    /// The cores this process may use ([`threads::available_cores`]).
+    pub cores_available: u32,
 }
 
 /// One loaded replica: a handle to its worker thread.
 pub struct LlamaCppRuntime {
     capabilities: Capabilities,
     info: RuntimeInfo,
-    details: RuntimeDetails,
     /// This replica's share of the cores, returned at unload.
     claim: Mutex<Option<Claim>>,
     /// The weights this replica serves from (its worker holds them).
@@ -360,7 +344,10 @@ impl Runtime for LlamaCppRuntime {
 
     /// Threads (and where their count came from), sequences and context sizes.
     fn details(&self) -> RuntimeDetails {
-        self.details.clone()
+        match serde_json::to_value(self.info) {
+            Ok(serde_json::Value::Object(details)) => details,
+            _ => RuntimeDetails::new(),
+        }
     }
 
     async fn generate(

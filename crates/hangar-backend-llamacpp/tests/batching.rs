@@ -11,11 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hangar_backend::{
-    GenerateEvent, GenerateRequest, GenerateSummary, LoadRequest, OutputFormat, ProgressSink,
-    Prompt, RuntimeError, SamplingParams,
+    GenerateEvent, GenerateRequest, GenerateSummary, OutputFormat, Prompt, RuntimeError,
+    SamplingParams,
 };
 use hangar_backend_llamacpp::{LlamaCppBackend, LlamaCppRuntime, SlotState};
-use hangar_config::{ModelConfig, ModelName};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -29,18 +28,8 @@ const PROMPTS: [&str; 4] = [
 
 /// A replica of the tiny model serving `sequences` sequences, greedy.
 async fn load(sequences: u32, n_ctx: u32) -> Arc<LlamaCppRuntime> {
-    let path = format!("{}/../../fixtures/models/tiny-llama.gguf", env!("CARGO_MANIFEST_DIR"));
-    let config = json!({
-        "backend": "llama_cpp", "model_path": path, "gguf_n_ctx": n_ctx,
-        "target_inflight": sequences,
-    });
-    let model = ModelConfig::parse(&ModelName::new("tiny").unwrap(), &config).unwrap();
-    let request = LoadRequest {
-        model: Arc::new(model),
-        replica: 0,
-        replicas: 1,
-        progress: ProgressSink::default(),
-    };
+    let model = support::tiny(json!({ "gguf_n_ctx": n_ctx, "target_inflight": sequences }));
+    let request = support::load_request(model, 0, 1);
     LlamaCppBackend::new(support::llama()).load_replica(request).await.expect("fixture loads")
 }
 

@@ -11,29 +11,21 @@ use hangar_backend::{
     RuntimeError, SamplingParams,
 };
 use hangar_backend_llamacpp::LlamaCppBackend;
-use hangar_config::{ModelConfig, ModelName};
+use hangar_config::ModelConfig;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-fn fixture(name: &str) -> String {
-    format!("{}/../../fixtures/models/{name}", env!("CARGO_MANIFEST_DIR"))
-}
+use support::fixture;
 
 /// llama.cpp initialises once per process; every test shares it.
 fn backend() -> LlamaCppBackend {
     LlamaCppBackend::new(support::llama())
 }
 
-fn model(extra: Value) -> Arc<ModelConfig> {
-    let mut value = json!({ "backend": "llama_cpp", "model_path": fixture("tiny-llama.gguf") });
-    for (k, v) in extra.as_object().expect("object") {
-        value[k] = v.clone();
-    }
-    Arc::new(ModelConfig::parse(&ModelName::new("tiny").unwrap(), &value).expect("valid model"))
-}
+use support::tiny as model;
 
 fn request(model: Arc<ModelConfig>, replica: u32) -> LoadRequest {
-    LoadRequest { model, replica, replicas: replica + 1, progress: ProgressSink::default() }
+    support::load_request(model, replica, replica + 1)
 }
 
 async fn load(extra: Value) -> Arc<dyn Runtime> {

@@ -5,9 +5,8 @@ mod support;
 
 use std::sync::Arc;
 
-use hangar_backend::{Backend, GenerateRequest, LoadRequest, ProgressSink, Prompt, SamplingParams};
+use hangar_backend::{Backend, GenerateRequest, Prompt, SamplingParams};
 use hangar_backend_llamacpp::LlamaCppBackend;
-use hangar_config::{ModelConfig, ModelName};
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -21,21 +20,9 @@ fn rss_bytes() -> Option<u64> {
 #[tokio::test(flavor = "multi_thread")]
 async fn fifty_load_unload_cycles_return_memory() {
     let backend = LlamaCppBackend::new(support::llama());
-    let path = format!("{}/../../fixtures/models/tiny-llama.gguf", env!("CARGO_MANIFEST_DIR"));
-    let model = Arc::new(
-        ModelConfig::parse(
-            &ModelName::new("tiny").unwrap(),
-            &json!({ "backend": "llama_cpp", "model_path": path }),
-        )
-        .unwrap(),
-    );
+    let model = support::tiny(json!({}));
     let cycle = || async {
-        let request = LoadRequest {
-            model: Arc::clone(&model),
-            replica: 0,
-            replicas: 1,
-            progress: ProgressSink::default(),
-        };
+        let request = support::load_request(Arc::clone(&model), 0, 1);
         let runtime = backend.load(request).await.unwrap();
         let (tx, mut rx) = mpsc::channel(16);
         let generate = GenerateRequest {

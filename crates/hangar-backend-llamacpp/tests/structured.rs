@@ -8,26 +8,17 @@ use std::sync::Arc;
 
 use hangar_backend::{
     Backend, ChatMessage, FinishReason, GenerateEvent, GenerateRequest, GenerateSummary,
-    LoadRequest, OutputFormat, ProgressSink, Prompt, Role, Runtime, RuntimeError, SamplingParams,
-    ToolCall, ToolChoice, ToolDefinition, ToolUse,
+    OutputFormat, Prompt, Role, Runtime, RuntimeError, SamplingParams, ToolCall, ToolChoice,
+    ToolDefinition, ToolUse,
 };
 use hangar_backend_llamacpp::LlamaCppBackend;
-use hangar_config::{ModelConfig, ModelName};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 const SEEDS: u64 = 12;
 
 async fn load() -> Arc<dyn Runtime> {
-    let path = format!("{}/../../fixtures/models/tiny-llama.gguf", env!("CARGO_MANIFEST_DIR"));
-    let config = json!({ "backend": "llama_cpp", "model_path": path, "gguf_n_ctx": 1024 });
-    let model = ModelConfig::parse(&ModelName::new("tiny").unwrap(), &config).unwrap();
-    let request = LoadRequest {
-        model: Arc::new(model),
-        replica: 0,
-        replicas: 1,
-        progress: ProgressSink::default(),
-    };
+    let request = support::load_request(support::tiny(json!({ "gguf_n_ctx": 1024 })), 0, 1);
     LlamaCppBackend::new(support::llama()).load(request).await.expect("fixture loads")
 }
 

@@ -228,6 +228,9 @@ impl Worker<'_> {
                 fed += 1;
                 logits = last.then_some(at);
             }
+            if fed == 0 {
+                break;
+            }
             room -= fed;
             entries.push(Entry { slot: index, logits, fed });
         }

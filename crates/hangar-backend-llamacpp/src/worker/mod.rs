@@ -67,8 +67,8 @@ pub(crate) struct WorkerSpec {
     progress: ProgressSink,
     /// Sequences the context serves at once.
     n_seq: u32,
-    /// Generation and batch threads.
-    threads: u32,
+    /// Generation and batch threads, and why.
+    threads: crate::threads::ThreadPlan,
 }
 
 impl WorkerSpec {
@@ -77,12 +77,12 @@ impl WorkerSpec {
         self.settings.gguf_n_gpu_layers
     }
 
-    /// The spec of a replica of `model` running `threads` threads.
+    /// The spec of a replica of `model` running the `threads` of its plan.
     pub(crate) fn new(
         model: &ModelConfig,
         path: &Path,
         progress: ProgressSink,
-        threads: u32,
+        threads: crate::threads::ThreadPlan,
     ) -> Self {
         let settings = match &model.settings {
             BackendSettings::LlamaCpp(s) => s.clone(),
@@ -95,7 +95,7 @@ impl WorkerSpec {
             prompt_format: model.prompt_format.unwrap_or(PromptFormat::Auto),
             progress,
             n_seq: crate::parallel_sequences(model).get(),
-            threads: threads.max(1),
+            threads,
         }
     }
 }
@@ -162,7 +162,7 @@ pub(crate) fn run(
     let plan = settings::ContextPlan {
         n_ctx: n_ctx_seq.saturating_mul(spec.n_seq),
         n_seq: spec.n_seq,
-        threads: spec.threads,
+        threads: spec.threads.threads.max(1),
     };
     let ctx_params = settings::context_params(&spec.settings, spec.model_type, plan);
     let (context, errors) = {
@@ -190,8 +190,10 @@ pub(crate) fn run(
         n_seq_max: worker.spec.n_seq,
         n_batch: worker.context.n_batch(),
         n_ctx_train: model.n_ctx_train(),
-        n_threads: worker.spec.threads,
-        n_threads_batch: worker.spec.threads,
+        n_threads: plan.threads,
+        n_threads_batch: plan.threads,
+        threads_from: worker.spec.threads.from,
+        cores_available: worker.spec.threads.cores,
     };
     if ready.send(Ok((info, Arc::clone(&shared)))).is_err() {
         return; // the load was abandoned
