@@ -1,12 +1,10 @@
 //! `cargo xtask bench llamacpp`: Hangar's in-process llama.cpp engine against llama.cpp's
 //! own `llama-server`, on the same GGUF file, in one run.
 //!
-//! 1. `llama-server` is built from the llama.cpp tree vendored in the PyPI source
-//!    distribution of `llama-cpp-python` ([`LCP_VERSION`], checked against [`LCP_SHA256`]),
-//!    with the CPU flags `llama-cpp-sys-2` gives Hangar's own llama.cpp (no `GGML_NATIVE`;
-//!    AVX2/FMA/F16C) and statically linked like it. The binary is cached in
-//!    `target/bench/llama-server/llama-cpp-python-<version>/llama-server`; a second run
-//!    builds nothing.
+//! 1. `llama-server` comes from [`crate::llama_server`] (what `cargo xtask llama-server`
+//!    builds): llama.cpp as vendored in the `llama-cpp-python` sdist, with the CPU flags
+//!    `llama-cpp-sys-2` gives Hangar's own llama.cpp and statically linked like it, cached
+//!    in `target/llama-server`; a second run builds nothing.
 //! 2. `hangard` is built in release and started on a config of one `llama_cpp` model (the
 //!    fixture [`FIXTURE`], CPU only, `auto_load: false`); `llama-server` is started on the
 //!    same file with the same context size and threads, one slot and no prompt cache (Hangar
@@ -40,27 +38,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::{cargo, deps, run as run_checked};
+use crate::llama_server::LCP_VERSION;
+use crate::{cargo, deps, llama_server, run as run_checked};
 
-/// The `llama-cpp-python` release whose vendored llama.cpp builds `llama-server`: the
-/// newest on PyPI, and the closest to what `llama-cpp-sys-2` 0.1.161 vendors (which is newer).
-const LCP_VERSION: &str = "0.3.36";
-/// SHA-256 of `llama_cpp_python-0.3.36.tar.gz`, as PyPI lists it.
-const LCP_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
-/// PyPI's JSON description of the project (release files and their digests).
-const PYPI_JSON: &str = "https://pypi.org/pypi/llama-cpp-python/json";
-/// CMake options of the `llama-server` build. `GGML_NATIVE=OFF` gives the same CPU
-/// instruction sets as Hangar's llama.cpp; static libraries as in Hangar.
-const CMAKE_OPTIONS: [&str; 8] = [
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DLLAMA_CURL=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-    "-DGGML_NATIVE=OFF",
-    "-DBUILD_SHARED_LIBS=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-];
 /// The model both servers load, relative to the workspace root.
 pub(crate) const FIXTURE: &str = "fixtures/models/tiny-llama.gguf";
 /// The model's name in Hangar's config.
@@ -92,11 +72,9 @@ const IO_TIMEOUT: Duration = Duration::from_secs(120);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Builds both servers (when needed), measures, prints the table.
 pub(crate) fn run(root: &Path) -> Result<()> {
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let target = crate::target_dir(root)?;
     deps::ensure()?;
-    let llama_server = llama_server(&target, cores)?;
+    let llama_server = llama_server::ensure(root)?;
     let mut build = cargo(root);
     build.args(["build", "--release", "--locked", "-p", "hangard"]);
     run_checked(build)?;
@@ -417,76 +395,6 @@ fn write_config(work: &Path, model: &Path) -> Result<PathBuf> {
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(dir)
 }
-
-/// The cached `llama-server` binary; downloads, unpacks and builds it when missing.
-fn llama_server(target: &Path, jobs: usize) -> Result<PathBuf> {
-    let dir =
-        target.join("bench").join("llama-server").join(format!("llama-cpp-python-{LCP_VERSION}"));
-    let binary = dir.join("llama-server");
-    let stamp = dir.join("cmake-options.txt");
-    let options = CMAKE_OPTIONS.join(" ");
-    if binary.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == options) {
-        eprintln!("llama-server: cached {}", binary.display());
-        return Ok(binary);
-    }
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let prefix = format!("llama_cpp_python-{LCP_VERSION}");
-    let sdist = dir.join(format!("{prefix}.tar.gz"));
-    if !sdist.exists() {
-        eprintln!("llama-server: downloading llama-cpp-python {LCP_VERSION} (sdist) from PyPI");
-        let mut download = Command::new("python3");
-        download.args(["-c", DOWNLOAD, PYPI_JSON, LCP_VERSION, LCP_SHA256]).arg(&sdist);
-        run_checked(download)?;
-    }
-    let source = dir.join(&prefix).join("vendor").join("llama.cpp");
-    if !source.join("CMakeLists.txt").exists() {
-        let mut unpack = Command::new("tar");
-        unpack.arg("-xzf").arg(&sdist).arg("-C").arg(&dir);
-        // The submodule's git directory too, so the build knows its commit.
-        unpack.arg(format!("{prefix}/vendor/llama.cpp"));
-        unpack.arg(format!("{prefix}/.git/modules/vendor/llama.cpp"));
-        run_checked(unpack)?;
-    }
-    let build = dir.join("build");
-    let mut configure = Command::new("cmake");
-    configure.arg("-S").arg(&source).arg("-B").arg(&build).args(CMAKE_OPTIONS);
-    run_checked(configure)?;
-    let mut compile = Command::new("cmake");
-    compile.arg("--build").arg(&build).args(["--target", "llama-server", "-j", &jobs.to_string()]);
-    run_checked(compile)?;
-    let built = build.join("bin").join("llama-server");
-    std::fs::copy(&built, &binary)
-        .with_context(|| format!("cannot copy {} to {}", built.display(), binary.display()))?;
-    std::fs::write(&stamp, format!("{options}\n"))
-        .with_context(|| format!("cannot write {}", stamp.display()))?;
-    eprintln!("llama-server: built {}", binary.display());
-    Ok(binary)
-}
-
-/// Downloads a release's sdist named by PyPI's JSON to `dest`, checking its SHA-256 (argv:
-/// JSON URL, version, sha256, dest). Relative file URLs are resolved against the JSON's.
-const DOWNLOAD: &str = r#"
-import hashlib, json, os, sys, urllib.parse, urllib.request
-index, version, sha, dest = sys.argv[1:5]
-with urllib.request.urlopen(index, timeout=120) as r:
-    meta = json.load(r)
-files = [f for f in meta["releases"].get(version, []) if f["packagetype"] == "sdist"]
-if not files:
-    sys.exit(f"no sdist of llama-cpp-python {version} on {index}")
-listed = files[0]["digests"]["sha256"]
-if listed != sha:
-    sys.exit(f"PyPI lists sha256 {listed} for {files[0]['filename']}, expected {sha}")
-url = urllib.parse.urljoin(index, files[0]["url"])
-print(url, file=sys.stderr)
-digest = hashlib.sha256()
-with urllib.request.urlopen(url, timeout=600) as r, open(dest + ".part", "wb") as out:
-    while chunk := r.read(1 << 20):
-        digest.update(chunk)
-        out.write(chunk)
-if digest.hexdigest() != sha:
-    sys.exit(f"{url}: sha256 {digest.hexdigest()}, expected {sha}")
-os.replace(dest + ".part", dest)
-"#;
 
 /// One non-streaming chat completion.
 pub(crate) struct Completion {

@@ -48,7 +48,8 @@ pub(crate) fn ensure() -> Result<()> {
 
 fn apt(args: &[&str]) -> Command {
     let mut cmd = Command::new("apt-get");
-    cmd.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+    // Its output is progress: stdout stays free (`cargo xtask llama-server` prints a path).
+    cmd.args(args).env("DEBIAN_FRONTEND", "noninteractive").stdout(std::io::stderr());
     cmd
 }
 

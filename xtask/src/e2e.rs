@@ -5,9 +5,11 @@
 //!    `xtask/e2e/requirements.txt` (installed only when they do not import yet).
 //! 2. `hangard serve --config fixtures/demo --port 0`, built first by `cargo test --workspace
 //!    --locked --no-run` (the build of `cargo xtask test`, so llama.cpp is compiled once for
-//!    both; cmake and libclang are checked first as for `cargo xtask test`); the address
-//!    comes from its `hangard listening on …` line, readiness from `GET /readyz` (every
-//!    enabled model loaded: the stub models and the llama.cpp GGUF models alike).
+//!    both; cmake and libclang are checked first as for `cargo xtask test`, and `llama-server`
+//!    for the demo's `tiny-llama-server` is built when missing, as by `cargo xtask
+//!    llama-server`); the address comes from its `hangard listening on …` line, readiness
+//!    from `GET /readyz` (every enabled model loaded: the stub models, the llama.cpp GGUF
+//!    models and the `llama-server` model alike).
 //! 3. Each script of `xtask/e2e` with `HANGAR_URL` set; each asserts and exits non-zero on
 //!    failure. Every script runs even when one fails.
 //! 4. Schemathesis (`st run`, see [`schemathesis`]) against the live `/openapi.json`: every
@@ -26,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, deps, run as run_checked};
+use crate::{cargo, deps, llama_server, run as run_checked};
 
 /// The client scripts, in the order they run.
 const SCRIPTS: [&str; 3] = ["openai_client.py", "triton_client.py", "validate_openapi.py"];
@@ -53,6 +55,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     ensure_packages(&python, &root.join("xtask/e2e/requirements.txt"))?;
 
     deps::ensure()?;
+    llama_server::ensure(root)?;
     run_checked(test_build(root))?;
     let binary = target.join("debug").join("hangard");
 

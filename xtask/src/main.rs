@@ -4,8 +4,13 @@
 //!   llama.cpp build needs.
 //! - `cargo xtask fixtures`: write the deterministic tiny random-weight GGUF models of
 //!   `fixtures/models` (llama chat, BERT embedding, BERT reranker) that llama.cpp loads.
-//! - `cargo xtask demo`: install what the build needs, then run the server on the demo config.
-//! - `cargo xtask test`: run the whole test suite (what `.ci/run` runs after fmt and clippy).
+//! - `cargo xtask llama-server`: build llama.cpp's own `llama-server` once (from the
+//!   `llama-cpp-python` sdist, cached in `target/llama-server`), place it at
+//!   `target/llama-server/llama-server` and print that absolute path (the only stdout).
+//! - `cargo xtask demo`: install what the build needs, then run the server on the demo config
+//!   (it does not build `llama-server`; without it the demo's `tiny-llama-server` fails to load).
+//! - `cargo xtask test`: run the whole test suite (what `.ci/run` runs after fmt and clippy),
+//!   with `HANGAR_LLAMA_SERVER` set to the `llama-server` binary (built first when needed).
 //! - `cargo xtask e2e`: start `hangard serve` on the demo config and drive it with real
 //!   clients (the `openai` and `tritonclient` Python packages, an OpenAPI validator) and
 //!   schemathesis (without and with an admin key) from a virtualenv in `target/e2e-venv`.
@@ -17,7 +22,11 @@
 //!   memory per configured model.
 //! - `cargo xtask bench llamacpp`: load time, tokens/s and time to first token of Hangar's
 //!   in-process llama.cpp engine next to llama.cpp's own `llama-server` (built from the
-//!   `llama-cpp-python` sdist, cached in `target/bench/llama-server`) on the same GGUF.
+//!   `llama-cpp-python` sdist, as `cargo xtask llama-server` does) on the same GGUF.
+//! - `cargo xtask bench proxy`: what Hangar's `llama_server` backend adds on top of its
+//!   `llama-server` child (latency and requests/s, direct against through Hangar against
+//!   through nginx, all on the same child) and a model swap through Hangar against the same
+//!   stop + start by hand.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,10 +35,15 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench_llamacpp;
+mod bench_proxy;
 mod bench_streams;
 mod deps;
 mod e2e;
 mod fixtures;
+mod llama_server;
+
+/// The `llama_server_binary_path` of `fixtures/demo/settings.json`.
+const DEMO_LLAMA_SERVER: &str = "target/llama-server/llama-server";
 
 #[derive(Debug, Parser)]
 #[command(name = "cargo xtask", about = "Hangar project automation")]
@@ -43,6 +57,9 @@ enum Task {
     /// Check for (and, as root, install with apt) the system packages the llama.cpp build
     /// needs: cmake, clang, libclang-dev.
     Deps,
+    /// Build llama.cpp's `llama-server` when it is not built yet (cached in
+    /// `target/llama-server`) and print its absolute path, `target/llama-server/llama-server`.
+    LlamaServer,
     /// Regenerate the tiny GGUF models of `fixtures/models` (byte-identical every time).
     Fixtures,
     /// Install what the build needs, then run the server on the demo config
@@ -52,7 +69,8 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Run every test of the workspace (unit, property, fixture and CLI tests).
+    /// Run every test of the workspace (unit, property, fixture and CLI tests), with
+    /// `HANGAR_LLAMA_SERVER` set to the `llama-server` binary (built first when needed).
     Test {
         /// Extra arguments passed to `cargo test` (after `--`).
         #[arg(last = true)]
@@ -79,19 +97,37 @@ enum Bench {
     /// Hangar's in-process llama.cpp engine against llama.cpp's own `llama-server` on the
     /// tiny GGUF fixture (xtask/src/bench_llamacpp.rs).
     Llamacpp,
+    /// Hangar's `llama_server` backend as a proxy (next to nginx on the same `llama-server`)
+    /// and its model swap (next to the same processes stopped and started by hand)
+    /// (xtask/src/bench_proxy.rs).
+    Proxy,
 }
 
 fn main() -> Result<()> {
     let root = workspace_root();
     match Cli::parse().command {
         Task::Deps => deps::ensure(),
+        Task::LlamaServer => {
+            deps::ensure()?;
+            let binary = llama_server::ensure(&root)?;
+            println!("{}", binary.display());
+            Ok(())
+        }
         Task::Test { args } => {
             deps::ensure()?;
-            test(&root, &args)
+            let llama_server = llama_server::ensure(&root)?;
+            test(&root, &llama_server, &args)
         }
         Task::Fixtures => fixtures::run(&root),
         Task::Demo { args } => {
             deps::ensure()?;
+            // The path the demo config names (relative to the root, where the demo runs).
+            if !root.join(DEMO_LLAMA_SERVER).exists() {
+                eprintln!(
+                    "llama-server not built: model tiny-llama-server will fail to load; build \
+                     it with `cargo xtask llama-server`"
+                );
+            }
             let mut cmd = cargo(&root);
             cmd.args([
                 "run",
@@ -113,6 +149,7 @@ fn main() -> Result<()> {
                 Bench::ControlPlane => ("hangar-runtime", "control_plane"),
                 Bench::Server => ("hangard", "server"),
                 Bench::Llamacpp => return bench_llamacpp::run(&root),
+                Bench::Proxy => return bench_proxy::run(&root),
             };
             let mut cmd = cargo(&root);
             cmd.args(["bench", "--locked", "-p", package, "--bench", bench]);
@@ -121,9 +158,9 @@ fn main() -> Result<()> {
     }
 }
 
-fn test(root: &Path, args: &[String]) -> Result<()> {
+fn test(root: &Path, llama_server: &Path, args: &[String]) -> Result<()> {
     let mut cmd = cargo(root);
-    cmd.args(["test", "--workspace", "--locked"]);
+    cmd.args(["test", "--workspace", "--locked"]).env("HANGAR_LLAMA_SERVER", llama_server);
     if !args.is_empty() {
         cmd.arg("--").args(args);
     }
@@ -143,6 +180,13 @@ fn run(mut cmd: Command) -> Result<()> {
         bail!("{cmd:?} failed: {status}");
     }
     Ok(())
+}
+
+/// Cargo's target directory (`CARGO_TARGET_DIR`, else `<root>/target`), absolute.
+fn target_dir(root: &Path) -> Result<PathBuf> {
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    std::path::absolute(&target).with_context(|| format!("cannot resolve {}", target.display()))
 }
 
 fn workspace_root() -> PathBuf {

@@ -194,7 +194,7 @@ async fn load_reports_progress_up_to_one() {
         ProgressSink::new(move |p| seen.lock().unwrap().push(p))
     };
     let runtime = backend()
-        .load(LoadRequest { model: model(json!({})), replica: 0, replicas: 1, progress: sink })
+        .load(LoadRequest { progress: sink, ..LoadRequest::new(model(json!({})), 0, 1) })
         .await
         .unwrap();
     let seen = seen.lock().unwrap().clone();

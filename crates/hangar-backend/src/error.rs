@@ -62,7 +62,7 @@ impl LoadError {
 #[non_exhaustive]
 pub enum RuntimeError {
     /// The engine died; the model must be marked failed with this reason.
-    #[error("runtime crashed: {reason}")]
+    #[error("backend crashed: {reason}")]
     Crashed {
         /// What happened.
         reason: String,
@@ -88,6 +88,20 @@ pub enum RuntimeError {
         /// Details.
         message: String,
     },
+    /// A forwarding engine answered with an error status of its own.
+    #[error("the engine answered {status}: {message}")]
+    Upstream {
+        /// The engine's HTTP status.
+        status: u16,
+        /// The engine's error message.
+        message: String,
+    },
+    /// The engine did not answer in time or could not be reached (still running).
+    #[error("the engine is unavailable: {message}")]
+    Unavailable {
+        /// Details.
+        message: String,
+    },
 }
 
 /// The fieldless code of a [`RuntimeError`], for JSON and metrics.
@@ -95,7 +109,7 @@ pub enum RuntimeError {
 #[serde(rename_all = "snake_case")]
 pub enum RuntimeErrorCode {
     /// [`RuntimeError::Crashed`].
-    RuntimeCrashed,
+    BackendCrashed,
     /// [`RuntimeError::Cancelled`].
     Cancelled,
     /// [`RuntimeError::InvalidRequest`].
@@ -104,17 +118,23 @@ pub enum RuntimeErrorCode {
     Unsupported,
     /// [`RuntimeError::Failed`].
     RuntimeError,
+    /// [`RuntimeError::Upstream`].
+    UpstreamError,
+    /// [`RuntimeError::Unavailable`].
+    BackendUnavailable,
 }
 
 impl RuntimeError {
     /// This error's code.
     pub fn code(&self) -> RuntimeErrorCode {
         match self {
-            Self::Crashed { .. } => RuntimeErrorCode::RuntimeCrashed,
+            Self::Crashed { .. } => RuntimeErrorCode::BackendCrashed,
             Self::Cancelled => RuntimeErrorCode::Cancelled,
             Self::InvalidRequest { .. } => RuntimeErrorCode::InvalidRequest,
             Self::Unsupported { .. } => RuntimeErrorCode::Unsupported,
             Self::Failed { .. } => RuntimeErrorCode::RuntimeError,
+            Self::Upstream { .. } => RuntimeErrorCode::UpstreamError,
+            Self::Unavailable { .. } => RuntimeErrorCode::BackendUnavailable,
         }
     }
 }

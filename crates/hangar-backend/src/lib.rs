@@ -11,6 +11,9 @@
 //! - [`load_constraints`] and [`load_recommendations`] for every backend kind, exactly as the
 //!   runtime admin spec lists them, and [`validate_load_override`], which checks a load
 //!   request's override patch against them;
+//! - [`ForwardRequest`] / [`ForwardResponse`]: pass-through of OpenAI-compatible requests to
+//!   engines that serve that API themselves, and [`ModelLogs`], the followable log of a
+//!   model's engine;
 //! - the [`stub`] backend: deterministic text, simulated load and token latency, injected
 //!   failures and crashes, all from a model's `stub` config section.
 //!
@@ -18,6 +21,8 @@
 
 mod constraints;
 mod error;
+mod forward;
+mod logs;
 mod overrides;
 pub mod stub;
 mod types;
@@ -30,7 +35,9 @@ use tokio::sync::mpsc;
 
 pub use constraints::{LoadRecommendations, load_recommendations};
 pub use error::{LoadError, LoadErrorCode, RuntimeError, RuntimeErrorCode};
+pub use forward::{ForwardRequest, ForwardResponse, ForwardRoute};
 pub use hangar_config::{ConstraintKind, LoadConstraint, LoadConstraints, load_constraints};
+pub use logs::{LOG_CAPACITY, LogLine, LogStream, ModelLogs};
 pub use overrides::{LoadOverride, OverrideError, validate_load_override};
 pub use types::*;
 
@@ -57,6 +64,12 @@ pub trait Backend: Send + Sync + 'static {
     /// [`LoadError::NotFound`] when the model's artifact does not exist (no eviction is
     /// attempted for these), any other [`LoadError`] for everything else.
     async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError>;
+
+    /// Whether this engine's runtimes pass OpenAI-compatible requests through
+    /// ([`Runtime::forward`]) instead of taking typed ones. False by default.
+    fn forwards(&self) -> bool {
+        false
+    }
 }
 
 /// What [`Backend::load`] needs.
@@ -70,6 +83,26 @@ pub struct LoadRequest {
     pub replicas: u32,
     /// Where the backend reports load progress in `[0, 1]`; may be ignored.
     pub progress: ProgressSink,
+    /// Where the runtime reports that its engine died while loaded (a child process
+    /// exited); the model is then marked failed with that reason.
+    pub crash: CrashSink,
+    /// The model's log, where the engine's output goes.
+    pub logs: ModelLogs,
+}
+
+impl LoadRequest {
+    /// Replica `replica` of `replicas` for `model`, with no-op progress and crash sinks and
+    /// a fresh log.
+    pub fn new(model: Arc<ModelConfig>, replica: u32, replicas: u32) -> Self {
+        Self {
+            model,
+            replica,
+            replicas,
+            progress: ProgressSink::default(),
+            crash: CrashSink::default(),
+            logs: ModelLogs::default(),
+        }
+    }
 }
 
 /// A loaded replica of a model.
@@ -126,4 +159,21 @@ pub trait Runtime: Send + Sync + 'static {
     /// Releases the runtime's resources (process, memory). Called once, after in-flight
     /// work has drained.
     async fn unload(&self);
+
+    /// Whether this runtime passes OpenAI-compatible requests through to its engine
+    /// ([`Runtime::forward`]) instead of taking typed ones. False by default.
+    fn forwards(&self) -> bool {
+        false
+    }
+
+    /// Passes `request` through to the engine and returns its answer as it arrives.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Unsupported`] for runtimes that do not forward (the default);
+    /// [`RuntimeError::Crashed`] when the engine died; [`RuntimeError::Upstream`] and
+    /// [`RuntimeError::InvalidRequest`] for the engine's own error answers.
+    async fn forward(&self, request: ForwardRequest) -> Result<ForwardResponse, RuntimeError> {
+        let _ = request;
+        Err(RuntimeError::Unsupported { message: "this engine does not forward requests".into() })
+    }
 }

@@ -20,7 +20,7 @@
 //! .unwrap();
 //! let backend = StubBackend::new();
 //! let runtime = backend
-//!     .load(LoadRequest { model: Arc::new(model), replica: 0, replicas: 1, progress: Default::default() })
+//!     .load(LoadRequest::new(Arc::new(model), 0, 1))
 //!     .await
 //!     .unwrap();
 //! let (tx, mut rx) = tokio::sync::mpsc::channel(16);

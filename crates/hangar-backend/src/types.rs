@@ -338,3 +338,28 @@ impl std::fmt::Debug for ProgressSink {
         f.write_str(if self.0.is_some() { "ProgressSink(..)" } else { "ProgressSink(none)" })
     }
 }
+
+/// Receives the reason when a loaded runtime's engine dies on its own (a child process
+/// exited). Cheap to clone; the default sink ignores it.
+#[derive(Clone, Default)]
+pub struct CrashSink(Option<Arc<dyn Fn(String) + Send + Sync>>);
+
+impl CrashSink {
+    /// A sink that calls `f` with the reason.
+    pub fn new(f: impl Fn(String) + Send + Sync + 'static) -> Self {
+        Self(Some(Arc::new(f)))
+    }
+
+    /// Reports that the engine died, and why.
+    pub fn report(&self, reason: String) {
+        if let Some(f) = &self.0 {
+            f(reason);
+        }
+    }
+}
+
+impl std::fmt::Debug for CrashSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "CrashSink(..)" } else { "CrashSink(none)" })
+    }
+}

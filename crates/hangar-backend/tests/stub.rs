@@ -24,12 +24,7 @@ fn stub_model(stub: Value) -> Arc<ModelConfig> {
 }
 
 fn request(model: &Arc<ModelConfig>) -> LoadRequest {
-    LoadRequest {
-        model: Arc::clone(model),
-        replica: 0,
-        replicas: 1,
-        progress: ProgressSink::default(),
-    }
+    LoadRequest::new(Arc::clone(model), 0, 1)
 }
 
 async fn load(backend: &StubBackend, stub: Value) -> Arc<dyn Runtime> {
@@ -214,7 +209,7 @@ async fn load_waits_the_delay_and_reports_progress() {
     let model = stub_model(json!({ "load_delay_ms": 2500 }));
     let start = Instant::now();
     StubBackend::new()
-        .load(LoadRequest { model, replica: 1, replicas: 2, progress })
+        .load(LoadRequest { progress, ..LoadRequest::new(model, 1, 2) })
         .await
         .unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(2500));

@@ -55,7 +55,7 @@ pub use load_fields::{
     load_fields,
 };
 pub use merge::{LOCAL_FILE, SETTINGS_FILE, merge, merged, read_json, read_merged};
-pub use model::{BackendSettings, ModelConfig};
+pub use model::{BackendSettings, DEFAULT_LOAD_TIMEOUT_S, ModelConfig};
 pub use name::{MAX_MODEL_NAME_LEN, ModelName, ModelNameError};
 pub use schema::config_schema;
 pub use secret::{REDACTED, Secret};

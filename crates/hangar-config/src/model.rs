@@ -44,6 +44,9 @@ pub(crate) struct ModelFields {
     /// Most tokens a generation makes when its request sets no `max_tokens`; unset, it
     /// runs until the model stops or its context is full (as OpenAI and llama-server do).
     pub(crate) default_max_tokens: Option<u32>,
+    /// Seconds a load may take before it fails (engine processes: until the child answers
+    /// on its health route). Default 300.
+    pub(crate) load_timeout_s: Option<u32>,
 }
 
 impl Section for ModelFields {
@@ -54,6 +57,7 @@ impl Section for ModelFields {
         p.at_least("target_inflight", self.target_inflight, 1);
         p.at_least("replica_max", self.replica_max, 1);
         p.at_least("default_max_tokens", self.default_max_tokens, 1);
+        p.at_least("load_timeout_s", self.load_timeout_s, 1);
         if let (Some(max), Some(replicas)) = (self.replica_max, self.replicas)
             && max >= 1
             && max < replicas
@@ -155,10 +159,15 @@ pub struct ModelConfig {
     /// `max_tokens` of requests that set none; `None` generates until the model stops or
     /// the context is full.
     pub default_max_tokens: Option<NonZeroU32>,
+    /// Seconds a load may take; [`DEFAULT_LOAD_TIMEOUT_S`] when unset.
+    pub load_timeout_s: Option<NonZeroU32>,
     /// Backend-specific settings.
     pub settings: BackendSettings,
     raw: Map<String, Value>,
 }
+
+/// Seconds a load may take when `load_timeout_s` is unset.
+pub const DEFAULT_LOAD_TIMEOUT_S: u32 = 300;
 
 /// Backends that cannot load anything without `model_path`.
 const NEEDS_MODEL_PATH: &[BackendKind] = &[
@@ -188,6 +197,12 @@ impl ModelConfig {
         &self.raw
     }
 
+    /// How long a load may take: `load_timeout_s`, else [`DEFAULT_LOAD_TIMEOUT_S`].
+    pub fn load_timeout(&self) -> std::time::Duration {
+        let secs = self.load_timeout_s.map_or(DEFAULT_LOAD_TIMEOUT_S, NonZeroU32::get);
+        std::time::Duration::from_secs(u64::from(secs))
+    }
+
     /// Whether a request for this model may load it, given the global `auto_load`.
     pub fn auto_load_or(&self, global: bool) -> bool {
         self.auto_load.unwrap_or(global)
@@ -213,6 +228,7 @@ impl ModelConfig {
         put("labels", self.labels.clone().into());
         put("auto_load", self.auto_load.into());
         put("default_max_tokens", self.default_max_tokens.map(NonZeroU32::get).into());
+        put("load_timeout_s", self.load_timeout_s.map(NonZeroU32::get).into());
         for section in self.settings.to_json() {
             if let Value::Object(fields) = section {
                 out.extend(fields);
@@ -349,6 +365,7 @@ fn parse_model(
         labels,
         auto_load: fields.auto_load,
         default_max_tokens: fields.default_max_tokens.and_then(NonZeroU32::new),
+        load_timeout_s: fields.load_timeout_s.and_then(NonZeroU32::new),
         settings,
         raw: obj.clone(),
     })

@@ -18,6 +18,7 @@ const COMMON: &[&str] = &[
     "labels",
     "auto_load",
     "default_max_tokens",
+    "load_timeout_s",
 ];
 
 fn minimal(kind: BackendKind) -> Value {

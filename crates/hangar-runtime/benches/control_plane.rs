@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use hangar_backend::stub::StubBackend;
 use hangar_backend::{
-    Backend, GenerateRequest, LoadRequest, ProgressSink, Prompt, Runtime, SamplingParams,
-    ThinkingMode,
+    Backend, GenerateRequest, LoadRequest, Prompt, Runtime, SamplingParams, ThinkingMode,
 };
 use hangar_config::Config;
 use hangar_runtime::{Backends, LoadOptions, Manager};
@@ -82,10 +81,8 @@ async fn main() {
 
     // Reference runtime: the same stub, called directly without the manager.
     let model = Arc::new(config.model("chat").expect("chat").clone());
-    let direct: Arc<dyn Runtime> = stub
-        .load(LoadRequest { model, replica: 0, replicas: 1, progress: ProgressSink::default() })
-        .await
-        .expect("direct load");
+    let direct: Arc<dyn Runtime> =
+        stub.load(LoadRequest::new(model, 0, 1)).await.expect("direct load");
 
     println!("control-plane benchmark (stub backend, zero token latency, 1 token per request)");
     println!();
@@ -152,12 +149,7 @@ async fn main() {
     let cycle_model = Arc::new(config.model("cycle").expect("cycle").clone());
     let start = Instant::now();
     for _ in 0..cycles {
-        let request = LoadRequest {
-            model: Arc::clone(&cycle_model),
-            replica: 0,
-            replicas: 1,
-            progress: ProgressSink::default(),
-        };
+        let request = LoadRequest::new(Arc::clone(&cycle_model), 0, 1);
         stub.load(request).await.expect("load").unload().await;
     }
     let direct_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(cycles);

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use hangar_backend::{
-    EmbedRequest, Embeddings, GenerateEvent, GenerateRequest, GenerateSummary, Prompt,
-    RerankRequest, Rerankings, Role, Runtime, RuntimeError, ThinkingMode,
+    EmbedRequest, Embeddings, ForwardRequest, ForwardResponse, GenerateEvent, GenerateRequest,
+    GenerateSummary, Prompt, RerankRequest, Rerankings, Role, Runtime, RuntimeError, ThinkingMode,
 };
 use hangar_config::ModelType;
 use hangar_lifecycle::{AdmissionError, ModelState, Permit, admit};
@@ -109,6 +109,29 @@ impl RequestGuard {
     pub async fn rerank(&self, request: RerankRequest) -> Result<Rerankings, ManagerError> {
         let result = self.permit.runtime().rerank(request).await;
         self.check(result)
+    }
+
+    /// Whether the runtime passes requests through ([`RequestGuard::forward`]).
+    pub fn forwards(&self) -> bool {
+        self.permit.runtime().forwards()
+    }
+
+    /// Passes an OpenAI-compatible request through to the engine. The answer's body
+    /// arrives after this returns: keep the guard until it has been read, so the request
+    /// stays in flight (and the model cannot be unloaded under it).
+    ///
+    /// # Errors
+    /// As [`RequestGuard::generate`].
+    pub async fn forward(&self, request: ForwardRequest) -> Result<ForwardResponse, ManagerError> {
+        let result = self.permit.runtime().forward(request).await;
+        self.check(result)
+    }
+
+    /// Reports a crash noticed while reading a forwarded answer's body.
+    pub fn report(&self, error: &RuntimeError) {
+        if let RuntimeError::Crashed { reason } = error {
+            self.manager.crashed(&self.entry, self.generation, reason);
+        }
     }
 
     fn check<T>(&self, result: Result<T, RuntimeError>) -> Result<T, ManagerError> {

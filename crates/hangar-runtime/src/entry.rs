@@ -4,7 +4,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
-use hangar_backend::{Capabilities, LoadOverride, Runtime, RuntimeDetails};
+use hangar_backend::{Capabilities, LoadOverride, ModelLogs, Runtime, RuntimeDetails};
 use hangar_config::ModelConfig;
 use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState, Scheduler};
 use tokio::sync::Notify;
@@ -25,6 +25,8 @@ pub(crate) struct ModelEntry {
     changed: Notify,
     /// Held by whoever creates or destroys this model's runtimes.
     pub(crate) resources: tokio::sync::Mutex<()>,
+    /// Its engine's output, across loads.
+    pub(crate) logs: ModelLogs,
 }
 
 pub(crate) struct Slot {
@@ -75,6 +77,7 @@ impl ModelEntry {
             artifact_mib,
             changed: Notify::new(),
             resources: tokio::sync::Mutex::new(()),
+            logs: ModelLogs::default(),
         }
     }
 

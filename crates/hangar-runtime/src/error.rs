@@ -158,7 +158,7 @@ pub enum ErrorCode {
     /// The load ran and failed.
     LoadFailed,
     /// The runtime crashed while serving the request.
-    RuntimeCrashed,
+    BackendCrashed,
     /// The request was cancelled by its caller.
     Cancelled,
     /// The request is not valid for the model.
@@ -167,6 +167,10 @@ pub enum ErrorCode {
     Unsupported,
     /// The engine failed the request.
     RuntimeError,
+    /// A forwarding engine answered with an error of its own.
+    UpstreamError,
+    /// The engine could not be reached or did not answer in time.
+    BackendUnavailable,
 }
 
 impl ErrorCode {
@@ -198,11 +202,13 @@ impl ManagerError {
             Self::InvalidLoadRequest { .. } => ErrorCode::InvalidLoadRequest,
             Self::LoadFailed { .. } => ErrorCode::LoadFailed,
             Self::Runtime(e) => match e.code() {
-                R::RuntimeCrashed => ErrorCode::RuntimeCrashed,
+                R::BackendCrashed => ErrorCode::BackendCrashed,
                 R::Cancelled => ErrorCode::Cancelled,
                 R::InvalidRequest => ErrorCode::InvalidRequest,
                 R::Unsupported => ErrorCode::Unsupported,
                 R::RuntimeError => ErrorCode::RuntimeError,
+                R::UpstreamError => ErrorCode::UpstreamError,
+                R::BackendUnavailable => ErrorCode::BackendUnavailable,
             },
         }
     }

@@ -10,7 +10,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use hangar_backend::{
-    LoadError, LoadOverride, LoadRequest, ProgressSink, Runtime, validate_load_override,
+    CrashSink, LoadError, LoadOverride, LoadRequest, ProgressSink, Runtime, validate_load_override,
 };
 use hangar_config::ModelConfig;
 use hangar_eviction::{
@@ -371,12 +371,22 @@ impl Manager {
             .cloned()
             .ok_or(LoadError::BackendUnavailable { kind: model.backend })?;
         let mut runtimes: Vec<Arc<dyn Runtime>> = Vec::with_capacity(replicas as usize);
+        // Loads of one model are serialized: these runtimes are installed as the next one.
+        let generation = entry.lock().generation + 1;
         for replica in 0..replicas {
             let progress_entry = Arc::clone(entry);
             let progress = ProgressSink::new(move |p| {
                 progress_entry.lock().load_progress = Some((replica as f32 + p) / replicas as f32);
             });
-            let request = LoadRequest { model: Arc::clone(model), replica, replicas, progress };
+            let (manager, crashed) = (Arc::downgrade(&self.inner), Arc::downgrade(entry));
+            let crash = CrashSink::new(move |reason| {
+                if let (Some(inner), Some(entry)) = (manager.upgrade(), crashed.upgrade()) {
+                    Manager { inner }.crashed(&entry, generation, &reason);
+                }
+            });
+            let logs = entry.logs.clone();
+            let model = Arc::clone(model);
+            let request = LoadRequest { model, replica, replicas, progress, crash, logs };
             match backend.load(request).await {
                 Ok(runtime) => runtimes.push(runtime),
                 Err(e) => {

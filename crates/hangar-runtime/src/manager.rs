@@ -8,7 +8,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use hangar_backend::{Backend, Capabilities};
+use hangar_backend::{Backend, Capabilities, ModelLogs};
 use hangar_config::{BackendKind, Config, MaxLoadedModels, ModelName};
 use hangar_lifecycle::{AdmissionError, ModelState};
 use serde_json::{Map, Value};
@@ -154,6 +154,23 @@ impl Manager {
         let entry = self.entry(name)?;
         let slot = entry.lock();
         Ok(snapshot_of(&entry, &slot))
+    }
+
+    /// Whether requests for `name` are passed through to its engine as they are
+    /// ([`crate::RequestGuard::forward`]): its backend serves an OpenAI-compatible API
+    /// itself. False for unknown models and backends not compiled in.
+    pub fn forwards(&self, name: &str) -> bool {
+        self.inner.models.get(name).is_some_and(|entry| {
+            self.inner.backends.get(entry.config.backend).is_some_and(|b| b.forwards())
+        })
+    }
+
+    /// The log of `name`'s engine (its child processes' output, across loads).
+    ///
+    /// # Errors
+    /// `unknown_model`.
+    pub fn logs(&self, name: &str) -> Result<ModelLogs, ManagerError> {
+        Ok(self.entry(name)?.logs.clone())
     }
 
     /// Whether `name` is a configured model.

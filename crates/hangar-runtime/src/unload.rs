@@ -115,7 +115,7 @@ impl Manager {
             if slot.lifecycle.state() != ModelState::Loaded || slot.generation != generation {
                 return;
             }
-            let message = format!("runtime crashed: {reason}");
+            let message = format!("backend crashed: {reason}");
             let event = LifecycleEvent::Crashed;
             entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
             slot.loaded_replicas = 0;
@@ -127,7 +127,7 @@ impl Manager {
         };
         Events::bump(&self.inner.events.crashes);
         entry.notify();
-        tracing::error!(model = %entry.config.name, reason, "runtime crashed; model marked failed");
+        tracing::error!(model = %entry.config.name, reason, "backend crashed; model marked failed");
         if let Some(scheduler) = scheduler {
             let entry = Arc::clone(entry);
             tokio::spawn(async move {

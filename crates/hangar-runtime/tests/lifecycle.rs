@@ -173,7 +173,7 @@ async fn crash_moves_model_to_failed_with_reason_and_it_can_be_loaded_again() {
     m.load("a", LoadOptions::default()).await.unwrap();
     assert!(generate(&m, "a", 2).await.is_ok());
     let err = generate(&m, "a", 2).await.unwrap_err();
-    assert_eq!(err.code(), ErrorCode::RuntimeCrashed);
+    assert_eq!(err.code(), ErrorCode::BackendCrashed);
     let snap = m.model("a").unwrap();
     assert_eq!(snap.runtime_state, ModelState::Failed);
     assert!(
@@ -201,8 +201,8 @@ async fn queued_requests_get_model_failed_when_the_runtime_crashes() {
     let second = spawn_generate(&m, "a", 5);
     let codes =
         [first.await.unwrap().unwrap_err().code(), second.await.unwrap().unwrap_err().code()];
-    assert_eq!(codes[0], ErrorCode::RuntimeCrashed);
-    assert!(matches!(codes[1], ErrorCode::ModelFailed | ErrorCode::RuntimeCrashed), "{codes:?}");
+    assert_eq!(codes[0], ErrorCode::BackendCrashed);
+    assert!(matches!(codes[1], ErrorCode::ModelFailed | ErrorCode::BackendCrashed), "{codes:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -127,6 +127,13 @@ pub(crate) fn integral_floats_to_integers(value: &mut Value) -> bool {
 /// A streaming response body fed by a channel of chunks.
 pub(crate) struct ChannelBody(mpsc::Receiver<Bytes>);
 
+impl ChannelBody {
+    /// A body of the chunks `rx` receives, ending when its senders are gone.
+    pub(crate) fn new(rx: mpsc::Receiver<Bytes>) -> Self {
+        Self(rx)
+    }
+}
+
 impl Body for ChannelBody {
     type Data = Bytes;
     type Error = Infallible;

@@ -54,8 +54,9 @@ pub enum ErrorCode {
     /// 400: the load ran and failed (the model is `failed`, `last_error` says why), or a
     /// reload failed and the previous runtime keeps serving.
     LoadFailed,
-    /// 500: the runtime crashed while serving the request; the model is now `failed`.
-    RuntimeCrashed,
+    /// 500: the engine crashed (its process exited) while serving the request; the model is
+    /// now `failed` and `last_error` has the exit status and last log lines.
+    BackendCrashed,
     /// 499: the caller went away (only logged and counted).
     Cancelled,
     /// 400: the request is not valid for the model or the route.
@@ -64,6 +65,11 @@ pub enum ErrorCode {
     Unsupported,
     /// 500: the engine failed the request.
     RuntimeError,
+    /// 502: a forwarding engine (llama-server, vllm serve, a remote API) answered with an
+    /// error of its own; the message carries its status and message.
+    UpstreamError,
+    /// 503: the engine could not be reached or did not answer in time (it is still running).
+    BackendUnavailable,
     /// 400: the requested `thinking` mode is not one of the model's `thinking_modes`.
     ThinkingUnsupported,
     /// 400: the route serves another model type (embeddings from an llm, …).
@@ -90,7 +96,7 @@ impl ErrorCode {
         use ErrorCode::*;
         match self {
             UnknownModel | NotFound | NothingToUnload => StatusCode::NOT_FOUND,
-            ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed => {
+            ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed | BackendUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             QueueFull => StatusCode::TOO_MANY_REQUESTS,
@@ -98,7 +104,8 @@ impl ErrorCode {
             InvalidRequestBody => StatusCode::UNPROCESSABLE_ENTITY,
             InvalidLoadRequest | LoadFailed | InvalidRequest | Unsupported
             | ThinkingUnsupported | ModelTypeMismatch | ModelNotReady => StatusCode::BAD_REQUEST,
-            RuntimeCrashed | RuntimeError => StatusCode::INTERNAL_SERVER_ERROR,
+            BackendCrashed | RuntimeError => StatusCode::INTERNAL_SERVER_ERROR,
+            UpstreamError => StatusCode::BAD_GATEWAY,
             Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,

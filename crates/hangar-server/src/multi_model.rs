@@ -125,9 +125,13 @@ impl LoadedModel {
             last_use: model.last_use_unix_ms,
             model_type: model.model_type,
             device: model.device,
-            // Every backend of this version runs in-process or behind Hangar's own bridge;
-            // subprocess URLs are reported once the runtime exposes them.
-            backend_url: None,
+            // The first replica's engine server, as its runtime reports it.
+            backend_url: model
+                .runtime_details
+                .first()
+                .and_then(|d| d.get("backend_url"))
+                .and_then(|u| u.as_str())
+                .map(str::to_owned),
             recipe: model.resolved_backend,
             backend: model.resolved_backend,
         }

@@ -38,7 +38,9 @@ const INFERENCE: &[ErrorCode] = &[
     ModelUnloading,
     ModelFailed,
     RuntimeError,
-    RuntimeCrashed,
+    BackendCrashed,
+    UpstreamError,
+    BackendUnavailable,
 ];
 
 const LOAD: &[ErrorCode] = &[UnknownModel, InvalidLoadRequest, LoadFailed, StateConflict];
@@ -82,6 +84,15 @@ pub(crate) fn all() -> Vec<Route> {
             )
             .ok::<admin::ModelRow>()
             .errors(&[UnknownModel, StateConflict]),
+        Route::new(get.clone(), "/v1/admin/models/{name}/logs", Admin, api!(admin::logs))
+            .admin()
+            .doc(
+                "A model's engine output",
+                "The last `tail` lines (default 100; 2,000 are kept across loads) of the model's engine processes: stdout and stderr line by line with timestamp and replica, plus Hangar's own lines (the command line it started, exit statuses). With `follow=true`, server-sent events: those lines, then every new one as it is written. Engines in Hangar's process have an empty log.",
+            )
+            .query::<admin::LogsQuery>()
+            .ok_or_events::<admin::LogsResponse, admin::LogLineOut>()
+            .errors(&[UnknownModel, InvalidRequest]),
         Route::new(get.clone(), "/v1/admin/gpu-memory", Admin, api!(admin::gpu_memory))
             .admin()
             .doc(

@@ -509,11 +509,11 @@ async fn an_error_after_the_stream_started_is_a_final_error_event() {
     assert_eq!(events[0].json()["choices"][0]["delta"]["role"], "assistant");
     assert!(events[1].json()["choices"][0]["delta"]["content"].is_string(), "{}", data[1]);
     let error = events[2].json();
-    assert_eq!(error["error"]["code"], "runtime_crashed", "{error}");
+    assert_eq!(error["error"]["code"], "backend_crashed", "{error}");
     assert_eq!(data[3], "[DONE]");
     assert_eq!(svc.manager().model("crashy").unwrap().runtime_state.as_str(), "failed");
     assert!(metrics(&svc).await.contains(
-        r#"hangar_requests_total{endpoint="chat_completions",model="crashy",outcome="runtime_crashed"} 1"#
+        r#"hangar_requests_total{endpoint="chat_completions",model="crashy",outcome="backend_crashed"} 1"#
     ));
 }
 

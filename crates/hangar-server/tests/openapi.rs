@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/admin/models"),
     ("GET", "/v1/admin/models/{name}"),
+    ("GET", "/v1/admin/models/{name}/logs"),
     ("POST", "/v1/admin/models/{name}/load"),
     ("POST", "/v1/admin/models/{name}/unload"),
     ("GET", "/v1/admin/gpu-memory"),
@@ -273,7 +274,7 @@ async fn every_model_state_and_error_code_is_described() {
         "invalid_request_body",
         "invalid_load_request",
         "load_failed",
-        "runtime_crashed",
+        "backend_crashed",
         "cancelled",
         "invalid_request",
         "unsupported",
@@ -344,6 +345,7 @@ async fn admin_routes_require_the_bearer_scheme() {
     let admin_paths = [
         ("GET", "/v1/admin/models"),
         ("GET", "/v1/admin/models/{name}"),
+        ("GET", "/v1/admin/models/{name}/logs"),
         ("POST", "/v1/admin/models/{name}/load"),
         ("POST", "/v1/admin/models/{name}/unload"),
         ("GET", "/v1/admin/gpu-memory"),

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use hangar_backend::{LoadRequest, ProgressSink};
+use hangar_backend::LoadRequest;
 use hangar_backend_llamacpp::llama_cpp_2::{self, LogOptions, llama_backend::LlamaBackend};
 use hangar_config::{ModelConfig, ModelName};
 use serde_json::{Value, json};
@@ -34,5 +34,5 @@ pub(crate) fn tiny(extra: Value) -> Arc<ModelConfig> {
 
 /// The load of replica `replica` of `replicas` of `model`.
 pub(crate) fn load_request(model: Arc<ModelConfig>, replica: u32, replicas: u32) -> LoadRequest {
-    LoadRequest { model, replica, replicas, progress: ProgressSink::default() }
+    LoadRequest::new(model, replica, replicas)
 }

@@ -1,5 +1,6 @@
 //! Admin routes (`runtime-admin-api.md`): list, show, load, unload, GPU memory.
 
+mod logs;
 mod row;
 
 use std::num::NonZeroU32;
@@ -12,6 +13,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+pub(crate) use logs::{LogLineOut, LogsQuery, LogsResponse, logs};
 pub use row::ModelRow;
 pub(crate) use row::StaticRows;
 

@@ -176,6 +176,10 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 }
 
 async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
+    let route = hangar_backend::ForwardRoute::ChatCompletions;
+    if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
+        return reply;
+    }
     let body: ChatCompletionRequest = parse_json(&ctx.body, false)?;
     let model = rec.model(body.model)?;
     let messages = body.messages.unwrap_or_default();

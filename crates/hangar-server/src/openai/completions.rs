@@ -103,6 +103,10 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 }
 
 async fn completion(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
+    let route = hangar_backend::ForwardRoute::Completions;
+    if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
+        return reply;
+    }
     let body: CompletionRequest = parse_json(&ctx.body, false)?;
     let model = rec.model(body.model)?;
     let prompt = match body.prompt {

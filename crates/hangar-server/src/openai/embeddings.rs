@@ -104,6 +104,10 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 }
 
 async fn embed(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
+    let route = hangar_backend::ForwardRoute::Embeddings;
+    if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
+        return reply;
+    }
     let body: EmbeddingsRequest = parse_json(&ctx.body, false)?;
     let model = rec.model(body.model)?;
     let inputs = match body.input {

@@ -18,6 +18,7 @@
 pub(crate) mod chat;
 pub(crate) mod completions;
 pub(crate) mod embeddings;
+mod forward;
 mod messages;
 pub(crate) mod models;
 pub(crate) mod rerank;
@@ -27,6 +28,7 @@ mod sampling;
 mod stream;
 
 pub(crate) use responses_stream::ResponseEvent;
+pub(crate) use stream::data_event;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

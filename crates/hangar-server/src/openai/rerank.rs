@@ -89,6 +89,10 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 }
 
 async fn rerank(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
+    let route = hangar_backend::ForwardRoute::Rerank;
+    if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
+        return reply;
+    }
     let body: RerankBody = parse_json(&ctx.body, false)?;
     let model = rec.model(body.model)?;
     let query = body.query.ok_or_else(|| ApiError::bad_request("`query` is required"))?;

@@ -448,6 +448,10 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 }
 
 async fn response(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
+    let route = hangar_backend::ForwardRoute::Responses;
+    if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
+        return reply;
+    }
     let body: ResponsesRequest = parse_json(&ctx.body, false)?;
     let model = rec.model(body.model)?;
     let mut messages = Vec::new();

@@ -1,0 +1,271 @@
+//! [`Launch`]: how one replica's engine process is started — program, argv, environment,
+//! address — built from the effective model definition (config with the load's overrides).
+
+use std::path::Path;
+
+use hangar_backend::LoadError;
+use hangar_config::{
+    BackendSettings, LlamaServerSettings, ModelConfig, ModelType, SpecType, Switch,
+    VllmServeSettings, VllmSettings,
+};
+use serde_json::{Map, Value, json};
+
+/// Host children listen on when the config names none.
+const LOOPBACK: &str = "127.0.0.1";
+
+/// Everything needed to start one engine process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    /// The executable.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Extra environment variables (the API key travels here, never in argv).
+    pub env: Vec<(String, String)>,
+    /// Prepended to `LD_LIBRARY_PATH`.
+    pub library_path: Option<String>,
+    /// Where the child listens.
+    pub host: String,
+    /// Its port.
+    pub port: u16,
+    /// The bearer key the child requires, if any.
+    pub api_key: Option<String>,
+}
+
+impl Launch {
+    /// The child's OpenAI base URL (`http://host:port/v1`).
+    pub fn base_url(&self) -> String {
+        let host = if self.host == "0.0.0.0" { LOOPBACK } else { self.host.as_str() };
+        format!("http://{host}:{}/v1", self.port)
+    }
+
+    /// The child's health route.
+    pub fn health_url(&self) -> String {
+        let host = if self.host == "0.0.0.0" { LOOPBACK } else { self.host.as_str() };
+        format!("http://{host}:{}/health", self.port)
+    }
+
+    /// The command line as one shell-like string (for logs; the key is not in it).
+    pub fn command_line(&self) -> String {
+        std::iter::once(self.program.as_str())
+            .chain(self.args.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// `llama-server` for `model`, listening on `port` (a configured port is used as the first
+/// replica's, the next replicas take the ports after it).
+///
+/// # Errors
+/// [`LoadError::NotFound`] when the binary or a model file does not exist;
+/// [`LoadError::Failed`] for a model of another backend.
+pub fn llama_server(
+    model: &ModelConfig,
+    replica: u32,
+    free_port: u16,
+) -> Result<Launch, LoadError> {
+    let BackendSettings::LlamaServer(s) = &model.settings else {
+        return Err(wrong_backend(model));
+    };
+    let LlamaServerSettings { llama_server_host: host, llama_server_port: port, .. } = s;
+    let program = find_program(
+        s.llama_server_binary_path.as_deref().unwrap_or("llama-server"),
+        "llama_server_binary_path",
+        "in a Hangar checkout, `cargo xtask llama-server` builds one",
+    )?;
+    let path = model.model_path.as_deref().ok_or_else(|| LoadError::Failed {
+        message: format!("model '{}' has no model_path", model.name),
+    })?;
+    for (field, file) in [
+        ("model_path", Some(path)),
+        ("llama_server_mmproj", s.llama_server_mmproj.as_deref()),
+        ("llama_server_draft_model", s.llama_server_draft_model.as_deref()),
+    ] {
+        if let Some(file) = file {
+            exists(file, field)?;
+        }
+    }
+    let host = host.clone().unwrap_or_else(|| LOOPBACK.to_owned());
+    let port = port.map_or(free_port, |p| p.saturating_add(replica as u16));
+    let mut args = Args::default();
+    args.push2("-m", path);
+    args.push2("--host", &host);
+    args.push2("--port", port);
+    args.push2("--alias", model.name.as_str());
+    args.opt("-c", s.llama_server_n_ctx);
+    args.push2("--parallel", model.target_inflight);
+    args.opt("--mmproj", s.llama_server_mmproj.as_deref());
+    args.opt("--model-draft", s.llama_server_draft_model.as_deref());
+    match s.llama_server_n_gpu_layers {
+        Some(-1) => args.push2("--n-gpu-layers", "all"),
+        layers => args.opt("--n-gpu-layers", layers),
+    }
+    args.opt("--flash-attn", s.llama_server_flash_attn.map(switch));
+    args.opt("--reasoning", s.llama_server_reasoning.map(switch));
+    args.opt("--image-max-tokens", s.llama_server_image_max_tokens);
+    args.opt("--spec-type", s.llama_server_spec_type.map(|SpecType::DraftMtp| "draft-mtp"));
+    args.opt("--spec-draft-n-max", s.llama_server_spec_draft_n_max);
+    args.opt("--spec-draft-p-min", s.llama_server_spec_draft_p_min);
+    match model.model_type {
+        ModelType::Embedding => args.0.push("--embedding".to_owned()),
+        ModelType::Reranking => args.0.push("--reranking".to_owned()),
+        ModelType::Llm => {}
+    }
+    args.0.extend(s.llama_server_extra_args.iter().flatten().cloned());
+    let api_key = s.llama_server_api_key.as_ref().map(|k| k.expose().to_owned());
+    let env = api_key.iter().map(|k| ("LLAMA_API_KEY".to_owned(), k.clone())).collect();
+    Ok(Launch {
+        program,
+        args: args.0,
+        env,
+        library_path: s.llama_server_library_path.clone(),
+        host,
+        port,
+        api_key,
+    })
+}
+
+/// `vllm serve` for `model`, listening on `port` (as [`llama_server`]).
+///
+/// # Errors
+/// [`LoadError::NotFound`] when the binary does not exist; [`LoadError::Failed`] without a
+/// model to serve.
+pub fn vllm_serve(model: &ModelConfig, replica: u32, free_port: u16) -> Result<Launch, LoadError> {
+    let BackendSettings::VllmServe { engine, serve } = &model.settings else {
+        return Err(wrong_backend(model));
+    };
+    let VllmServeSettings { vllm_host: host, vllm_port: port, .. } = serve;
+    let program = find_program(
+        serve.vllm_binary_path.as_deref().unwrap_or("vllm"),
+        "vllm_binary_path",
+        "install vLLM (`pip install vllm`) on a machine with a GPU",
+    )?;
+    let target = vllm_target(model).ok_or_else(|| LoadError::Failed {
+        message: format!(
+            "model '{}' needs vllm_model or model_path: what `vllm serve` loads",
+            model.name
+        ),
+    })?;
+    let host = host.clone().unwrap_or_else(|| LOOPBACK.to_owned());
+    let port = port.map_or(free_port, |p| p.saturating_add(replica as u16));
+    let mut args = Args::default();
+    args.0.extend(["serve".to_owned(), target.to_owned()]);
+    args.push2("--host", &host);
+    args.push2("--port", port);
+    args.push2("--served-model-name", model.name.as_str());
+    engine_args(engine, &mut args);
+    args.0.extend(serve.vllm_extra_args.iter().flatten().cloned());
+    let api_key = serve.vllm_api_key.as_ref().map(|k| k.expose().to_owned());
+    let mut env: Vec<(String, String)> =
+        serve.vllm_env.iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect();
+    env.extend(api_key.iter().map(|k| ("VLLM_API_KEY".to_owned(), k.clone())));
+    Ok(Launch {
+        program,
+        args: args.0,
+        env,
+        library_path: serve.vllm_library_path.clone(),
+        host,
+        port,
+        api_key,
+    })
+}
+
+/// What `vllm serve` loads: `vllm_model`, else `model_path`.
+pub(crate) fn vllm_target(model: &ModelConfig) -> Option<&str> {
+    match &model.settings {
+        BackendSettings::VllmServe { serve, .. } => {
+            serve.vllm_model.as_deref().or(model.model_path.as_deref())
+        }
+        _ => model.model_path.as_deref(),
+    }
+}
+
+/// The `vllm_*` engine flags.
+fn engine_args(e: &VllmSettings, args: &mut Args) {
+    args.opt("--max-model-len", e.vllm_max_model_len);
+    args.opt("--kv-cache-dtype", e.vllm_kv_cache_dtype.as_deref());
+    args.opt("--kv-cache-memory-bytes", e.vllm_kv_cache_memory_bytes);
+    args.opt("--gpu-memory-utilization", e.vllm_gpu_memory_utilization);
+    args.opt("--dtype", e.vllm_dtype.as_deref());
+    args.opt("--tensor-parallel-size", e.vllm_tensor_parallel_size);
+    if let Some(method) = &e.vllm_speculative_method {
+        let mut config = Map::new();
+        config.insert("method".to_owned(), json!(method));
+        if let Some(model) = &e.vllm_speculative_model {
+            config.insert("model".to_owned(), json!(model));
+        }
+        if let Some(n) = e.vllm_num_speculative_tokens {
+            config.insert("num_speculative_tokens".to_owned(), json!(n));
+        }
+        args.push2("--speculative-config", Value::Object(config));
+    }
+    let mut kwargs = e.vllm_mm_processor_kwargs.clone().unwrap_or_default();
+    if let Some(pixels) = e.vllm_max_pixels {
+        kwargs.insert("max_pixels".to_owned(), json!(pixels));
+    }
+    if !kwargs.is_empty() {
+        args.push2("--mm-processor-kwargs", Value::Object(kwargs));
+    }
+}
+
+/// An argv under construction.
+#[derive(Default)]
+struct Args(Vec<String>);
+
+impl Args {
+    fn push2(&mut self, flag: &str, value: impl std::fmt::Display) {
+        self.0.push(flag.to_owned());
+        self.0.push(value.to_string());
+    }
+
+    fn opt(&mut self, flag: &str, value: Option<impl std::fmt::Display>) {
+        if let Some(value) = value {
+            self.push2(flag, value);
+        }
+    }
+}
+
+fn switch(s: Switch) -> &'static str {
+    match s {
+        Switch::On => "on",
+        Switch::Off => "off",
+        Switch::Auto => "auto",
+    }
+}
+
+fn wrong_backend(model: &ModelConfig) -> LoadError {
+    LoadError::Failed { message: format!("model '{}' uses backend {}", model.name, model.backend) }
+}
+
+/// `program` itself when it names a path, else its first match on `PATH`.
+fn find_program(program: &str, field: &str, hint: &str) -> Result<String, LoadError> {
+    let found = if program.contains('/') {
+        Path::new(program).is_file().then(|| program.to_owned())
+    } else {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(program))
+                .find(|candidate| candidate.is_file())
+                .map(|p| p.to_string_lossy().into_owned())
+        })
+    };
+    found.ok_or_else(|| LoadError::NotFound {
+        path: program.to_owned(),
+        message: format!(
+            "the executable `{program}` does not exist{}; set {field} ({hint})",
+            if program.contains('/') { "" } else { " on PATH" }
+        ),
+    })
+}
+
+fn exists(file: &str, field: &str) -> Result<(), LoadError> {
+    if Path::new(file).exists() {
+        Ok(())
+    } else {
+        Err(LoadError::NotFound {
+            path: file.to_owned(),
+            message: format!("{field} `{file}` does not exist"),
+        })
+    }
+}

@@ -1,0 +1,216 @@
+//! Hangar's subprocess and remote engines.
+//!
+//! This crate owns the engines that serve the OpenAI API themselves, and the one supervisor
+//! of every child process Hangar starts:
+//!
+//! - [`ProcessBackend`]: `llama_server` (llama.cpp's `llama-server`) and `vllm_serve`
+//!   (`vllm serve`) children — argv and environment from the effective model definition
+//!   ([`launch`]), a free loopback port per replica, their own process group, SIGKILL when
+//!   Hangar dies, output line by line into the model's log and `tracing`, readiness from
+//!   their output and health route under `load_timeout_s`, crash detection while loaded
+//!   (reported through the load's crash sink, with the exit status and last output), stop by
+//!   SIGTERM to the group and SIGKILL after a grace period;
+//! - [`RemoteBackend`]: `openai_remote`, a configured OpenAI-compatible base URL with its API
+//!   key (from config or the environment variable it names), checked at load;
+//! - one forwarding client per runtime (pooled connections): request bodies pass through as
+//!   sent, answers come back chunk by chunk, a client that goes away cancels the upstream
+//!   request, engine errors keep their message.
+
+pub mod launch;
+mod runtime;
+mod supervisor;
+mod upstream;
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hangar_backend::{
+    Backend, Capabilities, LoadError, LoadRequest, Modality, Runtime, ThinkingMode,
+};
+use hangar_config::{BackendKind, BackendSettings, ModelConfig};
+use serde_json::Value;
+
+use crate::launch::Launch;
+use crate::runtime::{ChildRuntime, RemoteRuntime, wait_ready};
+use crate::supervisor::Spawner;
+use crate::upstream::Upstream;
+
+/// How long a child may take to exit after SIGTERM before it gets SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// The engine of `llama_server` or `vllm_serve` models: one supervised child per replica.
+pub struct ProcessBackend {
+    kind: BackendKind,
+    spawner: Arc<Spawner>,
+    grace: Duration,
+}
+
+impl ProcessBackend {
+    /// The `llama_server` engine.
+    pub fn llama_server() -> Self {
+        Self { kind: BackendKind::LlamaServer, spawner: Spawner::new(), grace: STOP_GRACE }
+    }
+
+    /// The `vllm_serve` engine.
+    pub fn vllm_serve() -> Self {
+        Self { kind: BackendKind::VllmServe, spawner: Spawner::new(), grace: STOP_GRACE }
+    }
+
+    /// The same engine with another SIGTERM → SIGKILL grace period.
+    pub fn with_stop_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    fn launch(&self, model: &ModelConfig, replica: u32) -> Result<Launch, LoadError> {
+        let port = free_port()?;
+        match self.kind {
+            BackendKind::VllmServe => launch::vllm_serve(model, replica, port),
+            _ => launch::llama_server(model, replica, port),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for ProcessBackend {
+    fn kind(&self) -> BackendKind {
+        self.kind
+    }
+
+    fn capabilities(&self, model: &ModelConfig) -> Capabilities {
+        let mut caps = Capabilities::default();
+        match &model.settings {
+            BackendSettings::LlamaServer(s) if s.llama_server_mmproj.is_some() => {
+                caps.modalities.push(Modality::Image);
+            }
+            BackendSettings::VllmServe { .. } => {
+                let target = launch::vllm_target(model).unwrap_or_default().to_ascii_lowercase();
+                if ["qwen3", "gemma-4", "gemma4"].iter().any(|family| target.contains(family)) {
+                    caps.thinking_modes = all_thinking_modes();
+                }
+            }
+            _ => {}
+        }
+        caps
+    }
+
+    async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
+        let LoadRequest { model, replica, progress, crash, logs, .. } = request;
+        let launch = self.launch(&model, replica)?;
+        let name = model.name.as_str();
+        let child = self.spawner.spawn(&launch, name, replica, &logs).await.map_err(|e| {
+            LoadError::Failed { message: format!("cannot start `{}`: {e}", launch.program) }
+        })?;
+        let child = Arc::new(child);
+        let upstream = Upstream::new(launch.base_url(), launch.api_key.clone(), None);
+        let limit = model.load_timeout();
+        if let Err(why) = wait_ready(&child, &upstream, &launch.health_url(), limit).await {
+            child.stop(self.grace).await;
+            return Err(LoadError::Failed { message: format!("`{}`: {why}", launch.program) });
+        }
+        progress.report(1.0);
+        let stopping = Arc::new(AtomicBool::new(false));
+        {
+            let (child, stopping) = (Arc::clone(&child), Arc::clone(&stopping));
+            tokio::spawn(async move {
+                let status = child.wait().await;
+                if !stopping.load(Ordering::SeqCst) {
+                    crash.report(child.obituary(&status));
+                }
+            });
+        }
+        let mut details = hangar_backend::RuntimeDetails::new();
+        details.insert("backend_url".into(), Value::from(launch.base_url()));
+        details.insert("command".into(), Value::from(launch.command_line()));
+        Ok(Arc::new(ChildRuntime {
+            child,
+            upstream,
+            capabilities: self.capabilities(&model),
+            details,
+            stopping,
+            grace: self.grace,
+            _spawner: Arc::clone(&self.spawner),
+        }))
+    }
+
+    fn forwards(&self) -> bool {
+        true
+    }
+}
+
+/// The engine of `openai_remote` models: a remote OpenAI-compatible server.
+#[derive(Debug, Default)]
+pub struct RemoteBackend;
+
+#[async_trait]
+impl Backend for RemoteBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::OpenaiRemote
+    }
+
+    fn capabilities(&self, _model: &ModelConfig) -> Capabilities {
+        Capabilities { thinking_modes: all_thinking_modes(), ..Capabilities::default() }
+    }
+
+    async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
+        let model = &request.model;
+        let BackendSettings::OpenaiRemote(s) = &model.settings else {
+            return Err(LoadError::Failed {
+                message: format!("model '{}' is not openai_remote", model.name),
+            });
+        };
+        let base = s.openai_base_url.clone().unwrap_or_default();
+        let base = base.trim_end_matches('/').to_owned();
+        let api_key = match (&s.openai_api_key, &s.openai_api_key_env) {
+            (Some(key), _) => Some(key.expose().to_owned()),
+            (None, Some(var)) => Some(std::env::var(var).map_err(|_| LoadError::Failed {
+                message: format!(
+                    "openai_api_key_env names `{var}`, which is not set in Hangar's environment"
+                ),
+            })?),
+            (None, None) => None,
+        };
+        let rename = s.openai_model.clone().filter(|m| m != model.name.as_str());
+        let upstream = Upstream::new(base.clone(), api_key, rename);
+        let url = format!("{base}/models");
+        let limit = model.load_timeout().min(Duration::from_secs(30));
+        let failed = |message: String| LoadError::Failed { message };
+        match upstream.probe(&url, limit).await {
+            Ok(status) if (200..300).contains(&status) => {}
+            Ok(401 | 403) => {
+                return Err(failed(format!(
+                    "the remote server {base} refused the API key (GET {url})"
+                )));
+            }
+            Ok(status) => {
+                return Err(failed(format!(
+                    "the remote server {base} answered {status} to GET {url}"
+                )));
+            }
+            Err(e) => return Err(failed(format!("the remote server {base} is unreachable: {e}"))),
+        }
+        request.progress.report(1.0);
+        let mut details = hangar_backend::RuntimeDetails::new();
+        details.insert("backend_url".into(), Value::from(base));
+        Ok(Arc::new(RemoteRuntime { upstream, capabilities: self.capabilities(model), details }))
+    }
+
+    fn forwards(&self) -> bool {
+        true
+    }
+}
+
+fn all_thinking_modes() -> Vec<ThinkingMode> {
+    vec![ThinkingMode::Default, ThinkingMode::Enabled, ThinkingMode::Disabled]
+}
+
+/// A loopback port nobody listens on now.
+fn free_port() -> Result<u16, LoadError> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| LoadError::Failed { message: format!("no free loopback port: {e}") })
+}

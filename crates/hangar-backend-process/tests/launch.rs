@@ -1,0 +1,220 @@
+//! The command lines Hangar builds for `llama-server` and `vllm serve`: every configured
+//! field and load override lands on its flag, the API key travels in the environment, and
+//! a missing binary or model file is a not-found load error.
+
+use hangar_backend::LoadError;
+use hangar_backend_process::launch::{self, Launch};
+use hangar_config::{ModelConfig, ModelName};
+use serde_json::{Value, json};
+
+/// An existing file to stand in for a binary or model (the test's own executable).
+fn existing() -> String {
+    std::env::current_exe().unwrap().to_string_lossy().into_owned()
+}
+
+fn model(value: Value) -> ModelConfig {
+    ModelConfig::parse(&ModelName::new("m").unwrap(), &value).expect("valid model")
+}
+
+fn llama(extra: Value) -> Result<Launch, LoadError> {
+    let mut value = json!({
+        "backend": "llama_server",
+        "model_path": existing(),
+        "llama_server_binary_path": existing(),
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        value[k] = v.clone();
+    }
+    launch::llama_server(&model(value), 0, 4321)
+}
+
+fn vllm(extra: Value) -> Result<Launch, LoadError> {
+    let mut value = json!({ "backend": "vllm_serve", "vllm_binary_path": existing() });
+    for (k, v) in extra.as_object().unwrap() {
+        value[k] = v.clone();
+    }
+    launch::vllm_serve(&model(value), 0, 4321)
+}
+
+fn args(launch: &Launch) -> Vec<&str> {
+    launch.args.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn llama_server_argv_has_every_configured_field_on_its_flag() {
+    let file = existing();
+    let launch = llama(json!({
+        "target_inflight": 3,
+        "llama_server_n_ctx": 4096,
+        "llama_server_mmproj": file,
+        "llama_server_draft_model": file,
+        "llama_server_n_gpu_layers": -1,
+        "llama_server_flash_attn": "on",
+        "llama_server_reasoning": "off",
+        "llama_server_image_max_tokens": 512,
+        "llama_server_spec_type": "draft-mtp",
+        "llama_server_spec_draft_n_max": 4,
+        "llama_server_spec_draft_p_min": 0.25,
+        "llama_server_api_key": "k3y",
+        "llama_server_library_path": "/opt/lib",
+        "llama_server_extra_args": ["--jinja", "--no-webui"],
+    }))
+    .unwrap();
+    let f = file.as_str();
+    assert_eq!(
+        args(&launch),
+        [
+            "-m",
+            f,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "4321",
+            "--alias",
+            "m",
+            "-c",
+            "4096",
+            "--parallel",
+            "3",
+            "--mmproj",
+            f,
+            "--model-draft",
+            f,
+            "--n-gpu-layers",
+            "all",
+            "--flash-attn",
+            "on",
+            "--reasoning",
+            "off",
+            "--image-max-tokens",
+            "512",
+            "--spec-type",
+            "draft-mtp",
+            "--spec-draft-n-max",
+            "4",
+            "--spec-draft-p-min",
+            "0.25",
+            "--jinja",
+            "--no-webui",
+        ]
+    );
+    assert_eq!(launch.env, [("LLAMA_API_KEY".to_owned(), "k3y".to_owned())]);
+    assert!(!launch.command_line().contains("k3y"), "the key is never in argv");
+    assert_eq!(launch.library_path.as_deref(), Some("/opt/lib"));
+    assert_eq!(launch.base_url(), "http://127.0.0.1:4321/v1");
+}
+
+#[test]
+fn llama_server_minimal_argv_and_model_types() {
+    let launch = llama(json!({})).unwrap();
+    let f = existing();
+    let expected = ["-m", &f, "--host", "127.0.0.1", "--port", "4321", "--alias", "m"];
+    assert_eq!(args(&launch), [&expected[..], &["--parallel", "1"]].concat());
+    let embed = llama(json!({ "labels": ["embedding"], "llama_server_n_gpu_layers": 12 })).unwrap();
+    assert!(args(&embed).ends_with(&["--n-gpu-layers", "12", "--embedding"]), "{:?}", embed.args);
+    let rerank = llama(json!({ "type": "reranking" })).unwrap();
+    assert_eq!(args(&rerank).last(), Some(&"--reranking"));
+}
+
+#[test]
+fn a_configured_port_and_host_are_used_and_replicas_take_the_next_ports() {
+    let value = json!({
+        "backend": "llama_server", "model_path": existing(),
+        "llama_server_binary_path": existing(), "llama_server_port": 9000,
+        "llama_server_host": "0.0.0.0",
+    });
+    let second = launch::llama_server(&model(value), 1, 4321).unwrap();
+    assert_eq!(second.port, 9001);
+    assert!(args(&second).windows(2).any(|w| w == ["--host", "0.0.0.0"]));
+    assert_eq!(second.health_url(), "http://127.0.0.1:9001/health");
+}
+
+#[test]
+fn missing_binaries_and_files_are_not_found_errors_that_say_what_to_do() {
+    let missing = llama(json!({ "llama_server_binary_path": "/nonexistent/llama-server" }));
+    let Err(LoadError::NotFound { path, message }) = missing else { panic!("{missing:?}") };
+    assert_eq!(path, "/nonexistent/llama-server");
+    assert!(
+        message.contains("llama_server_binary_path")
+            && message.contains("cargo xtask llama-server"),
+        "{message}"
+    );
+    let no_model = llama(json!({ "model_path": "/nonexistent/m.gguf" }));
+    assert!(
+        matches!(no_model, Err(LoadError::NotFound { ref path, .. }) if path == "/nonexistent/m.gguf")
+    );
+    let no_mmproj = llama(json!({ "llama_server_mmproj": "/nonexistent/mmproj.gguf" }));
+    assert!(
+        matches!(no_mmproj, Err(LoadError::NotFound { ref message, .. }) if message.contains("llama_server_mmproj"))
+    );
+    let not_on_path = vllm(json!({ "vllm_binary_path": "surely-no-such-vllm", "vllm_model": "x" }));
+    assert!(
+        matches!(not_on_path, Err(LoadError::NotFound { ref message, .. }) if message.contains("on PATH"))
+    );
+}
+
+#[test]
+fn vllm_serve_argv_has_every_engine_field_and_override() {
+    let launch = vllm(json!({
+        "vllm_model": "Qwen/Qwen3-8B",
+        "vllm_max_model_len": 8192,
+        "vllm_kv_cache_dtype": "fp8",
+        "vllm_kv_cache_memory_bytes": 2147483648u64,
+        "vllm_gpu_memory_utilization": 0.2,
+        "vllm_dtype": "bfloat16",
+        "vllm_tensor_parallel_size": 2,
+        "vllm_speculative_method": "mtp",
+        "vllm_speculative_model": "google/gemma-4-assistant",
+        "vllm_num_speculative_tokens": 3,
+        "vllm_mm_processor_kwargs": { "min_pixels": 1024 },
+        "vllm_max_pixels": 802816,
+        "vllm_env": { "HF_HOME": "/models" },
+        "vllm_api_key": "s3cret",
+        "vllm_extra_args": ["--enforce-eager"],
+    }))
+    .unwrap();
+    assert_eq!(
+        args(&launch),
+        [
+            "serve",
+            "Qwen/Qwen3-8B",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "4321",
+            "--served-model-name",
+            "m",
+            "--max-model-len",
+            "8192",
+            "--kv-cache-dtype",
+            "fp8",
+            "--kv-cache-memory-bytes",
+            "2147483648",
+            "--gpu-memory-utilization",
+            "0.2",
+            "--dtype",
+            "bfloat16",
+            "--tensor-parallel-size",
+            "2",
+            "--speculative-config",
+            r#"{"method":"mtp","model":"google/gemma-4-assistant","num_speculative_tokens":3}"#,
+            "--mm-processor-kwargs",
+            r#"{"min_pixels":1024,"max_pixels":802816}"#,
+            "--enforce-eager",
+        ]
+    );
+    assert_eq!(
+        launch.env,
+        [
+            ("HF_HOME".to_owned(), "/models".to_owned()),
+            ("VLLM_API_KEY".to_owned(), "s3cret".to_owned())
+        ]
+    );
+    assert_eq!(launch.api_key.as_deref(), Some("s3cret"));
+}
+
+#[test]
+fn vllm_serve_targets_model_path_without_vllm_model() {
+    let launch = vllm(json!({ "model_path": "/models/gemma" })).unwrap();
+    assert_eq!(&args(&launch)[..2], ["serve", "/models/gemma"]);
+}

@@ -1,0 +1,66 @@
+//! Pass-through of OpenAI-compatible requests to engines that serve that API themselves
+//! (`llama-server`, `vllm serve`, remote servers): the client's body goes upstream as sent,
+//! the answer comes back byte for byte, streams chunk by chunk.
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::{RuntimeError, ThinkingMode};
+
+/// An OpenAI-compatible route a forwarding runtime passes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum ForwardRoute {
+    /// `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/embeddings`.
+    Embeddings,
+    /// `POST /v1/rerank`.
+    Rerank,
+    /// `POST /v1/responses`.
+    Responses,
+}
+
+impl ForwardRoute {
+    /// The route's path below an OpenAI base URL (which ends in `/v1`).
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "/chat/completions",
+            Self::Completions => "/completions",
+            Self::Embeddings => "/embeddings",
+            Self::Rerank => "/rerank",
+            Self::Responses => "/responses",
+        }
+    }
+
+    /// Whether the route generates text (and takes request-level thinking).
+    pub fn generates(self) -> bool {
+        matches!(self, Self::ChatCompletions | Self::Completions | Self::Responses)
+    }
+}
+
+/// A request to pass through.
+#[derive(Debug, Clone)]
+pub struct ForwardRequest {
+    /// Which route.
+    pub route: ForwardRoute,
+    /// The client's JSON body, as sent.
+    pub body: Bytes,
+    /// Hangar's request-level `thinking`, which the runtime translates for its engine
+    /// (for example into `chat_template_kwargs.enable_thinking`).
+    pub thinking: ThinkingMode,
+}
+
+/// The engine's answer: status and content type as the engine sent them, and the body as it
+/// arrives. Dropping `body` cancels the upstream request.
+#[derive(Debug)]
+pub struct ForwardResponse {
+    /// HTTP status (always 2xx: failures are [`RuntimeError`]s).
+    pub status: u16,
+    /// The engine's `Content-Type`, if any.
+    pub content_type: Option<String>,
+    /// Chunks of the body in order; an `Err` ends it early (the engine failed mid-answer).
+    pub body: mpsc::Receiver<Result<Bytes, RuntimeError>>,
+}

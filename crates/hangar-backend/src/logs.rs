@@ -1,0 +1,128 @@
+//! [`ModelLogs`]: the bounded, followable log of a model's engine (a child process's
+//! output lines, or whatever an in-process engine chooses to report).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+/// Lines a model's log keeps; older lines are dropped first.
+pub const LOG_CAPACITY: usize = 2_000;
+
+/// Which output a log line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, strum::IntoStaticStr)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum LogStream {
+    /// The engine's standard output.
+    Stdout,
+    /// The engine's standard error.
+    Stderr,
+    /// Hangar itself (the command line it started, exit statuses, …).
+    Hangar,
+}
+
+/// One line of a model's log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LogLine {
+    /// When the line was read, RFC 3339 with milliseconds (UTC).
+    pub timestamp: String,
+    /// The replica whose engine wrote it.
+    pub replica: u32,
+    /// Where it came from.
+    pub stream: LogStream,
+    /// The text, without its line ending.
+    pub line: String,
+}
+
+/// The log of one model: the last [`LOG_CAPACITY`] lines of all its replicas, across
+/// loads, plus a live feed for followers. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct ModelLogs(Arc<Inner>);
+
+struct Inner {
+    lines: Mutex<VecDeque<LogLine>>,
+    live: broadcast::Sender<LogLine>,
+}
+
+impl Default for ModelLogs {
+    fn default() -> Self {
+        let (live, _) = broadcast::channel(256);
+        Self(Arc::new(Inner { lines: Mutex::new(VecDeque::new()), live }))
+    }
+}
+
+impl ModelLogs {
+    /// Appends a line stamped now, dropping the oldest when full, and sends it to followers.
+    pub fn push(&self, replica: u32, stream: LogStream, line: impl Into<String>) {
+        let timestamp = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+        let line = LogLine { timestamp, replica, stream, line: line.into() };
+        {
+            let mut lines = self.0.lines.lock().unwrap_or_else(PoisonError::into_inner);
+            if lines.len() == LOG_CAPACITY {
+                lines.pop_front();
+            }
+            lines.push_back(line.clone());
+        }
+        let _ = self.0.live.send(line);
+    }
+
+    /// The last `n` lines, oldest first.
+    pub fn tail(&self, n: usize) -> Vec<LogLine> {
+        let lines = self.0.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        lines.iter().skip(lines.len().saturating_sub(n)).cloned().collect()
+    }
+
+    /// The last `n` lines and a receiver of every later line, taken atomically (no line is
+    /// missed or repeated between the two).
+    pub fn follow(&self, n: usize) -> (Vec<LogLine>, broadcast::Receiver<LogLine>) {
+        let lines = self.0.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let receiver = self.0.live.subscribe();
+        let tail = lines.iter().skip(lines.len().saturating_sub(n)).cloned().collect();
+        (tail, receiver)
+    }
+}
+
+impl std::fmt::Debug for ModelLogs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let len = self.0.lines.lock().unwrap_or_else(PoisonError::into_inner).len();
+        f.debug_struct("ModelLogs").field("lines", &len).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_newest_lines_within_capacity() {
+        let logs = ModelLogs::default();
+        for i in 0..LOG_CAPACITY + 5 {
+            logs.push(0, LogStream::Stdout, format!("line {i}"));
+        }
+        let all = logs.tail(usize::MAX);
+        assert_eq!(all.len(), LOG_CAPACITY);
+        assert_eq!(all[0].line, "line 5");
+        let last = logs.tail(2);
+        let texts: Vec<_> = last.iter().map(|l| l.line.as_str()).collect();
+        assert_eq!(
+            texts,
+            [format!("line {}", LOG_CAPACITY + 3), format!("line {}", LOG_CAPACITY + 4)]
+        );
+    }
+
+    #[tokio::test]
+    async fn follow_misses_and_repeats_nothing() {
+        let logs = ModelLogs::default();
+        logs.push(0, LogStream::Stderr, "before");
+        let (tail, mut live) = logs.follow(10);
+        logs.push(1, LogStream::Stdout, "after");
+        assert_eq!(tail.len(), 1);
+        assert_eq!(tail[0].line, "before");
+        let next = live.recv().await.unwrap();
+        assert_eq!((next.replica, next.line.as_str()), (1, "after"));
+        assert!(live.try_recv().is_err());
+    }
+}

@@ -1,0 +1,168 @@
+//! `cargo xtask llama-server`: llama.cpp's own `llama-server`, built once and shared by the
+//! tests (`HANGAR_LLAMA_SERVER`), the demo config, `cargo xtask e2e` and
+//! `cargo xtask bench llamacpp`.
+//!
+//! The binary is built from the llama.cpp tree vendored in the PyPI source distribution of
+//! `llama-cpp-python` ([`LCP_VERSION`], checked against [`LCP_SHA256`]), with the CPU flags
+//! `llama-cpp-sys-2` gives Hangar's own llama.cpp (no `GGML_NATIVE`; AVX2/FMA/F16C) and
+//! statically linked like it ([`CMAKE_OPTIONS`]).
+//!
+//! - The build is cached in `target/llama-server/llama-cpp-python-<version>/` (sdist,
+//!   unpacked source, CMake build tree, the binary and a stamp of the CMake options); a
+//!   second run builds nothing.
+//! - The binary is copied to the stable path `target/llama-server/llama-server`, next to a
+//!   stamp (`llama-server.stamp`) naming the version and options it was built with, so a
+//!   changed version or option replaces it.
+//!
+//! Every child's stdout goes to our stderr: `cargo xtask llama-server` prints only the
+//! binary's path on stdout.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+use crate::run as run_checked;
+
+/// The `llama-cpp-python` release whose vendored llama.cpp builds `llama-server`: the
+/// newest on PyPI, and the closest to what `llama-cpp-sys-2` 0.1.161 vendors (which is newer).
+pub(crate) const LCP_VERSION: &str = "0.3.36";
+/// SHA-256 of `llama_cpp_python-0.3.36.tar.gz`, as PyPI lists it.
+const LCP_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
+/// PyPI's JSON description of the project (release files and their digests).
+const PYPI_JSON: &str = "https://pypi.org/pypi/llama-cpp-python/json";
+/// CMake options of the `llama-server` build. `GGML_NATIVE=OFF` gives the same CPU
+/// instruction sets as Hangar's llama.cpp; static libraries as in Hangar.
+const CMAKE_OPTIONS: [&str; 8] = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_NATIVE=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+];
+
+/// The stable `llama-server` binary (`<target>/llama-server/llama-server`, absolute),
+/// built when missing or built from another version or other options. cmake must be
+/// present (see [`crate::deps::ensure`]) when it has to be built.
+pub(crate) fn ensure(root: &Path) -> Result<PathBuf> {
+    let dir = crate::target_dir(root)?.join("llama-server");
+    let stable = dir.join("llama-server");
+    let stable_stamp = dir.join("llama-server.stamp");
+    let expected = format!("llama-cpp-python {LCP_VERSION}; {}", CMAKE_OPTIONS.join(" "));
+    if stable.exists() && stamp_is(&stable_stamp, &expected) {
+        eprintln!("llama-server: cached {} (llama-cpp-python {LCP_VERSION})", stable.display());
+        return Ok(stable);
+    }
+    let built = build(&dir.join(format!("llama-cpp-python-{LCP_VERSION}")))?;
+    // Copy next to it, then rename: a reader never sees a half-written binary.
+    let part = dir.join("llama-server.part");
+    std::fs::copy(&built, &part)
+        .with_context(|| format!("cannot copy {} to {}", built.display(), part.display()))?;
+    std::fs::rename(&part, &stable)
+        .with_context(|| format!("cannot move {} to {}", part.display(), stable.display()))?;
+    std::fs::write(&stable_stamp, format!("{expected}\n"))
+        .with_context(|| format!("cannot write {}", stable_stamp.display()))?;
+    eprintln!("llama-server: installed {}", stable.display());
+    Ok(stable)
+}
+
+/// The cached build in `dir` (`…/llama-cpp-python-<version>`); downloads, unpacks and
+/// builds it when its binary is missing or was built with other options.
+fn build(dir: &Path) -> Result<PathBuf> {
+    let binary = dir.join("llama-server");
+    let stamp = dir.join("cmake-options.txt");
+    let options = CMAKE_OPTIONS.join(" ");
+    if binary.exists() && stamp_is(&stamp, &options) {
+        eprintln!("llama-server: cached {}", binary.display());
+        return Ok(binary);
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let prefix = format!("llama_cpp_python-{LCP_VERSION}");
+    let sdist = dir.join(format!("{prefix}.tar.gz"));
+    if !sdist.exists() {
+        eprintln!("llama-server: downloading llama-cpp-python {LCP_VERSION} (sdist) from PyPI");
+        let mut download = Command::new("python3");
+        download.args(["-c", DOWNLOAD, PYPI_JSON, LCP_VERSION, LCP_SHA256]).arg(&sdist);
+        run_to_stderr(download)?;
+    }
+    let source = dir.join(&prefix).join("vendor").join("llama.cpp");
+    if !source.join("CMakeLists.txt").exists() {
+        let mut unpack = Command::new("tar");
+        unpack.arg("-xzf").arg(&sdist).arg("-C").arg(dir);
+        // The submodule's git directory too, so the build knows its commit.
+        unpack.arg(format!("{prefix}/vendor/llama.cpp"));
+        unpack.arg(format!("{prefix}/.git/modules/vendor/llama.cpp"));
+        run_to_stderr(unpack)?;
+    }
+    let build = dir.join("build");
+    remove_moved_build_tree(&build)?;
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+    eprintln!("llama-server: building with {jobs} job(s) (about 12 minutes on 2 cores)");
+    let mut configure = Command::new("cmake");
+    configure.arg("-S").arg(&source).arg("-B").arg(&build).args(CMAKE_OPTIONS);
+    run_to_stderr(configure)?;
+    let mut compile = Command::new("cmake");
+    compile.arg("--build").arg(&build).args(["--target", "llama-server", "-j", &jobs.to_string()]);
+    run_to_stderr(compile)?;
+    let built = build.join("bin").join("llama-server");
+    std::fs::copy(&built, &binary)
+        .with_context(|| format!("cannot copy {} to {}", built.display(), binary.display()))?;
+    std::fs::write(&stamp, format!("{options}\n"))
+        .with_context(|| format!("cannot write {}", stamp.display()))?;
+    eprintln!("llama-server: built {}", binary.display());
+    Ok(binary)
+}
+
+/// Whether the stamp file at `path` holds `expected`.
+fn stamp_is(path: &Path, expected: &str) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|s| s.trim() == expected)
+}
+
+/// Removes a CMake build tree that was created under another path (the cache directory
+/// was moved, e.g. from the old `target/bench/llama-server`): CMake refuses to reuse it.
+fn remove_moved_build_tree(build: &Path) -> Result<()> {
+    let Ok(cache) = std::fs::read_to_string(build.join("CMakeCache.txt")) else {
+        return Ok(());
+    };
+    let created_in = cache.lines().find_map(|l| l.strip_prefix("CMAKE_CACHEFILE_DIR:INTERNAL="));
+    if created_in.is_some_and(|dir| Path::new(dir) != build) {
+        eprintln!("llama-server: removing {} (created elsewhere)", build.display());
+        std::fs::remove_dir_all(build)
+            .with_context(|| format!("cannot remove {}", build.display()))?;
+    }
+    Ok(())
+}
+
+/// [`crate::run`] with the child's stdout sent to our stderr.
+fn run_to_stderr(mut cmd: Command) -> Result<()> {
+    cmd.stdout(std::io::stderr());
+    run_checked(cmd)
+}
+
+/// Downloads a release's sdist named by PyPI's JSON to `dest`, checking its SHA-256 (argv:
+/// JSON URL, version, sha256, dest). Relative file URLs are resolved against the JSON's.
+const DOWNLOAD: &str = r#"
+import hashlib, json, os, sys, urllib.parse, urllib.request
+index, version, sha, dest = sys.argv[1:5]
+with urllib.request.urlopen(index, timeout=120) as r:
+    meta = json.load(r)
+files = [f for f in meta["releases"].get(version, []) if f["packagetype"] == "sdist"]
+if not files:
+    sys.exit(f"no sdist of llama-cpp-python {version} on {index}")
+listed = files[0]["digests"]["sha256"]
+if listed != sha:
+    sys.exit(f"PyPI lists sha256 {listed} for {files[0]['filename']}, expected {sha}")
+url = urllib.parse.urljoin(index, files[0]["url"])
+print(url, file=sys.stderr)
+digest = hashlib.sha256()
+with urllib.request.urlopen(url, timeout=600) as r, open(dest + ".part", "wb") as out:
+    while chunk := r.read(1 << 20):
+        digest.update(chunk)
+        out.write(chunk)
+if digest.hexdigest() != sha:
+    sys.exit(f"{url}: sha256 {digest.hexdigest()}, expected {sha}")
+os.replace(dest + ".part", dest)
+"#;
