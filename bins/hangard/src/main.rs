@@ -30,6 +30,8 @@ enum Command {
     Load(client::LoadArgs),
     /// Gracefully unload a model on a running server and print its state.
     Unload(client::UnloadArgs),
+    /// Print a model's recent engine output (`--follow` keeps printing new lines).
+    Logs(client::LogsArgs),
     /// Inspect and validate configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
         Command::Ps(args) => client::ps(args),
         Command::Load(args) => client::load(args),
         Command::Unload(args) => client::unload(args),
+        Command::Logs(args) => client::logs(args),
         Command::Config(ConfigCommand::Check { config, format, raw }) => {
             config_cmd::check(&config, format == Format::Json, raw)
         }

@@ -42,8 +42,15 @@ pub(crate) fn temp_dir(label: &str) -> PathBuf {
 }
 
 /// The environment variables `hangard` reads; removed so the host cannot leak into a test.
-pub(crate) const HANGARD_ENV: [&str; 4] =
-    ["HANGAR_CONFIG", "HANGAR_ADMIN_KEY", "HANGAR_URL", "RUST_LOG"];
+pub(crate) const HANGARD_ENV: [&str; 7] = [
+    "HANGAR_CONFIG",
+    "HANGAR_ADMIN_KEY",
+    "HANGAR_URL",
+    "RUST_LOG",
+    "HANGAR_CTX_SIZE",
+    "HANGAR_LLAMACPP_ARGS",
+    "HANGAR_LLAMACPP",
+];
 
 /// A `hangard` command with a clean environment.
 pub(crate) fn hangard() -> Command {
