@@ -14,18 +14,26 @@
 //! 2. Latency: after a warm-up, [`LATENCY_REQUESTS`] sequential non-streamed chat
 //!    completions per path (direct, hangar, nginx, round-robin, the order rotating every
 //!    round, so drift and load elsewhere on the host hit all three alike); p50 and p99 per
-//!    path, and each proxy's added latency (its p50 or p99 minus direct's).
+//!    path, and each proxy's added latency (its p50 or p99 minus direct's; also the median
+//!    of the same-round differences, which drift cannot move).
 //! 3. Throughput: [`CLIENTS`] client threads sending the same request back to back for
 //!    [`THROUGHPUT_BLOCKS`] × [`THROUGHPUT_BLOCK`] per path (blocks in the order direct,
-//!    hangar, nginx, then the reverse); completed requests over the blocks' wall time.
+//!    hangar, nginx, then the reverse, and so on); completed requests over the blocks' wall
+//!    time (start → the last request of the block answered), and their latencies. Hangar
+//!    gives its child `--parallel` = `target_inflight` (default 1) and queues the other
+//!    requests in its own scheduler; direct and through nginx, they queue in `llama-server`.
 //! 4. Swap: a second `hangard` on a config of two `llama_server` models ([`SWAP_A`] with
 //!    context [`N_CTX`], [`SWAP_B`] with [`N_CTX_B`]) and `max_loaded_models.llm: 1`: the
 //!    wall time of `POST /v1/admin/models/B/load` while A is loaded (Hangar stops A, starts
 //!    B, waits for its health route), then back, [`SWAP_ROUNDS`] times each way. The raw
 //!    reference does the same by hand with the same two command lines (taken from each
 //!    model's `runtime_details[0].command`, on a free port): SIGTERM to the running process,
-//!    wait for its exit, spawn the other, poll `GET /health` every [`HEALTH_POLL`] until 200.
-//!    Hangar's and the raw swaps alternate round by round.
+//!    wait for its exit, spawn the other, poll `GET /health` every [`HEALTH_POLL`] until 200
+//!    (a fresh connection per poll, none left open: see [`Bench::wait_health`]).
+//!    Hangar's and the raw swaps alternate round by round. Both are split into phases (old
+//!    engine exited, new engine spawned, ready): by hand from the clock, for Hangar from
+//!    the millisecond timestamps of the exit and start lines in the models' logs
+//!    (`GET /v1/admin/models/{name}/logs`).
 //! 5. A table of every path's figures, and one of Hangar against its reference with the
 //!    goal of each ratio.
 //!
@@ -38,7 +46,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value, json};
@@ -64,11 +72,11 @@ const WARM_UP: usize = 20;
 const LATENCY_REQUESTS: usize = 400;
 /// Concurrent client threads of the throughput part.
 const CLIENTS: usize = 8;
-/// One throughput block per path and order.
-const THROUGHPUT_BLOCK: Duration = Duration::from_secs(5);
-/// Throughput blocks per path (the first in the order direct, hangar, nginx, the second
-/// in the reverse order).
-const THROUGHPUT_BLOCKS: usize = 2;
+/// One throughput block of one path.
+const THROUGHPUT_BLOCK: Duration = Duration::from_secs(3);
+/// Throughput blocks per path (in the order direct, hangar, nginx, then the reverse, and
+/// so on).
+const THROUGHPUT_BLOCKS: usize = 4;
 /// Swaps timed each way, through Hangar and by hand.
 const SWAP_ROUNDS: usize = 5;
 /// The raw swap's pause between health polls.
@@ -176,14 +184,57 @@ struct Paths {
     threads: Option<String>,
 }
 
-/// The swap times.
+/// The swap times: `[A → B, B → A]` through Hangar and by hand.
 struct Swaps {
-    hangar_to_b: Vec<Duration>,
-    hangar_to_a: Vec<Duration>,
-    raw_to_b: Vec<Duration>,
-    raw_to_a: Vec<Duration>,
+    hangar: [Vec<Swap>; 2],
+    raw: [Vec<Swap>; 2],
     command_a: String,
     command_b: String,
+}
+
+/// One swap.
+struct Swap {
+    /// When it began (Hangar's: to find its phases in the model logs).
+    wall: Option<SystemTime>,
+    /// Begin → the new engine is ready (Hangar: the load request answered).
+    total: Duration,
+    /// Begin → the old engine has exited.
+    stopped: Option<Duration>,
+    /// Begin → the new engine's process is spawned.
+    spawned: Option<Duration>,
+}
+
+impl Swap {
+    /// Finds the old engine's exit and the new engine's start in the logs (millisecond
+    /// timestamps) within this swap's time span.
+    fn place(&mut self, old: &[(i64, bool)], new: &[(i64, bool)]) {
+        let Some(begin) = self.wall.and_then(|w| w.duration_since(UNIX_EPOCH).ok()) else {
+            return;
+        };
+        let begin = (begin.as_millis() % DAY_MS as u128) as i64;
+        let end = begin + self.total.as_millis() as i64 + 1;
+        let within = |events: &[(i64, bool)], start: bool| {
+            events
+                .iter()
+                .find(|(at, is_start)| *is_start == start && (begin - 1..=end).contains(at))
+                .map(|(at, _)| Duration::from_millis((at - begin).max(0) as u64))
+        };
+        self.stopped = within(old, false);
+        self.spawned = within(new, true);
+    }
+}
+
+/// Milliseconds in a day.
+const DAY_MS: i64 = 86_400_000;
+
+/// Milliseconds of the UTC day of an RFC 3339 timestamp (`2026-11-23T00:54:53.433Z`).
+fn day_ms(timestamp: &str) -> Option<i64> {
+    let time = timestamp.split_once('T')?.1.trim_end_matches('Z');
+    let mut parts = time.split(':');
+    let h: i64 = parts.next()?.parse().ok()?;
+    let m: i64 = parts.next()?.parse().ok()?;
+    let s: f64 = parts.next()?.parse().ok()?;
+    Some((h * 3600 + m * 60) * 1000 + (s * 1000.0).round() as i64)
 }
 
 /// Versions of what ran.
@@ -273,7 +324,11 @@ impl Bench {
         let models = [(SWAP_A, N_CTX), (SWAP_B, N_CTX_B)];
         let config = self.write_config("swap-config", &models, Some(1))?;
         let hangar = self.start_hangar(&config, "hangard-swap.log")?;
-        let load = |name: &str| self.admin(&hangar, &format!("/v1/admin/models/{name}/load"));
+        let load = |name: &str| -> Result<Swap> {
+            let wall = SystemTime::now();
+            let total = self.admin(&hangar, &format!("/v1/admin/models/{name}/load"))?;
+            Ok(Swap { wall: Some(wall), total, stopped: None, spawned: None })
+        };
         load(SWAP_A)?;
         let command_a = self.command(&hangar, SWAP_A)?;
         let argv_a = self.argv(&command_a)?;
@@ -283,16 +338,14 @@ impl Bench {
 
         eprintln!("swap: {SWAP_ROUNDS} rounds each way, through Hangar and by hand");
         let mut swaps = Swaps {
-            hangar_to_b: Vec::new(),
-            hangar_to_a: Vec::new(),
-            raw_to_b: Vec::new(),
-            raw_to_a: Vec::new(),
+            hangar: Default::default(),
+            raw: Default::default(),
             command_a,
             command_b: String::new(),
         };
         let mut argv_b = Vec::new();
         for round in 0..SWAP_ROUNDS {
-            swaps.hangar_to_b.push(load(SWAP_B)?);
+            swaps.hangar[0].push(load(SWAP_B)?);
             if round == 0 {
                 let a = self.row(&hangar, SWAP_A)?;
                 let state = a.get("state").and_then(Value::as_str).unwrap_or("?");
@@ -302,39 +355,82 @@ impl Bench {
                 swaps.command_b = self.command(&hangar, SWAP_B)?;
                 argv_b = self.argv(&swaps.command_b)?;
             }
-            let took;
-            (raw, took) = self.raw_swap(raw, &argv_b, &format!("raw-b-{round}.log"))?;
-            swaps.raw_to_b.push(took);
-            swaps.hangar_to_a.push(load(SWAP_A)?);
-            let took;
-            (raw, took) = self.raw_swap(raw, &argv_a, &format!("raw-a-{round}.log"))?;
-            swaps.raw_to_a.push(took);
+            let swap;
+            (raw, swap) = self.raw_swap(raw, &argv_b, &format!("raw-b-{round}.log"))?;
+            swaps.raw[0].push(swap);
+            swaps.hangar[1].push(load(SWAP_A)?);
+            let swap;
+            (raw, swap) = self.raw_swap(raw, &argv_a, &format!("raw-a-{round}.log"))?;
+            swaps.raw[1].push(swap);
             eprintln!(
-                "  round {}: hangar → B {:.1} ms, → A {:.1} ms; raw → B {:.1} ms, → A {:.1} ms",
+                "  round {}: hangar → B {:.1} ms, → A {:.1} ms; by hand → B {:.1} ms, → A {:.1} ms",
                 round + 1,
-                ms(swaps.hangar_to_b[round]),
-                ms(swaps.hangar_to_a[round]),
-                ms(swaps.raw_to_b[round]),
-                ms(swaps.raw_to_a[round]),
+                ms(swaps.hangar[0][round].total),
+                ms(swaps.hangar[1][round].total),
+                ms(swaps.raw[0][round].total),
+                ms(swaps.raw[1][round].total),
             );
         }
         drop(raw);
+        // Hangar's own phases, from the models' logs: the old engine's exit status and the
+        // new engine's start are logged (to the millisecond) as they happen.
+        let logs_a = self.engine_events(&hangar, SWAP_A)?;
+        let logs_b = self.engine_events(&hangar, SWAP_B)?;
+        for (swaps, (old, new)) in
+            swaps.hangar.iter_mut().zip([(&logs_a, &logs_b), (&logs_b, &logs_a)])
+        {
+            for swap in swaps {
+                swap.place(old, new);
+            }
+        }
         self.admin(&hangar, &format!("/v1/admin/models/{SWAP_A}/unload"))?;
         drop(hangar);
         Ok(swaps)
     }
 
     /// SIGTERM to `current`, wait for its exit, spawn `next` and poll its health until 200;
-    /// the new process and the time all that took.
-    fn raw_swap(&self, mut current: Raw, next: &[String], log: &str) -> Result<(Raw, Duration)> {
+    /// the new process and the swap's phases.
+    fn raw_swap(&self, mut current: Raw, next: &[String], log: &str) -> Result<(Raw, Swap)> {
         let started = Instant::now();
         current.terminate()?;
+        let stopped = started.elapsed();
         let mut spawned = Raw::start(next, &self.work, log)?;
+        let spawn_done = started.elapsed();
         self.wait_health(&spawned.health_url(), || spawned.exited())?;
-        let took = started.elapsed();
+        let total = started.elapsed();
         drop(current);
         spawned.arm()?;
-        Ok((spawned, took))
+        let swap = Swap { wall: None, total, stopped: Some(stopped), spawned: Some(spawn_done) };
+        Ok((spawned, swap))
+    }
+
+    /// The engine starts and exits in a model's log (`GET …/logs`): (milliseconds of the UTC
+    /// day, is a start).
+    fn engine_events(&self, server: &Server, name: &str) -> Result<Vec<(i64, bool)>> {
+        let path = format!("/v1/admin/models/{name}/logs?tail=2000");
+        let mut response = self.agent.get(server.url(&path)).call()?;
+        let body = response.body_mut().read_to_string()?;
+        if response.status() != 200 {
+            bail!("GET {path} answered {}: {body}", response.status());
+        }
+        let v: Value =
+            serde_json::from_str(&body).with_context(|| format!("GET {path}: {body}"))?;
+        let lines = v.get("lines").and_then(Value::as_array).cloned().unwrap_or_default();
+        Ok(lines
+            .iter()
+            .filter(|l| l.get("stream").and_then(Value::as_str) == Some("hangar"))
+            .filter_map(|l| {
+                let line = l.get("line").and_then(Value::as_str)?;
+                let at = day_ms(l.get("timestamp").and_then(Value::as_str)?)?;
+                if line.starts_with("started pid ") {
+                    Some((at, true))
+                } else if line.starts_with("pid ") {
+                    Some((at, false))
+                } else {
+                    None
+                }
+            })
+            .collect())
     }
 
     /// Polls `url` every [`HEALTH_POLL`] until it answers 200; `exited` says whether the
@@ -888,8 +984,9 @@ fn print_tables(bench: &Bench, versions: &Versions, paths: &Paths, swap: &Swaps)
     let (h50, n50) = (added(hangar, 0.5, d50), added(nginx, 0.5, d50));
     let (h99, n99) = (added(hangar, 0.99, d99), added(nginx, 0.99, d99));
     let at_most = |h: f64, r: f64, goal: f64| {
-        // A proxy that adds nothing meets any goal; otherwise the ratio decides.
-        let ratio = (r > 0.0).then(|| h / r);
+        // A ratio of two added latencies means something only when both add something. A
+        // Hangar that adds nothing meets any goal; otherwise the ratio decides.
+        let ratio = (r > 0.0 && h > 0.0).then(|| h / r);
         let met = if h <= 0.0 { Some(true) } else { ratio.map(|x| x <= goal) };
         (ratio, met)
     };
@@ -916,24 +1013,15 @@ fn print_tables(bench: &Bench, versions: &Versions, paths: &Paths, swap: &Swaps)
         goal: format!("≥ {THROUGHPUT_GOAL}"),
         met: Some(hr / dr >= THROUGHPUT_GOAL),
     });
-    let mut all_hangar: Vec<Duration> =
-        swap.hangar_to_b.iter().chain(&swap.hangar_to_a).copied().collect();
-    let mut all_raw: Vec<Duration> = swap.raw_to_b.iter().chain(&swap.raw_to_a).copied().collect();
-    for (label, h, r) in [
-        (
-            format!("swap A → B ms, median of {SWAP_ROUNDS} (ref: by hand)"),
-            &swap.hangar_to_b,
-            &swap.raw_to_b,
-        ),
-        (
-            format!("swap B → A ms, median of {SWAP_ROUNDS} (ref: by hand)"),
-            &swap.hangar_to_a,
-            &swap.raw_to_a,
-        ),
-    ] {
-        let (h, r) = (ms(median(&mut h.clone())), ms(median(&mut r.clone())));
+    let totals = |swaps: &[Swap]| swaps.iter().map(|s| s.total).collect::<Vec<_>>();
+    let (mut all_hangar, mut all_raw) = (Vec::new(), Vec::new());
+    for (i, label) in ["A → B", "B → A"].into_iter().enumerate() {
+        let (mut h, mut r) = (totals(&swap.hangar[i]), totals(&swap.raw[i]));
+        all_hangar.extend(&h);
+        all_raw.extend(&r);
+        let (h, r) = (ms(median(&mut h)), ms(median(&mut r)));
         rows.push(Row {
-            measure: label,
+            measure: format!("swap {label} ms, median of {SWAP_ROUNDS} (ref: by hand)"),
             hangar: h,
             reference: r,
             ratio: Some(h / r),
@@ -971,6 +1059,18 @@ fn print_tables(bench: &Bench, versions: &Versions, paths: &Paths, swap: &Swaps)
         nginx.requests_per_second(),
         nginx.requests_per_second() / dr
     );
+    let paired = |f: &PathFigures| {
+        let mut d: Vec<f64> =
+            f.latency.iter().zip(&direct.latency).map(|(p, d)| us(*p) - us(*d)).collect();
+        d.sort_by(f64::total_cmp);
+        d.get(d.len() / 2).copied().unwrap_or_default()
+    };
+    let (hp, np) = (paired(hangar), paired(nginx));
+    println!(
+        "added latency, median of the {LATENCY_REQUESTS} same-round differences (proxy − direct): \
+         hangar {hp:.0} µs, nginx {np:.0} µs, ratio {:.2}",
+        hp / np
+    );
     if n50 < NOISE_US || n99 < NOISE_US {
         println!(
             "note: nginx adds {n50:.0} µs at p50 and {n99:.0} µs at p99; below {NOISE_US:.0} µs \
@@ -979,12 +1079,38 @@ fn print_tables(bench: &Bench, versions: &Versions, paths: &Paths, swap: &Swaps)
     }
     println!("swap A: {}", swap.command_a);
     println!("swap B: {}", swap.command_b);
-    let list = |v: &[Duration]| v.iter().map(|d| format!("{:.1}", ms(*d))).collect::<Vec<_>>();
+    let list = |v: &[Swap]| v.iter().map(|s| format!("{:.1}", ms(s.total))).collect::<Vec<_>>();
     println!(
         "swap ms, each round: hangar → B {:?}, → A {:?}; by hand → B {:?}, → A {:?}",
-        list(&swap.hangar_to_b),
-        list(&swap.hangar_to_a),
-        list(&swap.raw_to_b),
-        list(&swap.raw_to_a)
+        list(&swap.hangar[0]),
+        list(&swap.hangar[1]),
+        list(&swap.raw[0]),
+        list(&swap.raw[1])
     );
+    for (name, swaps) in [("hangar", &swap.hangar), ("by hand", &swap.raw)] {
+        println!("swap phases, {name}: {}", phases(swaps.iter().flatten()));
+    }
+}
+
+/// Medians of a swap's phases: old engine stopped, new one spawned, new one ready.
+fn phases<'a>(swaps: impl Iterator<Item = &'a Swap>) -> String {
+    let (mut stop, mut spawn, mut ready) = (Vec::new(), Vec::new(), Vec::new());
+    for s in swaps {
+        if let (Some(stopped), Some(spawned)) = (s.stopped, s.spawned) {
+            stop.push(stopped);
+            spawn.push(spawned.saturating_sub(stopped));
+            ready.push(s.total.saturating_sub(spawned));
+        }
+    }
+    if stop.is_empty() {
+        return "not found".to_owned();
+    }
+    format!(
+        "medians of {}: begin → old engine exited {:.1} ms, → new engine spawned +{:.1} ms, → \
+         ready +{:.1} ms",
+        stop.len(),
+        ms(median(&mut stop)),
+        ms(median(&mut spawn)),
+        ms(median(&mut ready))
+    )
 }
