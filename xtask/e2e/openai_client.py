@@ -25,9 +25,11 @@ client = OpenAI(base_url=f"{BASE}/v1", api_key="unused", max_retries=0, timeout=
 
 # (stub, llama.cpp) per kind; all enabled in fixtures/demo, so loaded at start-up.
 CHAT_MODELS = ("chat", "tiny-llama-gguf")
+# llama.cpp's own llama-server, supervised by Hangar, requests passed through.
+FORWARDED_MODEL = "tiny-llama-server"
 EMBED_MODELS = ("embed", "tiny-embed-gguf")
 RERANK_MODELS = ("rerank", "tiny-rerank-gguf")
-ALL_MODELS = CHAT_MODELS + EMBED_MODELS + RERANK_MODELS
+ALL_MODELS = CHAT_MODELS + EMBED_MODELS + RERANK_MODELS + (FORWARDED_MODEL,)
 
 MESSAGES = [{"role": "user", "content": "What is a hangar?"}]
 PROMPT = "A hangar is"
@@ -509,6 +511,29 @@ def wrong_kind(chat_model, embed_model):
     )
 
 
+def forwarded(model):
+    """A llama_server model through the SDK: its answers pass through Hangar unchanged."""
+    reply = chat(model)
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, stream=True, **GREEDY
+        )
+    )
+    assert chunks and all(c.object == "chat.completion.chunk" for c in chunks), chunks
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == reply.choices[0].finish_reason, (finishes, reply)
+    assert text == reply.choices[0].message.content, (text, reply)
+    status, health = http("GET", "/api/v1/health")
+    entry = next(m for m in health["all_models_loaded"] if m["model_name"] == model)
+    assert entry["backend_url"].startswith("http://127.0.0.1:"), entry
+    status, logs = http("GET", f"/v1/admin/models/{model}/logs?tail=500")
+    assert status == 200, logs
+    started = [l for l in logs["lines"] if l["stream"] == "hangar" and l["line"].startswith("started pid")]
+    assert started and "--alias " + model in started[-1]["line"], started
+    assert any(l["stream"] == "stderr" for l in logs["lines"]), "no engine output captured"
+
+
 def main():
     print(f"openai {openai.__version__} against {BASE}")
     check("all models loaded", ensure_loaded)
@@ -520,6 +545,7 @@ def main():
         check(f"[{model}] responses.create", responses, model)
         check(f"[{model}] responses.create(stream=True)", responses_stream, model)
         check(f"[{model}] temperature 3 -> BadRequestError", bad_temperature, model)
+    check(f"[{FORWARDED_MODEL}] chat ± stream passed through, backend_url, logs", forwarded, FORWARDED_MODEL)
     check("[tiny-llama-gguf] structured outputs (json_schema)", structured_outputs, "tiny-llama-gguf")
     check("[tiny-llama-gguf] tool calls (chat ± stream, history, responses)", tool_calls, "tiny-llama-gguf")
     check("[chat] response_format on the stub -> BadRequestError", constrained_decoding_refused, "chat")

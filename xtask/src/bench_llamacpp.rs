@@ -65,11 +65,11 @@ const BLOCKS: usize = 4;
 /// Process starts (and loads) measured per server.
 const LOAD_ROUNDS: usize = 5;
 /// How long a server may take to become ready.
-const READY_LIMIT: Duration = Duration::from_secs(120);
+pub(crate) const READY_LIMIT: Duration = Duration::from_secs(120);
 /// How long one read of an HTTP answer may stall.
-const IO_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long connecting may take (loopback: refused at once while a server starts).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Builds both servers (when needed), measures, prints the table.
 pub(crate) fn run(root: &Path) -> Result<()> {
     let target = crate::target_dir(root)?;

@@ -51,7 +51,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value, json};
 
-use crate::bench_llamacpp::{FIXTURE, N_CTX, Server, cpu_model, median, ms};
+use crate::bench_llamacpp::{
+    CONNECT_TIMEOUT, FIXTURE, IO_TIMEOUT, N_CTX, READY_LIMIT, Server, cpu_model, median, ms,
+};
 use crate::{cargo, deps, llama_server, run as run_checked};
 
 /// The model of the latency and throughput parts.
@@ -91,12 +93,6 @@ const SWAP_GOAL: f64 = 1.05;
 const NOISE_US: f64 = 50.0;
 /// Idle keep-alive connections older than this are not reused.
 const IDLE_AGE: Duration = Duration::from_secs(2);
-/// How long a server may take to become ready.
-const READY_LIMIT: Duration = Duration::from_secs(120);
-/// How long one read of an HTTP answer may stall.
-const IO_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long connecting may take (loopback: refused at once while a server starts).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The Debian package that provides nginx.
 const NGINX_PACKAGE: &str = "nginx";
 

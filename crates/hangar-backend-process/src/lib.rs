@@ -127,7 +127,7 @@ impl Backend for ProcessBackend {
         details.insert("command".into(), Value::from(launch.command_line()));
         Ok(Arc::new(ChildRuntime {
             child,
-            upstream,
+            upstream: std::sync::Mutex::new(Some(Arc::new(upstream))),
             capabilities: self.capabilities(&model),
             details,
             stopping,

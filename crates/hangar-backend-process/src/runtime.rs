@@ -1,8 +1,8 @@
 //! The runtimes: [`ChildRuntime`] (a supervised engine process) and [`RemoteRuntime`] (a
 //! remote server), both serving by forwarding.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,7 +28,9 @@ const POLL_MAX: Duration = Duration::from_millis(250);
 /// A loaded replica whose engine is a child process.
 pub(crate) struct ChildRuntime {
     pub(crate) child: Arc<Child>,
-    pub(crate) upstream: Upstream,
+    /// The child's client; taken (closing its idle keep-alive connections, which would
+    /// hold up the child's exit) when the runtime unloads.
+    pub(crate) upstream: Mutex<Option<Arc<Upstream>>>,
     pub(crate) capabilities: Capabilities,
     pub(crate) details: RuntimeDetails,
     /// Set by `unload`: the exit that follows is not a crash.
@@ -156,6 +158,9 @@ impl Runtime for ChildRuntime {
 
     async fn unload(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        drop(self.upstream.lock().unwrap_or_else(PoisonError::into_inner).take());
+        // Let the connection tasks see their client gone and close the sockets.
+        tokio::task::yield_now().await;
         self.child.stop(self.grace).await;
     }
 
@@ -167,7 +172,11 @@ impl Runtime for ChildRuntime {
         if let Some(status) = self.child.exited() {
             return Err(RuntimeError::Crashed { reason: self.child.obituary(&status) });
         }
-        self.upstream.forward(request, ChildExplain(Arc::clone(&self.child))).await
+        let upstream = self.upstream.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let Some(upstream) = upstream else {
+            return Err(RuntimeError::Unavailable { message: "the engine is stopping".into() });
+        };
+        upstream.forward(request, ChildExplain(Arc::clone(&self.child))).await
     }
 }
 

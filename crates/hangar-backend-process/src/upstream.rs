@@ -91,6 +91,17 @@ impl Upstream {
         }
         let content_type =
             response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let streamed = content_type.as_deref().is_some_and(|t| t.starts_with("text/event-stream"));
+        if !streamed {
+            // A JSON answer is read here, whole: no task and no channel hop per chunk.
+            let (tx, rx) = mpsc::channel(1);
+            let body = match response.bytes().await {
+                Ok(bytes) => Ok(bytes),
+                Err(e) => Err(explain.explain(error_chain(&e)).await),
+            };
+            let _ = tx.try_send(body);
+            return Ok(ForwardResponse { status, content_type, body: rx });
+        }
         let (tx, rx) = mpsc::channel(CHUNKS);
         tokio::spawn(async move {
             loop {

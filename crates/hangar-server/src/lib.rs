@@ -217,6 +217,8 @@ pub async fn serve(
                         continue;
                     }
                 };
+                // Small answers and stream events go out at once, not after an ACK.
+                let _ = stream.set_nodelay(true);
                 let service = hyper::service::service_fn({
                     let service = service.clone();
                     move |req: Request<hyper::body::Incoming>| {
