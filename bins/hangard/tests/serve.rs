@@ -274,10 +274,10 @@ async fn an_engine_not_compiled_in_fails_to_load_and_evicts_nothing() {
     config["max_loaded_models"] = json!({ "llm": 1 });
     let server = Server::start(&config, &[]);
     assert_eq!(load(&server, "chat", json!({})).await.0, 200);
-    let (status, answer) = load(&server, "ls", json!({})).await;
+    let (status, answer) = load(&server, "vl", json!({})).await;
     assert_eq!((status, code(&answer)), (400, "load_failed"), "{answer}");
     let last_error = answer["error"]["model"]["last_error"].as_str().unwrap();
-    assert!(last_error.contains("llama_server is not available in this build"), "{last_error}");
+    assert!(last_error.contains("vllm is not available in this build"), "{last_error}");
     assert_eq!(state(&server, "chat").await, "loaded", "an unavailable engine evicts nothing");
 }
 
