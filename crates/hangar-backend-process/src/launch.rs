@@ -95,6 +95,11 @@ pub fn llama_server(
     args.push2("--alias", model.name.as_str());
     args.opt("-c", s.llama_server_n_ctx);
     args.push2("--parallel", model.target_inflight);
+    if model.target_inflight.get() > 1 {
+        // llama-server shares one KV cache between its slots only when it picks the slot
+        // count itself; with an explicit count each slot would get n_ctx / slots.
+        args.0.push("--kv-unified".to_owned());
+    }
     args.opt("--mmproj", s.llama_server_mmproj.as_deref());
     args.opt("--model-draft", s.llama_server_draft_model.as_deref());
     match s.llama_server_n_gpu_layers {

@@ -76,6 +76,7 @@ fn llama_server_argv_has_every_configured_field_on_its_flag() {
             "4096",
             "--parallel",
             "3",
+            "--kv-unified",
             "--mmproj",
             f,
             "--model-draft",
