@@ -70,8 +70,21 @@ pub(crate) const READY_LIMIT: Duration = Duration::from_secs(120);
 pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long connecting may take (loopback: refused at once while a server starts).
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Builds both servers (when needed), measures, prints the table.
-pub(crate) fn run(root: &Path) -> Result<()> {
+/// What every bench against `llama-server` starts from.
+pub(crate) struct Setup {
+    /// The release `hangard`, freshly built.
+    pub(crate) hangard: PathBuf,
+    /// The cached `llama-server` ([`llama_server::ensure`]).
+    pub(crate) llama_server: PathBuf,
+    /// [`FIXTURE`], canonical.
+    pub(crate) model: PathBuf,
+    /// `target/bench/<name>`, created.
+    pub(crate) work: PathBuf,
+}
+
+/// Installs what the builds need, builds `llama-server` (cached) and the release
+/// `hangard`, and creates the bench's work directory `target/bench/<name>`.
+pub(crate) fn setup(root: &Path, name: &str) -> Result<Setup> {
     let target = crate::target_dir(root)?;
     deps::ensure()?;
     let llama_server = llama_server::ensure(root)?;
@@ -79,11 +92,16 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     build.args(["build", "--release", "--locked", "-p", "hangard"]);
     run_checked(build)?;
     let hangard = target.join("release").join("hangard");
-
-    let work = target.join("bench").join("llamacpp");
+    let work = target.join("bench").join(name);
     std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
     let model = root.join(FIXTURE);
     let model = model.canonicalize().with_context(|| format!("cannot find {}", model.display()))?;
+    Ok(Setup { hangard, llama_server, model, work })
+}
+
+/// Builds both servers (when needed), measures, prints the table.
+pub(crate) fn run(root: &Path) -> Result<()> {
+    let Setup { hangard, llama_server, model, work } = setup(root, "llamacpp")?;
     let config = write_config(&work, &model)?;
     let bench = Bench { hangard, llama_server, model, config, work };
 

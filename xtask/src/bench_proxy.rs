@@ -52,9 +52,10 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value, json};
 
 use crate::bench_llamacpp::{
-    CONNECT_TIMEOUT, FIXTURE, IO_TIMEOUT, N_CTX, READY_LIMIT, Server, cpu_model, median, ms,
+    CONNECT_TIMEOUT, FIXTURE, IO_TIMEOUT, N_CTX, READY_LIMIT, Server, Setup, cpu_model, median, ms,
+    setup,
 };
-use crate::{cargo, deps, llama_server, run as run_checked};
+use crate::run as run_checked;
 
 /// The model of the latency and throughput parts.
 const MODEL: &str = "tiny-llama";
@@ -98,20 +99,11 @@ const NGINX_PACKAGE: &str = "nginx";
 
 /// Builds what is missing, measures, prints both tables.
 pub(crate) fn run(root: &Path) -> Result<()> {
-    let target = crate::target_dir(root)?;
-    deps::ensure()?;
-    let llama_server = llama_server::ensure(root)?;
     let nginx = ensure_nginx()?;
-    let mut build = cargo(root);
-    build.args(["build", "--release", "--locked", "-p", "hangard"]);
-    run_checked(build)?;
-    let hangard = target.join("release").join("hangard");
-    let work = target.join("bench").join("proxy");
-    std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
-    let model = root.join(FIXTURE);
-    let model = model.canonicalize().with_context(|| format!("cannot find {}", model.display()))?;
-    let bench =
-        Bench { hangard, llama_server, nginx, model, work, agent: client(), probe: probe_client() };
+    let Setup { hangard, llama_server, model, work } = setup(root, "proxy")?;
+    // The probe: a fresh connection per request, none left open.
+    let probe = crate::bench_llamacpp::client();
+    let bench = Bench { hangard, llama_server, nginx, model, work, agent: client(), probe };
 
     let paths = bench.proxy_paths()?;
     let swap = bench.swaps()?;
@@ -633,18 +625,6 @@ fn client() -> ureq::Agent {
         .max_idle_connections(64)
         .max_idle_connections_per_host(CLIENTS)
         .max_idle_age(IDLE_AGE)
-        .timeout_connect(Some(CONNECT_TIMEOUT))
-        .timeout_per_read(Some(IO_TIMEOUT))
-        .build()
-        .new_agent()
-}
-
-/// [`client`] without keep-alive: a fresh connection per request, none left open.
-fn probe_client() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .max_idle_connections(0)
         .timeout_connect(Some(CONNECT_TIMEOUT))
         .timeout_per_read(Some(IO_TIMEOUT))
         .build()
