@@ -22,8 +22,8 @@ mod supervisor;
 mod upstream;
 
 use std::net::TcpListener;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -34,7 +34,7 @@ use hangar_config::{BackendKind, BackendSettings, ModelConfig};
 use serde_json::Value;
 
 use crate::launch::Launch;
-use crate::runtime::{ChildRuntime, RemoteRuntime, wait_ready};
+use crate::runtime::{Engine, ForwardingRuntime, wait_ready};
 use crate::supervisor::Spawner;
 use crate::upstream::Upstream;
 
@@ -125,14 +125,14 @@ impl Backend for ProcessBackend {
         let mut details = hangar_backend::RuntimeDetails::new();
         details.insert("backend_url".into(), Value::from(launch.base_url()));
         details.insert("command".into(), Value::from(launch.command_line()));
-        Ok(Arc::new(ChildRuntime {
-            child,
-            upstream: std::sync::Mutex::new(Some(Arc::new(upstream))),
+        details.insert("pid".into(), Value::from(child.pid()));
+        let engine =
+            Engine { child, stopping, grace: self.grace, _spawner: Arc::clone(&self.spawner) };
+        Ok(Arc::new(ForwardingRuntime {
+            upstream: Mutex::new(Some(Arc::new(upstream))),
             capabilities: self.capabilities(&model),
             details,
-            stopping,
-            grace: self.grace,
-            _spawner: Arc::clone(&self.spawner),
+            engine: Some(engine),
         }))
     }
 
@@ -195,7 +195,12 @@ impl Backend for RemoteBackend {
         request.progress.report(1.0);
         let mut details = hangar_backend::RuntimeDetails::new();
         details.insert("backend_url".into(), Value::from(base));
-        Ok(Arc::new(RemoteRuntime { upstream, capabilities: self.capabilities(model), details }))
+        Ok(Arc::new(ForwardingRuntime {
+            upstream: Mutex::new(Some(Arc::new(upstream))),
+            capabilities: self.capabilities(model),
+            details,
+            engine: None,
+        }))
     }
 
     fn forwards(&self) -> bool {

@@ -1,5 +1,5 @@
-//! The runtimes: [`ChildRuntime`] (a supervised engine process) and [`RemoteRuntime`] (a
-//! remote server), both serving by forwarding.
+//! [`ForwardingRuntime`]: a loaded replica served by forwarding, to a supervised engine
+//! process or to a remote server; and [`wait_ready`], a child's readiness.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,7 +11,6 @@ use hangar_backend::{
     GenerateRequest, GenerateSummary, RerankRequest, Rerankings, Runtime, RuntimeDetails,
     RuntimeError,
 };
-use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -25,27 +24,26 @@ const EXIT_GRACE: Duration = Duration::from_secs(2);
 const POLL_FIRST: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(250);
 
-/// A loaded replica whose engine is a child process.
-pub(crate) struct ChildRuntime {
-    pub(crate) child: Arc<Child>,
-    /// The child's client; taken (closing its idle keep-alive connections, which would
-    /// hold up the child's exit) when the runtime unloads.
+/// A loaded replica that passes requests through to an OpenAI-compatible server.
+pub(crate) struct ForwardingRuntime {
+    /// The server's client; taken when the runtime unloads (closing its idle keep-alive
+    /// connections, which would hold up a child's exit).
     pub(crate) upstream: Mutex<Option<Arc<Upstream>>>,
     pub(crate) capabilities: Capabilities,
     pub(crate) details: RuntimeDetails,
+    /// The child process serving it; `None` for a remote server.
+    pub(crate) engine: Option<Engine>,
+}
+
+/// The supervised process behind a [`ForwardingRuntime`].
+pub(crate) struct Engine {
+    pub(crate) child: Arc<Child>,
     /// Set by `unload`: the exit that follows is not a crash.
     pub(crate) stopping: Arc<AtomicBool>,
     pub(crate) grace: Duration,
     /// The thread the child was forked from: its death signal fires when that thread ends,
     /// so the runtime keeps it alive as long as the child should live.
     pub(crate) _spawner: Arc<Spawner>,
-}
-
-/// A loaded remote model.
-pub(crate) struct RemoteRuntime {
-    pub(crate) upstream: Upstream,
-    pub(crate) capabilities: Capabilities,
-    pub(crate) details: RuntimeDetails,
 }
 
 /// Waits until the child answers 200 on its health route: polled at once after each line
@@ -84,29 +82,26 @@ pub(crate) async fn wait_ready(
     }
 }
 
-/// Explains a broken connection to a child: a crash when the child has exited.
+/// Explains a broken connection: a crash when the child has exited (within
+/// [`EXIT_GRACE`]), else the server is unavailable.
 #[derive(Clone)]
-struct ChildExplain(Arc<Child>);
-
-impl Explain for ChildExplain {
-    async fn explain(&self, error: String) -> RuntimeError {
-        match self.0.wait_for(EXIT_GRACE).await {
-            Some(status) => RuntimeError::Crashed { reason: self.0.obituary(&status) },
-            None => {
-                RuntimeError::Unavailable { message: format!("cannot reach the engine: {error}") }
-            }
-        }
-    }
+enum Broken {
+    Child(Arc<Child>),
+    Remote(String),
 }
 
-/// Explains a broken connection to a remote server.
-#[derive(Clone)]
-struct RemoteExplain(String);
-
-impl Explain for RemoteExplain {
+impl Explain for Broken {
     async fn explain(&self, error: String) -> RuntimeError {
-        RuntimeError::Unavailable {
-            message: format!("the remote server {} is unreachable: {error}", self.0),
+        match self {
+            Self::Child(child) => match child.wait_for(EXIT_GRACE).await {
+                Some(status) => RuntimeError::Crashed { reason: child.obituary(&status) },
+                None => RuntimeError::Unavailable {
+                    message: format!("cannot reach the engine: {error}"),
+                },
+            },
+            Self::Remote(base) => RuntimeError::Unavailable {
+                message: format!("the remote server {base} is unreachable: {error}"),
+            },
         }
     }
 }
@@ -121,67 +116,17 @@ fn typed_unsupported() -> RuntimeError {
     }
 }
 
-#[async_trait]
-impl Runtime for ChildRuntime {
-    fn capabilities(&self) -> &Capabilities {
-        &self.capabilities
-    }
-
-    fn details(&self) -> RuntimeDetails {
-        let mut details = self.details.clone();
-        details.insert("pid".into(), Value::from(self.child.pid()));
-        details
-    }
-
-    async fn generate(
-        &self,
-        _request: GenerateRequest,
-        _events: mpsc::Sender<GenerateEvent>,
-    ) -> Result<GenerateSummary, RuntimeError> {
-        Err(typed_unsupported())
-    }
-
-    async fn embed(&self, _request: EmbedRequest) -> Result<Embeddings, RuntimeError> {
-        Err(typed_unsupported())
-    }
-
-    async fn rerank(&self, _request: RerankRequest) -> Result<Rerankings, RuntimeError> {
-        Err(typed_unsupported())
-    }
-
-    async fn health(&self) -> Result<(), RuntimeError> {
-        match self.child.exited() {
-            Some(status) => Err(RuntimeError::Crashed { reason: self.child.obituary(&status) }),
-            None => Ok(()),
-        }
-    }
-
-    async fn unload(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        drop(self.upstream.lock().unwrap_or_else(PoisonError::into_inner).take());
-        // Let the connection tasks see their client gone and close the sockets.
-        tokio::task::yield_now().await;
-        self.child.stop(self.grace).await;
-    }
-
-    fn forwards(&self) -> bool {
-        true
-    }
-
-    async fn forward(&self, request: ForwardRequest) -> Result<ForwardResponse, RuntimeError> {
-        if let Some(status) = self.child.exited() {
-            return Err(RuntimeError::Crashed { reason: self.child.obituary(&status) });
-        }
-        let upstream = self.upstream.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let Some(upstream) = upstream else {
-            return Err(RuntimeError::Unavailable { message: "the engine is stopping".into() });
-        };
-        upstream.forward(request, ChildExplain(Arc::clone(&self.child))).await
+impl ForwardingRuntime {
+    /// The engine's crash, when its process has exited.
+    fn crashed(&self) -> Option<RuntimeError> {
+        let child = &self.engine.as_ref()?.child;
+        let status = child.exited()?;
+        Some(RuntimeError::Crashed { reason: child.obituary(&status) })
     }
 }
 
 #[async_trait]
-impl Runtime for RemoteRuntime {
+impl Runtime for ForwardingRuntime {
     fn capabilities(&self) -> &Capabilities {
         &self.capabilities
     }
@@ -207,16 +152,35 @@ impl Runtime for RemoteRuntime {
     }
 
     async fn health(&self) -> Result<(), RuntimeError> {
-        Ok(())
+        self.crashed().map_or(Ok(()), Err)
     }
 
-    async fn unload(&self) {}
+    async fn unload(&self) {
+        drop(self.upstream.lock().unwrap_or_else(PoisonError::into_inner).take());
+        if let Some(engine) = &self.engine {
+            engine.stopping.store(true, Ordering::SeqCst);
+            // Let the connection tasks see their client gone and close the sockets.
+            tokio::task::yield_now().await;
+            engine.child.stop(engine.grace).await;
+        }
+    }
 
     fn forwards(&self) -> bool {
         true
     }
 
     async fn forward(&self, request: ForwardRequest) -> Result<ForwardResponse, RuntimeError> {
-        self.upstream.forward(request, RemoteExplain(self.upstream.base.clone())).await
+        if let Some(crash) = self.crashed() {
+            return Err(crash);
+        }
+        let upstream = self.upstream.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let Some(upstream) = upstream else {
+            return Err(RuntimeError::Unavailable { message: "the engine is stopping".into() });
+        };
+        let broken = match &self.engine {
+            Some(engine) => Broken::Child(Arc::clone(&engine.child)),
+            None => Broken::Remote(upstream.base.clone()),
+        };
+        upstream.forward(request, broken).await
     }
 }

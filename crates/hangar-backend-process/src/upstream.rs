@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use hangar_backend::{ForwardRequest, ForwardResponse, RuntimeError, ThinkingMode};
+use hangar_backend::{ForwardRequest, ForwardResponse, ForwardRoute, RuntimeError, ThinkingMode};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
@@ -67,7 +67,7 @@ impl Upstream {
         request: ForwardRequest,
         explain: impl Explain + Clone,
     ) -> Result<ForwardResponse, RuntimeError> {
-        let url = format!("{}{}", self.base, request.route.path());
+        let url = format!("{}{}", self.base, path(request.route));
         let body = rewrite(request.body, self.rename.as_deref(), request.thinking);
         let mut upstream =
             self.client.post(url).header(CONTENT_TYPE, "application/json").body(body);
@@ -127,6 +127,17 @@ impl Upstream {
             }
         });
         Ok(ForwardResponse { status, content_type, body: rx })
+    }
+}
+
+/// The route's path below an OpenAI base URL (which ends in `/v1`).
+fn path(route: ForwardRoute) -> &'static str {
+    match route {
+        ForwardRoute::ChatCompletions => "/chat/completions",
+        ForwardRoute::Completions => "/completions",
+        ForwardRoute::Embeddings => "/embeddings",
+        ForwardRoute::Rerank => "/rerank",
+        ForwardRoute::Responses => "/responses",
     }
 }
 

@@ -8,8 +8,7 @@ use tokio::sync::mpsc;
 use crate::{RuntimeError, ThinkingMode};
 
 /// An OpenAI-compatible route a forwarding runtime passes through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
-#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ForwardRoute {
     /// `POST /v1/chat/completions`.
     ChatCompletions,
@@ -21,24 +20,6 @@ pub enum ForwardRoute {
     Rerank,
     /// `POST /v1/responses`.
     Responses,
-}
-
-impl ForwardRoute {
-    /// The route's path below an OpenAI base URL (which ends in `/v1`).
-    pub fn path(self) -> &'static str {
-        match self {
-            Self::ChatCompletions => "/chat/completions",
-            Self::Completions => "/completions",
-            Self::Embeddings => "/embeddings",
-            Self::Rerank => "/rerank",
-            Self::Responses => "/responses",
-        }
-    }
-
-    /// Whether the route generates text (and takes request-level thinking).
-    pub fn generates(self) -> bool {
-        matches!(self, Self::ChatCompletions | Self::Completions | Self::Responses)
-    }
 }
 
 /// A request to pass through.
