@@ -7,12 +7,12 @@
 //! `llama-cpp-sys-2` gives Hangar's own llama.cpp (no `GGML_NATIVE`; AVX2/FMA/F16C) and
 //! statically linked like it ([`CMAKE_OPTIONS`]).
 //!
-//! - The build is cached in `target/llama-server/llama-cpp-python-<version>/` (sdist,
-//!   unpacked source, CMake build tree, the binary and a stamp of the CMake options); a
-//!   second run builds nothing.
+//! - The build runs in `target/llama-server/llama-cpp-python-<version>/` (sdist, unpacked
+//!   source, CMake build tree, the binary and a stamp of the CMake options).
 //! - The binary is copied to the stable path `target/llama-server/llama-server`, next to a
 //!   stamp (`llama-server.stamp`) naming the version and options it was built with, so a
-//!   changed version or option replaces it.
+//!   second run builds nothing and a changed version or option replaces it. The build
+//!   directory (about 400 MB) is then removed: CI machines can be short of disk.
 //!
 //! Every child's stdout goes to our stderr: `cargo xtask llama-server` prints only the
 //! binary's path on stdout.
@@ -56,7 +56,8 @@ pub(crate) fn ensure(root: &Path) -> Result<PathBuf> {
         eprintln!("llama-server: cached {} (llama-cpp-python {LCP_VERSION})", stable.display());
         return Ok(stable);
     }
-    let built = build(&dir.join(format!("llama-cpp-python-{LCP_VERSION}")))?;
+    let work = dir.join(format!("llama-cpp-python-{LCP_VERSION}"));
+    let built = build(&work)?;
     // Copy next to it, then rename: a reader never sees a half-written binary.
     let part = dir.join("llama-server.part");
     std::fs::copy(&built, &part)
@@ -66,10 +67,11 @@ pub(crate) fn ensure(root: &Path) -> Result<PathBuf> {
     std::fs::write(&stable_stamp, format!("{expected}\n"))
         .with_context(|| format!("cannot write {}", stable_stamp.display()))?;
     eprintln!("llama-server: installed {}", stable.display());
+    std::fs::remove_dir_all(&work).with_context(|| format!("cannot remove {}", work.display()))?;
     Ok(stable)
 }
 
-/// The cached build in `dir` (`…/llama-cpp-python-<version>`); downloads, unpacks and
+/// The build in `dir` (`…/llama-cpp-python-<version>`); downloads, unpacks and
 /// builds it when its binary is missing or was built with other options.
 fn build(dir: &Path) -> Result<PathBuf> {
     let binary = dir.join("llama-server");
