@@ -118,9 +118,10 @@ fn only_the_server_and_binaries_know_http_and_anyhow() {
             continue;
         }
         for dep in &deps {
-            // The subprocess engines talk to their children over HTTP by design: an HTTP
-            // client (reqwest), never an HTTP server or Hangar's routes.
-            if krate == "hangar-backend-process" && dep == "reqwest" {
+            // The subprocess engines talk to their children over HTTP by design: hyper's
+            // client (with rustls for https remotes), never Hangar's server or routes.
+            let client = ["hyper", "http", "http-body-util", "hyper-util", "hyper-rustls"];
+            if krate == "hangar-backend-process" && client.contains(&dep.as_str()) {
                 continue;
             }
             assert!(

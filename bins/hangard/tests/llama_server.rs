@@ -373,6 +373,14 @@ async fn load_chat_stream_embed_and_unload_end_the_child() {
     let content = check_chat_stream(&events, "chat");
     assert!(content > 0, "content chunks: {events:?}");
 
+    // Engine output is in hangard's log (INFO) until the engine listens; the per-request
+    // lines after that are DEBUG there, and every line stays in the model's log.
+    let kept = log_lines(&server, "chat").await;
+    assert!(kept.iter().any(|l| text(l).contains("print_timing")), "{kept:?}");
+    let logged = server.logs();
+    assert!(logged.contains("listening on"), "{logged}");
+    assert!(!logged.contains("print_timing"), "{logged}");
+
     // Two inputs, two vectors of one length.
     let (status, body) =
         post(&server, "/v1/embeddings", json!({ "model": "embed", "input": ["hello", "world"] }))

@@ -101,11 +101,12 @@ impl Backend for ProcessBackend {
         let LoadRequest { model, replica, progress, crash, logs, .. } = request;
         let launch = self.launch(&model, replica)?;
         let name = model.name.as_str();
+        let upstream = Upstream::new(launch.base_url(), launch.api_key.as_deref(), None)
+            .map_err(|message| LoadError::Failed { message })?;
         let child = self.spawner.spawn(&launch, name, replica, &logs).await.map_err(|e| {
             LoadError::Failed { message: format!("cannot start `{}`: {e}", launch.program) }
         })?;
         let child = Arc::new(child);
-        let upstream = Upstream::new(launch.base_url(), launch.api_key.clone(), None);
         let limit = model.load_timeout();
         if let Err(why) = wait_ready(&child, &upstream, &launch.health_url(), limit).await {
             child.stop(self.grace).await;
@@ -174,10 +175,11 @@ impl Backend for RemoteBackend {
             (None, None) => None,
         };
         let rename = s.openai_model.clone().filter(|m| m != model.name.as_str());
-        let upstream = Upstream::new(base.clone(), api_key, rename);
+        let failed = |message: String| LoadError::Failed { message };
+        let upstream = Upstream::new(base.clone(), api_key.as_deref(), rename)
+            .map_err(|why| failed(format!("openai_base_url: {why}")))?;
         let url = format!("{base}/models");
         let limit = model.load_timeout().min(Duration::from_secs(30));
-        let failed = |message: String| LoadError::Failed { message };
         match upstream.probe(&url, limit).await {
             Ok(status) if (200..300).contains(&status) => {}
             Ok(401 | 403) => {

@@ -5,6 +5,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -99,13 +100,19 @@ impl Spawner {
             format!("started pid {pid}: {}", launch.command_line()),
         );
         let ready_hint = Arc::new(Notify::new());
-        let span = tracing::info_span!("engine", model, replica, pid = pid.as_raw());
+        let output = Output {
+            replica,
+            logs: logs.clone(),
+            ready_hint: Arc::clone(&ready_hint),
+            listening: Arc::new(AtomicBool::new(false)),
+            span: tracing::info_span!("engine", model, replica, pid = pid.as_raw()),
+        };
         let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
-            readers.push(read_lines(out, LogStream::Stdout, replica, logs, &ready_hint, &span));
+            readers.push(output.clone().read(out, LogStream::Stdout));
         }
         if let Some(err) = child.stderr.take() {
-            readers.push(read_lines(err, LogStream::Stderr, replica, logs, &ready_hint, &span));
+            readers.push(output.read(err, LogStream::Stderr));
         }
         let (exit_tx, exit_rx) = watch::channel(None);
         let logs_for_exit = logs.clone();
@@ -124,35 +131,55 @@ impl Spawner {
     }
 }
 
-/// Reads `pipe` line by line into the log and `tracing` until EOF.
-fn read_lines(
-    pipe: impl Read + Send + 'static,
-    stream: LogStream,
+/// Where one child's output lines go.
+#[derive(Clone)]
+struct Output {
     replica: u32,
-    logs: &ModelLogs,
-    ready_hint: &Arc<Notify>,
-    span: &tracing::Span,
-) -> std::thread::JoinHandle<()> {
-    let (logs, hint, span) = (logs.clone(), Arc::clone(ready_hint), span.clone());
-    let name = format!("{}-{replica}", <&str>::from(stream));
-    std::thread::Builder::new()
-        .name(name)
-        .spawn(move || {
-            let _entered = span.enter();
-            let mut reader = BufReader::new(pipe);
-            let mut buf = Vec::new();
-            while reader.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
-                let line = String::from_utf8_lossy(&buf);
-                let line = line.trim_end_matches(['\n', '\r']);
-                tracing::info!(target: "hangar::engine", stream = <&str>::from(stream), "{line}");
-                if READY_MARKERS.iter().any(|m| line.contains(m)) {
-                    hint.notify_one();
+    logs: ModelLogs,
+    ready_hint: Arc<Notify>,
+    /// Set once the engine printed one of [`READY_MARKERS`] (on either stream).
+    listening: Arc<AtomicBool>,
+    span: tracing::Span,
+}
+
+impl Output {
+    /// Reads `pipe` line by line into the log and `tracing` until EOF, on a thread of its own.
+    ///
+    /// Lines go to `tracing` (target `hangar::engine`) at INFO until the engine says it
+    /// listens — start-up output explains a failed load — and at DEBUG after that:
+    /// `llama-server` prints about ten lines per request, and formatting them cost `hangard`
+    /// more CPU than forwarding the request. Every line is kept in the model's log either way.
+    fn read(
+        self,
+        pipe: impl Read + Send + 'static,
+        stream: LogStream,
+    ) -> std::thread::JoinHandle<()> {
+        let name = format!("{}-{}", <&str>::from(stream), self.replica);
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                let _entered = self.span.enter();
+                let stream_name = <&str>::from(stream);
+                let mut reader = BufReader::new(pipe);
+                let mut buf = Vec::new();
+                while reader.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
+                    let line = String::from_utf8_lossy(&buf);
+                    let line = line.trim_end_matches(['\n', '\r']);
+                    if self.listening.load(Ordering::Relaxed) {
+                        tracing::debug!(target: "hangar::engine", stream = stream_name, "{line}");
+                    } else {
+                        tracing::info!(target: "hangar::engine", stream = stream_name, "{line}");
+                        if READY_MARKERS.iter().any(|m| line.contains(m)) {
+                            self.listening.store(true, Ordering::Relaxed);
+                            self.ready_hint.notify_one();
+                        }
+                    }
+                    self.logs.push(self.replica, stream, line);
+                    buf.clear();
                 }
-                logs.push(replica, stream, line);
-                buf.clear();
-            }
-        })
-        .expect("an output reader thread starts")
+            })
+            .expect("an output reader thread starts")
+    }
 }
 
 /// "exited with status 3" / "was killed by signal 9 (SIGKILL)".

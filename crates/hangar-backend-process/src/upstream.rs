@@ -1,12 +1,25 @@
 //! [`Upstream`]: the forwarding HTTP client of one OpenAI-compatible server (a child or a
 //! remote): the body goes up as sent (rewritten only for `model` and `thinking`), the answer
 //! comes back chunk by chunk; a dropped receiver cancels the upstream request.
+//!
+//! The client is hyper's own pooled client (`hyper-util`), not a convenience wrapper: on a
+//! forwarded request a wrapper's URL parsing, redirect and retry layers cost more than the
+//! HTTP exchange itself. Every route's URI is parsed once. `https://` remotes go through
+//! rustls with the system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` replace them).
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use hangar_backend::{ForwardRequest, ForwardResponse, ForwardRoute, RuntimeError, ThinkingMode};
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use http::{Method, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
@@ -14,14 +27,27 @@ use tokio::sync::mpsc;
 const CHUNKS: usize = 32;
 /// Longest error body read from upstream.
 const ERROR_BODY: usize = 16 * 1024;
+/// The forwarded routes, in the order of [`Upstream::routes`].
+const ROUTES: [ForwardRoute; 5] = [
+    ForwardRoute::ChatCompletions,
+    ForwardRoute::Completions,
+    ForwardRoute::Embeddings,
+    ForwardRoute::Rerank,
+    ForwardRoute::Responses,
+];
+
+type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// One upstream server.
 #[derive(Clone)]
 pub(crate) struct Upstream {
-    client: reqwest::Client,
+    client: HttpClient,
     /// `http://host:port/v1`.
     pub(crate) base: String,
-    api_key: Option<String>,
+    /// The URI of each of [`ROUTES`].
+    routes: [Uri; 5],
+    /// `Bearer <key>`, marked sensitive.
+    auth: Option<HeaderValue>,
     /// The model name upstream, when it differs from the client's.
     rename: Option<String>,
 }
@@ -33,26 +59,57 @@ pub(crate) trait Explain: Send + Sync + 'static {
 }
 
 impl Upstream {
-    /// A client of `base` with a connection pool of its own.
-    pub(crate) fn new(base: String, api_key: Option<String>, rename: Option<String>) -> Self {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
+    /// A client of `base` (an `http://` or `https://` URL ending before the route, e.g.
+    /// `http://127.0.0.1:8081/v1`) with a connection pool of its own.
+    ///
+    /// # Errors
+    /// Why `base` is not a usable URL, or `api_key` not a usable header value.
+    pub(crate) fn new(
+        base: String,
+        api_key: Option<&str>,
+        rename: Option<String>,
+    ) -> Result<Self, String> {
+        let parse = |route: ForwardRoute| {
+            let url = format!("{base}{}", path(route));
+            url.parse::<Uri>().map_err(|e| format!("`{url}` is not a valid URL: {e}"))
+        };
+        let [a, b, c, d, e] = ROUTES;
+        let routes = [parse(a)?, parse(b)?, parse(c)?, parse(d)?, parse(e)?];
+        if !matches!(routes[0].scheme_str(), Some("http" | "https")) {
+            return Err(format!("`{base}` is not an http:// or https:// URL"));
+        }
+        let auth = match api_key {
+            Some(key) => {
+                let mut value = HeaderValue::try_from(format!("Bearer {key}"))
+                    .map_err(|_| "the API key holds characters a header cannot carry")?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(5)));
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config().as_ref().clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            .build()
-            .unwrap_or_default();
-        Self { client, base, api_key, rename }
+            .build(connector);
+        Ok(Self { client, base, routes, auth, rename })
     }
 
-    /// `GET url` with the key; the status, or the transport error's text.
+    /// `GET url` with the key; the status, or why there was none.
     pub(crate) async fn probe(&self, url: &str, timeout: Duration) -> Result<u16, String> {
-        let mut request = self.client.get(url).timeout(timeout);
-        if let Some(key) = &self.api_key {
-            request = request.header(AUTHORIZATION, format!("Bearer {key}"));
-        }
-        match request.send().await {
-            Ok(response) => Ok(response.status().as_u16()),
-            Err(e) => Err(error_chain(&e)),
+        let uri = url.parse::<Uri>().map_err(|e| format!("`{url}` is not a valid URL: {e}"))?;
+        let request = self.request(Method::GET, uri, Bytes::new());
+        match tokio::time::timeout(timeout, self.client.request(request)).await {
+            Ok(Ok(response)) => Ok(response.status().as_u16()),
+            Ok(Err(e)) => Err(error_chain(&e)),
+            Err(_) => Err(format!("no answer within {} s", timeout.as_secs_f64())),
         }
     }
 
@@ -67,58 +124,55 @@ impl Upstream {
         request: ForwardRequest,
         explain: impl Explain + Clone,
     ) -> Result<ForwardResponse, RuntimeError> {
-        let url = format!("{}{}", self.base, path(request.route));
+        let uri = self.routes[ROUTES.iter().position(|r| *r == request.route).unwrap_or(0)].clone();
         let body = rewrite(request.body, self.rename.as_deref(), request.thinking);
-        let mut upstream =
-            self.client.post(url).header(CONTENT_TYPE, "application/json").body(body);
-        if let Some(key) = &self.api_key {
-            upstream = upstream.header(AUTHORIZATION, format!("Bearer {key}"));
-        }
-        let mut response = match upstream.send().await {
+        let upstream = self.request(Method::POST, uri, body);
+        let response = match self.client.request(upstream).await {
             Ok(response) => response,
             Err(e) => return Err(explain.explain(error_chain(&e)).await),
         };
         let status = response.status().as_u16();
-        if !response.status().is_success() {
-            let mut body = Vec::new();
-            while let Ok(Some(chunk)) = response.chunk().await {
-                body.extend_from_slice(&chunk);
-                if body.len() > ERROR_BODY {
+        let content_type =
+            response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let mut body = response.into_body();
+        if !(200..300).contains(&status) {
+            let mut text = Vec::new();
+            while let Some(Ok(chunk)) = next_chunk(&mut body).await {
+                text.extend_from_slice(&chunk);
+                if text.len() > ERROR_BODY {
                     break;
                 }
             }
-            return Err(upstream_error(status, &body));
+            return Err(upstream_error(status, &text));
         }
-        let content_type =
-            response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let streamed = content_type.as_deref().is_some_and(|t| t.starts_with("text/event-stream"));
         if !streamed {
             // A JSON answer is read here, whole: no task and no channel hop per chunk.
             let (tx, rx) = mpsc::channel(1);
-            let body = match response.bytes().await {
-                Ok(bytes) => Ok(bytes),
+            let whole = match body.collect().await {
+                Ok(collected) => Ok(collected.to_bytes()),
                 Err(e) => Err(explain.explain(error_chain(&e)).await),
             };
-            let _ = tx.try_send(body);
+            let _ = tx.try_send(whole);
             return Ok(ForwardResponse { status, content_type, body: rx });
         }
         let (tx, rx) = mpsc::channel(CHUNKS);
         tokio::spawn(async move {
             loop {
                 let chunk = tokio::select! {
-                    chunk = response.chunk() => chunk,
-                    // The client went away: dropping `response` closes the connection,
-                    // which cancels the request upstream.
+                    chunk = next_chunk(&mut body) => chunk,
+                    // The client went away: dropping `body` closes the connection, which
+                    // cancels the request upstream.
                     () = tx.closed() => return,
                 };
                 match chunk {
-                    Ok(Some(bytes)) => {
+                    Some(Ok(bytes)) => {
                         if tx.send(Ok(bytes)).await.is_err() {
                             return;
                         }
                     }
-                    Ok(None) => return,
-                    Err(e) => {
+                    None => return,
+                    Some(Err(e)) => {
                         let error = explain.explain(error_chain(&e)).await;
                         let _ = tx.send(Err(error)).await;
                         return;
@@ -128,6 +182,58 @@ impl Upstream {
         });
         Ok(ForwardResponse { status, content_type, body: rx })
     }
+
+    /// A request to `uri` with the key and, when there is one, the JSON body.
+    fn request(&self, method: Method, uri: Uri, body: Bytes) -> Request<Full<Bytes>> {
+        let post = method == Method::POST;
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = method;
+        *request.uri_mut() = uri;
+        let headers = request.headers_mut();
+        if post {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        if let Some(auth) = &self.auth {
+            headers.insert(AUTHORIZATION, auth.clone());
+        }
+        request
+    }
+}
+
+/// The next data chunk of `body` (trailers and other frames skipped); `None` at its end.
+async fn next_chunk(body: &mut Incoming) -> Option<Result<Bytes, hyper::Error>> {
+    loop {
+        match body.frame().await? {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    return Some(Ok(data));
+                }
+            }
+            Err(e) => return Some(Err(e)),
+        }
+    }
+}
+
+/// The TLS settings of every upstream: the system's root certificates (or those of
+/// `SSL_CERT_FILE` / `SSL_CERT_DIR`), loaded once.
+fn tls_config() -> &'static Arc<rustls::ClientConfig> {
+    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+    CONFIG.get_or_init(|| {
+        let mut roots = rustls::RootCertStore::empty();
+        let found = rustls_native_certs::load_native_certs();
+        for error in &found.errors {
+            tracing::warn!("cannot read a root certificate: {error}");
+        }
+        let (added, ignored) = roots.add_parsable_certificates(found.certs);
+        if added == 0 {
+            tracing::warn!(ignored, "no root certificates found: https:// upstreams will fail");
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map(|b| b.with_root_certificates(roots).with_no_client_auth());
+        Arc::new(config.expect("ring supports the default TLS versions"))
+    })
 }
 
 /// The route's path below an OpenAI base URL (which ends in `/v1`).
@@ -193,8 +299,8 @@ fn message_of(body: &[u8]) -> String {
     candidates.into_iter().flatten().find_map(Value::as_str).map_or_else(text, str::to_owned)
 }
 
-/// A reqwest error with its causes ("error sending request: connection refused").
-fn error_chain(error: &reqwest::Error) -> String {
+/// An error with its causes ("client error (Connect): tcp connect error: Connection refused").
+fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
