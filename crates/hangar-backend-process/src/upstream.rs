@@ -92,7 +92,7 @@ impl Upstream {
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(5)));
         let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config().as_ref().clone())
+            .with_tls_config(tls_config(routes[0].scheme_str() == Some("https")))
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
@@ -214,26 +214,36 @@ async fn next_chunk(body: &mut Incoming) -> Option<Result<Bytes, hyper::Error>> 
     }
 }
 
-/// The TLS settings of every upstream: the system's root certificates (or those of
-/// `SSL_CERT_FILE` / `SSL_CERT_DIR`), loaded once.
-fn tls_config() -> &'static Arc<rustls::ClientConfig> {
-    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
-    CONFIG.get_or_init(|| {
-        let mut roots = rustls::RootCertStore::empty();
-        let found = rustls_native_certs::load_native_certs();
-        for error in &found.errors {
-            tracing::warn!("cannot read a root certificate: {error}");
-        }
-        let (added, ignored) = roots.add_parsable_certificates(found.certs);
-        if added == 0 {
-            tracing::warn!(ignored, "no root certificates found: https:// upstreams will fail");
-        }
+/// The TLS settings of an upstream: for `https://`, the system's root certificates (or those
+/// of `SSL_CERT_FILE` / `SSL_CERT_DIR`), read once, on the first `https://` upstream; `http://`
+/// upstreams (every child) get settings without roots and never read the system's.
+fn tls_config(https: bool) -> rustls::ClientConfig {
+    static SYSTEM: OnceLock<rustls::ClientConfig> = OnceLock::new();
+    static NONE: OnceLock<rustls::ClientConfig> = OnceLock::new();
+    let config = |roots: rustls::RootCertStore| {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
+        rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map(|b| b.with_root_certificates(roots).with_no_client_auth());
-        Arc::new(config.expect("ring supports the default TLS versions"))
-    })
+            .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+            .expect("ring supports the default TLS versions")
+    };
+    if !https {
+        return NONE.get_or_init(|| config(rustls::RootCertStore::empty())).clone();
+    }
+    SYSTEM
+        .get_or_init(|| {
+            let mut roots = rustls::RootCertStore::empty();
+            let found = rustls_native_certs::load_native_certs();
+            for error in &found.errors {
+                tracing::warn!("cannot read a root certificate: {error}");
+            }
+            let (added, ignored) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                tracing::warn!(ignored, "no root certificates found: https:// upstreams will fail");
+            }
+            config(roots)
+        })
+        .clone()
 }
 
 /// The route's path below an OpenAI base URL (which ends in `/v1`).
