@@ -8,7 +8,7 @@
 //! statically linked like it ([`CMAKE_OPTIONS`]).
 //!
 //! - The build runs in `target/llama-server/llama-cpp-python-<version>/` (sdist, unpacked
-//!   source, CMake build tree, the binary and a stamp of the CMake options).
+//!   source, CMake build tree).
 //! - The binary is copied to the stable path `target/llama-server/llama-server`, next to a
 //!   stamp (`llama-server.stamp`) naming the version and options it was built with, so a
 //!   second run builds nothing and a changed version or option replaces it. The build
@@ -71,16 +71,9 @@ pub(crate) fn ensure(root: &Path) -> Result<PathBuf> {
     Ok(stable)
 }
 
-/// The build in `dir` (`…/llama-cpp-python-<version>`); downloads, unpacks and
-/// builds it when its binary is missing or was built with other options.
+/// Downloads, unpacks and builds `llama-server` in `dir` (`…/llama-cpp-python-<version>`);
+/// the built binary. A build that was interrupted left `dir` behind, and CMake resumes it.
 fn build(dir: &Path) -> Result<PathBuf> {
-    let binary = dir.join("llama-server");
-    let stamp = dir.join("cmake-options.txt");
-    let options = CMAKE_OPTIONS.join(" ");
-    if binary.exists() && stamp_is(&stamp, &options) {
-        eprintln!("llama-server: cached {}", binary.display());
-        return Ok(binary);
-    }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let prefix = format!("llama_cpp_python-{LCP_VERSION}");
     let sdist = dir.join(format!("{prefix}.tar.gz"));
@@ -100,7 +93,6 @@ fn build(dir: &Path) -> Result<PathBuf> {
         run_to_stderr(unpack)?;
     }
     let build = dir.join("build");
-    remove_moved_build_tree(&build)?;
     let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
     eprintln!("llama-server: building with {jobs} job(s) (about 12 minutes on 2 cores)");
     let mut configure = Command::new("cmake");
@@ -109,33 +101,12 @@ fn build(dir: &Path) -> Result<PathBuf> {
     let mut compile = Command::new("cmake");
     compile.arg("--build").arg(&build).args(["--target", "llama-server", "-j", &jobs.to_string()]);
     run_to_stderr(compile)?;
-    let built = build.join("bin").join("llama-server");
-    std::fs::copy(&built, &binary)
-        .with_context(|| format!("cannot copy {} to {}", built.display(), binary.display()))?;
-    std::fs::write(&stamp, format!("{options}\n"))
-        .with_context(|| format!("cannot write {}", stamp.display()))?;
-    eprintln!("llama-server: built {}", binary.display());
-    Ok(binary)
+    Ok(build.join("bin").join("llama-server"))
 }
 
 /// Whether the stamp file at `path` holds `expected`.
 fn stamp_is(path: &Path, expected: &str) -> bool {
     std::fs::read_to_string(path).is_ok_and(|s| s.trim() == expected)
-}
-
-/// Removes a CMake build tree that was created under another path (the cache directory
-/// was moved, e.g. from the old `target/bench/llama-server`): CMake refuses to reuse it.
-fn remove_moved_build_tree(build: &Path) -> Result<()> {
-    let Ok(cache) = std::fs::read_to_string(build.join("CMakeCache.txt")) else {
-        return Ok(());
-    };
-    let created_in = cache.lines().find_map(|l| l.strip_prefix("CMAKE_CACHEFILE_DIR:INTERNAL="));
-    if created_in.is_some_and(|dir| Path::new(dir) != build) {
-        eprintln!("llama-server: removing {} (created elsewhere)", build.display());
-        std::fs::remove_dir_all(build)
-            .with_context(|| format!("cannot remove {}", build.display()))?;
-    }
-    Ok(())
 }
 
 /// [`crate::run`] with the child's stdout sent to our stderr.

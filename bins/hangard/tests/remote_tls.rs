@@ -107,7 +107,7 @@ async fn openai_remote_over_https_verifies_the_certificate_against_ssl_cert_file
         "messages": [{ "role": "user", "content": "hello over TLS" }],
         "max_tokens": 3,
     });
-    let (status, body) = post(&trusted, "/v1/chat/completions", chat.clone()).await;
+    let (status, body) = post(&trusted, "/v1/chat/completions", chat).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 3, "{body}");
     assert_eq!(body["choices"][0]["message"]["content"], "word0 word1 word2", "{body}");

@@ -27,15 +27,6 @@ use tokio::sync::mpsc;
 const CHUNKS: usize = 32;
 /// Longest error body read from upstream.
 const ERROR_BODY: usize = 16 * 1024;
-/// The forwarded routes, in the order of [`Upstream::routes`].
-const ROUTES: [ForwardRoute; 5] = [
-    ForwardRoute::ChatCompletions,
-    ForwardRoute::Completions,
-    ForwardRoute::Embeddings,
-    ForwardRoute::Rerank,
-    ForwardRoute::Responses,
-];
-
 type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// One upstream server.
@@ -44,8 +35,8 @@ pub(crate) struct Upstream {
     client: HttpClient,
     /// `http://host:port/v1`.
     pub(crate) base: String,
-    /// The URI of each of [`ROUTES`].
-    routes: [Uri; 5],
+    /// Each route's URI, parsed once.
+    routes: Routes,
     /// `Bearer <key>`, marked sensitive.
     auth: Option<HeaderValue>,
     /// The model name upstream, when it differs from the client's.
@@ -69,15 +60,12 @@ impl Upstream {
         api_key: Option<&str>,
         rename: Option<String>,
     ) -> Result<Self, String> {
-        let parse = |route: ForwardRoute| {
-            let url = format!("{base}{}", path(route));
-            url.parse::<Uri>().map_err(|e| format!("`{url}` is not a valid URL: {e}"))
+        let routes = Routes::new(&base)?;
+        let https = match routes.chat.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(format!("`{base}` is not an http:// or https:// URL")),
         };
-        let [a, b, c, d, e] = ROUTES;
-        let routes = [parse(a)?, parse(b)?, parse(c)?, parse(d)?, parse(e)?];
-        if !matches!(routes[0].scheme_str(), Some("http" | "https")) {
-            return Err(format!("`{base}` is not an http:// or https:// URL"));
-        }
         let auth = match api_key {
             Some(key) => {
                 let mut value = HeaderValue::try_from(format!("Bearer {key}"))
@@ -92,7 +80,7 @@ impl Upstream {
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(5)));
         let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config(routes[0].scheme_str() == Some("https")))
+            .with_tls_config(tls_config(https))
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
@@ -124,7 +112,7 @@ impl Upstream {
         request: ForwardRequest,
         explain: impl Explain + Clone,
     ) -> Result<ForwardResponse, RuntimeError> {
-        let uri = self.routes[ROUTES.iter().position(|r| *r == request.route).unwrap_or(0)].clone();
+        let uri = self.routes.get(request.route).clone();
         let body = rewrite(request.body, self.rename.as_deref(), request.thinking);
         let upstream = self.request(Method::POST, uri, body);
         let response = match self.client.request(upstream).await {
@@ -246,14 +234,39 @@ fn tls_config(https: bool) -> rustls::ClientConfig {
         .clone()
 }
 
-/// The route's path below an OpenAI base URL (which ends in `/v1`).
-fn path(route: ForwardRoute) -> &'static str {
-    match route {
-        ForwardRoute::ChatCompletions => "/chat/completions",
-        ForwardRoute::Completions => "/completions",
-        ForwardRoute::Embeddings => "/embeddings",
-        ForwardRoute::Rerank => "/rerank",
-        ForwardRoute::Responses => "/responses",
+/// The URIs of the forwarded routes below an OpenAI base URL (which ends in `/v1`).
+#[derive(Clone)]
+struct Routes {
+    chat: Uri,
+    completions: Uri,
+    embeddings: Uri,
+    rerank: Uri,
+    responses: Uri,
+}
+
+impl Routes {
+    fn new(base: &str) -> Result<Self, String> {
+        let parse = |path: &str| {
+            let url = format!("{base}{path}");
+            url.parse::<Uri>().map_err(|e| format!("`{url}` is not a valid URL: {e}"))
+        };
+        Ok(Self {
+            chat: parse("/chat/completions")?,
+            completions: parse("/completions")?,
+            embeddings: parse("/embeddings")?,
+            rerank: parse("/rerank")?,
+            responses: parse("/responses")?,
+        })
+    }
+
+    fn get(&self, route: ForwardRoute) -> &Uri {
+        match route {
+            ForwardRoute::ChatCompletions => &self.chat,
+            ForwardRoute::Completions => &self.completions,
+            ForwardRoute::Embeddings => &self.embeddings,
+            ForwardRoute::Rerank => &self.rerank,
+            ForwardRoute::Responses => &self.responses,
+        }
     }
 }
 
