@@ -907,7 +907,17 @@ async fn one_replica_streams_four_chats_at_once_in_one_batch() {
             s.text
         })
         .collect();
-    assert!(texts.iter().all(|t| *t == texts[0]), "same prompt, same greedy text in one batch");
+    // Same prompt, same greedy text — up to llama.cpp's arithmetic, which depends on the
+    // batch's shape: a sequence that joins a step later (or reuses the cached prompt while
+    // another recomputes it) is computed in a differently shaped batch, and 600 greedy tokens
+    // from random weights can part on a near-tie late in the text (seen once in a clean-clone
+    // CI run on a loaded machine). Cross-talk between sequences would show from the start.
+    let shortest = texts.iter().map(String::len).min().unwrap_or(0);
+    let common = |t: &String| t.bytes().zip(texts[0].bytes()).take_while(|(a, b)| a == b).count();
+    assert!(
+        texts.iter().all(|t| common(t) >= shortest / 4),
+        "same prompt, same greedy text in one batch (at least its first quarter): {texts:#?}"
+    );
     let log = log.into_inner().unwrap();
     let first_finish =
         log.iter().position(|s| matches!(s, Seen::Finish(_))).expect("a finish chunk");
