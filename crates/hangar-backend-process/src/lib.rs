@@ -18,6 +18,7 @@
 
 pub mod launch;
 mod runtime;
+mod spawn;
 mod supervisor;
 mod upstream;
 

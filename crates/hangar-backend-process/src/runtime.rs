@@ -41,7 +41,7 @@ pub(crate) struct Engine {
     /// Set by `unload`: the exit that follows is not a crash.
     pub(crate) stopping: Arc<AtomicBool>,
     pub(crate) grace: Duration,
-    /// The thread the child was forked from: its death signal fires when that thread ends,
+    /// The thread the child was spawned from: its death signal fires when that thread ends,
     /// so the runtime keeps it alive as long as the child should live.
     pub(crate) _spawner: Arc<Spawner>,
 }

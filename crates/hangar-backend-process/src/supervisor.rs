@@ -3,19 +3,20 @@
 //! SIGKILL of the whole group. No zombies: a thread per child waits for it.
 
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use hangar_backend::{LogStream, ModelLogs};
+use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::sync::{Notify, oneshot, watch};
 
 use crate::launch::Launch;
+use crate::spawn::{Plan, Spawned};
 
 /// Lines of output a crash or failed load quotes.
 const QUOTED_LINES: usize = 12;
@@ -28,7 +29,7 @@ const READY_MARKERS: &[&str] =
 type SpawnJob = Box<dyn FnOnce() + Send>;
 
 /// The thread children are started from. A child's death signal fires when the thread that
-/// forked it ends, so children are forked from this one long-lived thread, which ends only
+/// spawned it ends, so children are spawned from this one long-lived thread, which ends only
 /// when the last backend or runtime holding it is gone (Hangar exits: every child dies).
 pub(crate) struct Spawner(Mutex<std_mpsc::Sender<SpawnJob>>);
 
@@ -59,41 +60,25 @@ impl Spawner {
         replica: u32,
         logs: &ModelLogs,
     ) -> std::io::Result<Child> {
-        let mut command = Command::new(&launch.program);
-        command.args(&launch.args).stdin(Stdio::null()).stdout(Stdio::piped());
-        command.stderr(Stdio::piped()).process_group(0);
-        command.envs(launch.env.iter().map(|(k, v)| (k, v)));
+        let mut env = launch.env.clone();
         if let Some(lib) = &launch.library_path {
             let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
             let joined = if old.is_empty() { lib.clone() } else { format!("{lib}:{old}") };
-            command.env("LD_LIBRARY_PATH", joined);
+            env.push(("LD_LIBRARY_PATH".to_owned(), joined));
         }
-        let parent = nix::unistd::getpid();
-        // SAFETY: the closure runs in the forked child before exec and only makes two
-        // async-signal-safe system calls (prctl, getppid).
-        #[allow(unsafe_code)]
-        unsafe {
-            command.pre_exec(move || {
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-                // Hangar died between fork and prctl: the signal will never come.
-                if nix::unistd::getppid() != parent {
-                    return Err(std::io::Error::other("the parent exited"));
-                }
-                Ok(())
-            });
-        }
+        let plan = Plan::new(&launch.program, &launch.args, &env)?;
         let (tx, rx) = oneshot::channel();
         let job: SpawnJob = Box::new(move || {
-            let _ = tx.send(command.spawn());
+            let _ = tx.send(crate::spawn::spawn(&plan));
         });
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .send(job)
             .map_err(|_| std::io::Error::other("the spawner thread is gone"))?;
-        let mut child =
+        let Spawned { pid, stdout, stderr } =
             rx.await.map_err(|_| std::io::Error::other("the spawner dropped a spawn"))??;
-        let pid = Pid::from_raw(child.id() as i32);
+        let pid = Pid::from_raw(pid);
         logs.push(
             replica,
             LogStream::Hangar,
@@ -107,17 +92,19 @@ impl Spawner {
             listening: Arc::new(AtomicBool::new(false)),
             span: tracing::info_span!("engine", model, replica, pid = pid.as_raw()),
         };
-        let mut readers = Vec::new();
-        if let Some(out) = child.stdout.take() {
-            readers.push(output.clone().read(out, LogStream::Stdout));
-        }
-        if let Some(err) = child.stderr.take() {
-            readers.push(output.read(err, LogStream::Stderr));
-        }
+        let readers = [
+            output.clone().read(stdout, LogStream::Stdout),
+            output.read(stderr, LogStream::Stderr),
+        ];
         let (exit_tx, exit_rx) = watch::channel(None);
         let logs_for_exit = logs.clone();
         std::thread::Builder::new().name(format!("wait-{pid}")).spawn(move || {
-            let status = child.wait();
+            let status = loop {
+                match waitpid(pid, None) {
+                    Err(Errno::EINTR) => {}
+                    other => break other,
+                }
+            };
             // The output readers end at the pipes' EOF: join them so the last lines are in
             // the log before the exit is announced.
             for reader in readers {
@@ -183,14 +170,13 @@ impl Output {
 }
 
 /// "exited with status 3" / "was killed by signal 9 (SIGKILL)".
-fn describe(status: ExitStatus) -> String {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exited with status {code}"),
-        (None, Some(signal)) => match Signal::try_from(signal) {
-            Ok(s) => format!("was killed by signal {signal} ({s})"),
-            Err(_) => format!("was killed by signal {signal}"),
-        },
-        (None, None) => format!("ended ({status})"),
+fn describe(status: WaitStatus) -> String {
+    match status {
+        WaitStatus::Exited(_, code) => format!("exited with status {code}"),
+        WaitStatus::Signaled(_, signal, _) => {
+            format!("was killed by signal {} ({signal})", signal as i32)
+        }
+        other => format!("ended ({other:?})"),
     }
 }
 
