@@ -7,18 +7,21 @@
 //!    defaults) and loads it: Hangar starts its own `llama-server` child. That child is the
 //!    one upstream of all three paths: its address comes from
 //!    `GET /v1/admin/models/{name}` → `runtime_details[0].backend_url`. nginx (Debian's
-//!    package, installed with apt when missing and running as root) runs in the foreground
-//!    on a generated config in `target/bench/proxy/nginx` with that child as its upstream
-//!    ([`nginx_conf`]: one worker, `keepalive 32` upstream connections, HTTP/1.1 upstream,
-//!    no buffering).
+//!    package, installed with apt when missing and running as root) runs twice in the
+//!    foreground with that child as its upstream, on generated configs in
+//!    `target/bench/proxy/nginx-{defaults,tuned}` ([`nginx_conf`]): first as a user gets it
+//!    (Debian's `worker_processes auto`, a bare `proxy_pass`: HTTP/1.0 and a new upstream
+//!    connection per request, buffering on), then tuned for this job (one worker,
+//!    `keepalive 32` upstream connections, HTTP/1.1 upstream, no buffering). Hangar runs on
+//!    its defaults both times: defaults against defaults first, tuned second.
 //! 2. Latency: after a warm-up, [`LATENCY_REQUESTS`] sequential non-streamed chat
-//!    completions per path (direct, hangar, nginx, round-robin, the order rotating every
-//!    round, so drift and load elsewhere on the host hit all three alike); p50 and p99 per
+//!    completions per path (direct, hangar, both nginx, round-robin, the order rotating every
+//!    round, so drift and load elsewhere on the host hit all paths alike); p50 and p99 per
 //!    path, and each proxy's added latency (its p50 or p99 minus direct's; also the median
 //!    of the same-round differences, which drift cannot move).
 //! 3. Throughput: [`CLIENTS`] client threads sending the same request back to back for
-//!    [`THROUGHPUT_BLOCKS`] × [`THROUGHPUT_BLOCK`] per path (blocks in the order direct,
-//!    hangar, nginx, then the reverse, and so on); completed requests over the blocks' wall
+//!    [`THROUGHPUT_BLOCKS`] × [`THROUGHPUT_BLOCK`] per path (blocks in the order of the
+//!    paths, then the reverse, and so on); completed requests over the blocks' wall
 //!    time (start → the last request of the block answered), and their latencies. Hangar
 //!    gives its child `--parallel` = `target_inflight` (default 1) and queues the other
 //!    requests in its own scheduler; direct and through nginx, they queue in `llama-server`.
@@ -77,8 +80,7 @@ const LATENCY_REQUESTS: usize = 400;
 const CLIENTS: usize = 8;
 /// One throughput block of one path.
 const THROUGHPUT_BLOCK: Duration = Duration::from_secs(3);
-/// Throughput blocks per path (in the order direct, hangar, nginx, then the reverse, and
-/// so on).
+/// Throughput blocks per path (in the order of the paths, then the reverse, and so on).
 const THROUGHPUT_BLOCKS: usize = 4;
 /// Swaps timed each way, through Hangar and by hand.
 const SWAP_ROUNDS: usize = 5;
@@ -137,9 +139,12 @@ struct Bench {
     probe: ureq::Agent,
 }
 
+/// The ways to the upstream: direct, hangar, nginx on its defaults, nginx tuned.
+const PATHS: usize = 4;
+
 /// One way to the upstream `llama-server`.
 struct Target {
-    /// `direct`, `hangar` or `nginx`.
+    /// `direct`, `hangar`, `nginx (defaults)` or `nginx (tuned)`.
     name: &'static str,
     /// `http://127.0.0.1:PORT/v1/chat/completions`.
     chat_url: String,
@@ -162,10 +167,10 @@ impl PathFigures {
     }
 }
 
-/// The three paths' figures and what describes their upstream.
+/// The paths' figures and what describes their upstream.
 struct Paths {
-    /// direct, hangar, nginx.
-    figures: [PathFigures; 3],
+    /// direct, hangar, nginx (defaults), nginx (tuned).
+    figures: [PathFigures; PATHS],
     /// The upstream's command line, as Hangar reports it.
     command: String,
     /// The upstream's thread setting, from its log.
@@ -234,7 +239,7 @@ struct Versions {
 }
 
 impl Bench {
-    /// Parts 1–3: one upstream, three paths to it, latency and throughput of each.
+    /// Parts 1–3: one upstream, [`PATHS`] ways to it, latency and throughput of each.
     fn proxy_paths(&self) -> Result<Paths> {
         let config =
             self.write_config("config", &[(MODEL, N_CTX)], /* max_loaded_models */ None)?;
@@ -249,12 +254,16 @@ impl Bench {
         let upstream = backend_url.strip_suffix("/v1").unwrap_or(backend_url).to_owned();
         let authority = upstream.strip_prefix("http://").context("backend_url is not http")?;
         eprintln!("upstream: Hangar's child at {upstream}: {command}");
-        let mut nginx = Nginx::start(&self.nginx, &self.work.join("nginx"), authority)?;
-        self.wait_health(&format!("{}/health", nginx.base), || nginx.exited())?;
-        let targets = [
-            Target { name: "direct", chat_url: format!("{upstream}/v1/chat/completions") },
+        let mut plain = Nginx::start(&self.nginx, &self.work, authority, NginxSetup::Defaults)?;
+        self.wait_health(&format!("{}/health", plain.base), || plain.exited())?;
+        let mut tuned = Nginx::start(&self.nginx, &self.work, authority, NginxSetup::Tuned)?;
+        self.wait_health(&format!("{}/health", tuned.base), || tuned.exited())?;
+        let chat = |base: &str| format!("{base}/v1/chat/completions");
+        let targets: [Target; PATHS] = [
+            Target { name: "direct", chat_url: chat(&upstream) },
             Target { name: "hangar", chat_url: hangar.url("/v1/chat/completions") },
-            Target { name: "nginx", chat_url: format!("{}/v1/chat/completions", nginx.base) },
+            Target { name: "nginx (defaults)", chat_url: chat(&plain.base) },
+            Target { name: "nginx (tuned)", chat_url: chat(&tuned.base) },
         ];
         let body = chat_body();
 
@@ -264,7 +273,7 @@ impl Bench {
                 target.chat(&self.agent, &body)?;
             }
         }
-        let mut latency: [Vec<Duration>; 3] = Default::default();
+        let mut latency: [Vec<Duration>; PATHS] = Default::default();
         for round in 0..LATENCY_REQUESTS {
             for k in 0..targets.len() {
                 let i = (round + k) % targets.len();
@@ -276,10 +285,13 @@ impl Bench {
             "throughput: {CLIENTS} clients, {THROUGHPUT_BLOCKS} × {} s per path",
             THROUGHPUT_BLOCK.as_secs()
         );
-        let mut loaded: [Vec<Duration>; 3] = Default::default();
-        let mut wall = [Duration::ZERO; 3];
+        let mut loaded: [Vec<Duration>; PATHS] = Default::default();
+        let mut wall = [Duration::ZERO; PATHS];
         for block in 0..THROUGHPUT_BLOCKS {
-            let order: [usize; 3] = if block % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+            let mut order: [usize; PATHS] = std::array::from_fn(|i| i);
+            if block % 2 == 1 {
+                order.reverse();
+            }
             for i in order {
                 let (latencies, took) = throughput(&targets[i], &body)?;
                 let n = latencies.len();
@@ -295,14 +307,17 @@ impl Bench {
                 wall[i] += took;
             }
         }
-        drop(nginx);
+        drop((plain, tuned));
         let threads = llama_threads(&hangar.log);
         self.admin(&hangar, &format!("/v1/admin/models/{MODEL}/unload"))?;
         drop(hangar);
-        let [l0, l1, l2] = latency;
-        let [t0, t1, t2] = loaded;
-        let figures = [(0, l0, t0), (1, l1, t1), (2, l2, t2)].map(|(i, latency, loaded)| {
-            PathFigures { name: targets[i].name, latency, loaded, wall: wall[i] }
+        let mut latency = latency.into_iter();
+        let mut loaded = loaded.into_iter();
+        let figures = std::array::from_fn(|i| PathFigures {
+            name: targets[i].name,
+            latency: latency.next().unwrap_or_default(),
+            loaded: loaded.next().unwrap_or_default(),
+            wall: wall[i],
         });
         Ok(Paths { figures, command, threads })
     }
@@ -706,21 +721,42 @@ impl Drop for Raw {
     }
 }
 
+/// How nginx is set up as the reference proxy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NginxSetup {
+    /// As a user gets it: Debian's `worker_processes auto` and a bare `proxy_pass`.
+    Defaults,
+    /// Tuned for proxying an LLM server: upstream keep-alive, no buffering, one worker.
+    Tuned,
+}
+
+impl NginxSetup {
+    fn dir(self) -> &'static str {
+        match self {
+            Self::Defaults => "nginx-defaults",
+            Self::Tuned => "nginx-tuned",
+        }
+    }
+}
+
 /// nginx in the foreground on a generated config. Stopped (SIGTERM, then SIGKILL) on drop.
 struct Nginx {
     child: Child,
     /// `http://127.0.0.1:PORT`.
     base: String,
+    setup: NginxSetup,
 }
 
 impl Nginx {
-    /// nginx on [`nginx_conf`] in `dir`, proxying to `upstream` (`host:port`).
-    fn start(binary: &Path, dir: &Path, upstream: &str) -> Result<Self> {
+    /// nginx on [`nginx_conf`] in `<work>/nginx-<setup>`, proxying to `upstream`
+    /// (`host:port`).
+    fn start(binary: &Path, work: &Path, upstream: &str, setup: NginxSetup) -> Result<Self> {
+        let dir = &work.join(setup.dir());
         std::fs::create_dir_all(dir.join("temp"))
             .with_context(|| format!("cannot create {}", dir.display()))?;
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let conf = dir.join("nginx.conf");
-        std::fs::write(&conf, nginx_conf(dir, upstream, port, is_root()))
+        std::fs::write(&conf, nginx_conf(dir, upstream, port, is_root(), setup))
             .with_context(|| format!("cannot write {}", conf.display()))?;
         let log = dir.join("nginx.out");
         let out = std::fs::File::create(&log)
@@ -738,12 +774,12 @@ impl Nginx {
             .stderr(out)
             .spawn()
             .with_context(|| format!("cannot start {}", binary.display()))?;
-        Ok(Self { child, base: format!("http://127.0.0.1:{port}") })
+        Ok(Self { child, base: format!("http://127.0.0.1:{port}"), setup })
     }
 
     fn exited(&mut self) -> Option<String> {
         let status = self.child.try_wait().ok().flatten()?;
-        Some(format!("{status}; see target/bench/proxy/nginx/error.log"))
+        Some(format!("{status}; see target/bench/proxy/{}/error.log", self.setup.dir()))
     }
 }
 
@@ -764,14 +800,31 @@ impl Drop for Nginx {
     }
 }
 
-/// The nginx config: one worker, logs, pid and temp files under `dir`, loopback `port`, an
-/// upstream block with a pool of keep-alive connections, HTTP/1.1 to it and no buffering
-/// (server-sent events pass as they come). As root, the worker runs as nobody.
-fn nginx_conf(dir: &Path, upstream: &str, port: u16, root: bool) -> String {
+/// The nginx config: logs, pid and temp files under `dir`, loopback `port`, no access log.
+/// [`NginxSetup::Defaults`]: Debian's `worker_processes auto` and `location / { proxy_pass
+/// http://upstream; }`, nothing else. [`NginxSetup::Tuned`]: one worker, an upstream block
+/// with a pool of keep-alive connections, HTTP/1.1 to it and no buffering (server-sent
+/// events pass as they come). As root, the workers run as nobody.
+fn nginx_conf(dir: &Path, upstream: &str, port: u16, root: bool, setup: NginxSetup) -> String {
     let d = dir.display();
     let user = if root { "user nobody nogroup;\n" } else { "" };
+    let (workers, pool, proxy) = match setup {
+        NginxSetup::Defaults => ("auto", String::new(), format!("proxy_pass http://{upstream};")),
+        NginxSetup::Tuned => (
+            "1",
+            format!(
+                "upstream llama {{\n        server {upstream};\n        keepalive 32;\n    }}\n    "
+            ),
+            "proxy_pass http://llama;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_buffering off;
+            proxy_read_timeout 300s;"
+                .to_owned(),
+        ),
+    };
     format!(
-        "{user}worker_processes 1;
+        "{user}worker_processes {workers};
 error_log {d}/error.log warn;
 pid {d}/nginx.pid;
 events {{
@@ -784,18 +837,10 @@ http {{
     fastcgi_temp_path {d}/temp/fastcgi;
     uwsgi_temp_path {d}/temp/uwsgi;
     scgi_temp_path {d}/temp/scgi;
-    upstream llama {{
-        server {upstream};
-        keepalive 32;
-    }}
-    server {{
+    {pool}server {{
         listen 127.0.0.1:{port};
         location / {{
-            proxy_pass http://llama;
-            proxy_http_version 1.1;
-            proxy_set_header Connection \"\";
-            proxy_buffering off;
-            proxy_read_timeout 300s;
+            {proxy}
         }}
     }}
 }}
@@ -922,7 +967,7 @@ fn print_tables(bench: &Bench, versions: &Versions, paths: &Paths, swap: &Swaps)
     println!("hangar: {} ({}, {})", bench.hangard.display(), versions.hangar, versions.commit);
     println!("llama-server: {} ({})", bench.llama_server.display(), versions.llama_server);
     println!("nginx: {} ({})", bench.nginx.display(), versions.nginx);
-    println!("upstream of all three paths (Hangar's child): {}", paths.command);
+    println!("upstream of every path (Hangar's child): {}", paths.command);
     if let Some(threads) = &paths.threads {
         println!("upstream threads: {threads}");
     }
@@ -933,7 +978,7 @@ fn print_tables(bench: &Bench, versions: &Versions, paths: &Paths, swap: &Swaps)
     );
     println!();
 
-    let [direct, hangar, nginx] = &paths.figures;
+    let [direct, hangar, plain, tuned] = &paths.figures;
     let (d50, d99) = (us(percentile(&direct.latency, 0.5)), us(percentile(&direct.latency, 0.99)));
     println!(
         "| path | p50 µs | p99 µs | added p50 µs | added p99 µs | requests/s, {CLIENTS} clients \
@@ -957,8 +1002,7 @@ fn print_tables(bench: &Bench, versions: &Versions, paths: &Paths, swap: &Swaps)
     println!();
 
     let added = |f: &PathFigures, p: f64, d: f64| us(percentile(&f.latency, p)) - d;
-    let (h50, n50) = (added(hangar, 0.5, d50), added(nginx, 0.5, d50));
-    let (h99, n99) = (added(hangar, 0.99, d99), added(nginx, 0.99, d99));
+    let (h50, h99) = (added(hangar, 0.5, d50), added(hangar, 0.99, d99));
     let at_most = |h: f64, r: f64, goal: f64| {
         // A ratio of two added latencies means something only when both add something. A
         // Hangar that adds nothing meets any goal; otherwise the ratio decides.
@@ -967,18 +1011,26 @@ fn print_tables(bench: &Bench, versions: &Versions, paths: &Paths, swap: &Swaps)
         (ratio, met)
     };
     let mut rows = Vec::new();
-    for (label, h, n) in [("p50", h50, n50), ("p99", h99, n99)] {
-        let (ratio, met) = at_most(h, n, LATENCY_GOAL);
-        rows.push(Row {
-            measure: format!(
-                "added latency {label} µs, {LATENCY_REQUESTS} sequential requests (ref: nginx)"
-            ),
-            hangar: h,
-            reference: n,
-            ratio,
-            goal: format!("≤ {LATENCY_GOAL}"),
-            met,
-        });
+    let mut noise = Vec::new();
+    for nginx in [plain, tuned] {
+        let (n50, n99) = (added(nginx, 0.5, d50), added(nginx, 0.99, d99));
+        for (label, h, n) in [("p50", h50, n50), ("p99", h99, n99)] {
+            let (ratio, met) = at_most(h, n, LATENCY_GOAL);
+            rows.push(Row {
+                measure: format!(
+                    "added latency {label} µs, {LATENCY_REQUESTS} sequential requests (ref: {})",
+                    nginx.name
+                ),
+                hangar: h,
+                reference: n,
+                ratio,
+                goal: format!("≤ {LATENCY_GOAL}"),
+                met,
+            });
+            if n < NOISE_US {
+                noise.push(format!("{} adds {n:.0} µs at {label}", nginx.name));
+            }
+        }
     }
     let (hr, dr) = (hangar.requests_per_second(), direct.requests_per_second());
     rows.push(Row {
@@ -1030,27 +1082,35 @@ fn print_tables(bench: &Bench, versions: &Versions, paths: &Paths, swap: &Swaps)
         );
     }
     println!();
-    println!(
-        "nginx: {:.0} requests/s = {:.2} × direct",
-        nginx.requests_per_second(),
-        nginx.requests_per_second() / dr
-    );
+    for nginx in [plain, tuned] {
+        println!(
+            "{}: {:.0} requests/s = {:.2} × direct",
+            nginx.name,
+            nginx.requests_per_second(),
+            nginx.requests_per_second() / dr
+        );
+    }
     let paired = |f: &PathFigures| {
         let mut d: Vec<f64> =
             f.latency.iter().zip(&direct.latency).map(|(p, d)| us(*p) - us(*d)).collect();
         d.sort_by(f64::total_cmp);
         d.get(d.len() / 2).copied().unwrap_or_default()
     };
-    let (hp, np) = (paired(hangar), paired(nginx));
-    println!(
-        "added latency, median of the {LATENCY_REQUESTS} same-round differences (proxy − direct): \
-         hangar {hp:.0} µs, nginx {np:.0} µs, ratio {:.2}",
-        hp / np
-    );
-    if n50 < NOISE_US || n99 < NOISE_US {
+    let hp = paired(hangar);
+    for nginx in [plain, tuned] {
+        let np = paired(nginx);
         println!(
-            "note: nginx adds {n50:.0} µs at p50 and {n99:.0} µs at p99; below {NOISE_US:.0} µs \
-             the latency ratios are mostly noise: compare the absolute µs"
+            "added latency, median of the {LATENCY_REQUESTS} same-round differences (proxy − \
+             direct): hangar {hp:.0} µs, {} {np:.0} µs, ratio {:.2}",
+            nginx.name,
+            hp / np
+        );
+    }
+    if !noise.is_empty() {
+        println!(
+            "note: {}; below {NOISE_US:.0} µs the latency ratios are mostly noise: compare the \
+             absolute µs",
+            noise.join(", ")
         );
     }
     println!("swap A: {}", swap.command_a);
