@@ -45,6 +45,16 @@ pub(crate) struct ServeArgs {
     /// Bearer key the admin routes require (overrides `admin_api_key`).
     #[arg(long, env = "HANGAR_ADMIN_KEY", hide_env_values = true)]
     admin_api_key: Option<String>,
+    /// A bearer key the inference routes accept (repeat the flag, or separate keys with
+    /// commas in the variable); replaces `inference_api_keys`. The admin key opens them too.
+    #[arg(
+        long = "inference-api-key",
+        value_name = "KEY",
+        env = "HANGAR_INFERENCE_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    inference_api_keys: Vec<String>,
     /// Log line format (on stderr). The filter comes from `RUST_LOG`, default `info`.
     #[arg(long, value_enum, default_value_t = LogFormat::Pretty)]
     log_format: LogFormat,
@@ -125,6 +135,11 @@ fn effective_config(args: &ServeArgs) -> Result<Config> {
     }
     if let Some(key) = args.admin_api_key.as_deref().filter(|k| !k.is_empty()) {
         config.admin_api_key = Some(Secret::new(key));
+    }
+    let inference: Vec<Secret> =
+        args.inference_api_keys.iter().filter(|k| !k.is_empty()).map(Secret::new).collect();
+    if !inference.is_empty() {
+        config.inference_api_keys = inference;
     }
     let kept = apply_model_flags(&mut config, &args.models)?;
     if let (Some(build), false) = (&args.models.llamacpp, kept.is_empty()) {
@@ -274,6 +289,14 @@ async fn serve(mut config: Config) -> Result<ExitCode> {
     let addr = listener.local_addr().context("cannot read the bound address")?;
     announce(addr)?;
     tracing::info!(%addr, models = model_count, auto_load = config.auto_load, "listening");
+    if !addr.ip().is_loopback() && config.admin_api_key.is_none() {
+        tracing::warn!(
+            %addr,
+            "listening beyond loopback without an admin key: anyone who can reach this port can \
+             load, unload and reconfigure models (set admin_api_key, --admin-api-key or \
+             HANGAR_ADMIN_KEY)"
+        );
+    }
 
     let loading = tokio::spawn(load_enabled(manager.clone()));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

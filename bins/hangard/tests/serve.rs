@@ -425,6 +425,33 @@ async fn admin_routes_need_the_bearer_key_from_the_flag_or_the_environment() {
     assert_eq!(send(Method::GET, &models, None, Some("from-env")).await.0, 200);
 }
 
+#[tokio::test]
+async fn inference_keys_from_flags_or_the_environment_guard_the_inference_routes() {
+    let config = json!({
+        "inference_api_keys": ["from-config"],
+        "models": { "chat": { "backend": "stub" } }
+    });
+    let args = ["--inference-api-key", "one", "--inference-api-key", "two", "--host", "0.0.0.0"];
+    let server = Server::start(&config, &args);
+    let models = server.url("/v1/models");
+    let (status, answer) = send(Method::GET, &models, None, None).await;
+    assert_eq!((status, code(&answer)), (401, "unauthorized"), "{answer}");
+    let (status, answer) = send(Method::GET, &models, None, Some("from-config")).await;
+    assert_eq!((status, code(&answer)), (403, "forbidden"), "the flags replace config: {answer}");
+    assert_eq!(send(Method::GET, &models, None, Some("two")).await.0, 200);
+    // No admin key: the admin routes stay open, and a server reachable beyond loopback says
+    // so at start.
+    assert_eq!(send(Method::GET, &server.url("/v1/admin/models"), None, None).await.0, 200);
+    assert!(server.logs().contains("listening beyond loopback without an admin key"));
+
+    let config = json!({ "models": { "chat": { "backend": "stub" } } });
+    let server = Server::start_with(&config, &[], &[("HANGAR_INFERENCE_KEYS", "a,b")]);
+    let models = server.url("/v1/models");
+    assert_eq!(send(Method::GET, &models, None, Some("nope")).await.0, 403);
+    assert_eq!(send(Method::GET, &models, None, Some("b")).await.0, 200);
+    assert!(!server.logs().contains("beyond loopback"), "127.0.0.1 is loopback");
+}
+
 // ---------------------------------------------------------------------------------------
 // Graceful unload and shutdown with a stream running
 

@@ -76,6 +76,13 @@ pub(crate) struct SettingsFields {
     pub(crate) auto_load: Option<bool>,
     /// Bearer key required by the admin API; open when unset.
     pub(crate) admin_api_key: Option<Secret>,
+    /// Bearer keys the inference routes accept (the admin key too); open when unset or
+    /// empty. An inference key never opens an admin route.
+    pub(crate) inference_api_keys: Option<Vec<Secret>>,
+    /// Seconds an admin operation on a model (load, unload, pause, continue, weight update)
+    /// waits for another one on the same model before answering 503 `admin_busy`.
+    /// Default 300.
+    pub(crate) admin_lock_timeout_s: Option<u64>,
     /// Requests that may wait in one model's queue before `queue_full`. Default 64.
     pub(crate) max_queue_depth: Option<u32>,
     /// Largest accepted request body in bytes. Default 8 MiB.
@@ -90,6 +97,11 @@ impl Section for SettingsFields {
 
     fn check(&self, p: &mut Problems<'_>) {
         p.non_empty("host", self.host.as_deref());
+        p.non_empty("admin_api_key", self.admin_api_key.as_ref().map(Secret::expose));
+        for (i, key) in self.inference_api_keys.iter().flatten().enumerate() {
+            p.non_empty(&format!("inference_api_keys[{i}]"), Some(key.expose()));
+        }
+        p.at_least("admin_lock_timeout_s", self.admin_lock_timeout_s, 1);
         p.at_least("max_queue_depth", self.max_queue_depth, 1);
         p.at_least("max_request_body_bytes", self.max_request_body_bytes, 1);
     }
@@ -178,6 +190,10 @@ pub struct Config {
     pub auto_load: bool,
     /// Bearer key for the admin API, if any.
     pub admin_api_key: Option<Secret>,
+    /// Bearer keys for the inference routes; open when empty.
+    pub inference_api_keys: Vec<Secret>,
+    /// How long an admin operation waits for another on the same model.
+    pub admin_lock_timeout: std::time::Duration,
     /// Bound of each model's request queue.
     pub max_queue_depth: NonZeroU32,
     /// Largest accepted request body in bytes.
@@ -186,6 +202,8 @@ pub struct Config {
     pub models: Vec<ModelConfig>,
 }
 
+/// Default `admin_lock_timeout_s`.
+pub const DEFAULT_ADMIN_LOCK_TIMEOUT_S: u64 = 300;
 /// Default HTTP port.
 pub const DEFAULT_PORT: u16 = 8080;
 /// Default per-model queue bound.
@@ -261,6 +279,10 @@ impl Config {
             },
             auto_load: s.auto_load.unwrap_or(false),
             admin_api_key: s.admin_api_key,
+            inference_api_keys: s.inference_api_keys.unwrap_or_default(),
+            admin_lock_timeout: std::time::Duration::from_secs(
+                s.admin_lock_timeout_s.unwrap_or(DEFAULT_ADMIN_LOCK_TIMEOUT_S),
+            ),
             max_queue_depth: s
                 .max_queue_depth
                 .and_then(NonZeroU32::new)
@@ -291,6 +313,8 @@ impl Config {
             "max_loaded_models": self.max_loaded_models,
             "auto_load": self.auto_load,
             "admin_api_key": self.admin_api_key,
+            "inference_api_keys": self.inference_api_keys,
+            "admin_lock_timeout_s": self.admin_lock_timeout.as_secs(),
             "max_queue_depth": self.max_queue_depth,
             "max_request_body_bytes": self.max_request_body_bytes,
             "models": models,

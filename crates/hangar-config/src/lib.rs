@@ -45,8 +45,8 @@ mod sections;
 mod validate;
 
 pub use config::{
-    Config, ConfigError, DEFAULT_MAX_QUEUE_DEPTH, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT,
-    MaxLoadedModels,
+    Config, ConfigError, DEFAULT_ADMIN_LOCK_TIMEOUT_S, DEFAULT_MAX_QUEUE_DEPTH,
+    DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, MaxLoadedModels,
 };
 pub use constraint::{ConstraintKind, LoadConstraint, LoadConstraints};
 pub use kinds::{BackendKind, Device, GgmlType, ModelType, PromptFormat, SpecType, Switch};

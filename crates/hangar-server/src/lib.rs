@@ -78,7 +78,11 @@ impl HangarService {
         let models = manager.models();
         let rows = admin::StaticRows::new(&models);
         let examples = router::ExampleModels::of(&models);
-        let openapi = openapi::encoded(options.admin_api_key.is_some(), &examples);
+        let keys = openapi::Keys {
+            admin: options.admin_api_key.is_some(),
+            inference: !options.inference_api_keys.is_empty(),
+        };
+        let openapi = openapi::encoded(keys, &examples);
         Self {
             state: Arc::new(AppState {
                 metrics: metrics::Metrics::new(manager.clone()),
@@ -124,9 +128,7 @@ impl HangarService {
         };
         let v2 = route.group == router::Group::Repository;
         let fail = |e: ApiError| if v2 { e.into_v2_response() } else { e.into_response() };
-        if route.auth == router::Auth::Admin
-            && let Err(e) = self.authorize(&parts.headers)
-        {
+        if let Err(e) = self.authorize(route.auth, &parts.headers) {
             return fail(e);
         }
         let limit = self.state.options.max_request_body_bytes;
@@ -157,20 +159,45 @@ impl HangarService {
         (route.handler)(ctx).await
     }
 
-    fn authorize(&self, headers: &http::HeaderMap) -> Result<(), ApiError> {
-        let Some(key) = &self.state.options.admin_api_key else { return Ok(()) };
+    /// Checks the bearer key a route of class `auth` needs: admin routes the admin key;
+    /// inference routes an inference key or the admin key; each class is open while it has
+    /// no key configured.
+    fn authorize(&self, auth: router::Auth, headers: &http::HeaderMap) -> Result<(), ApiError> {
+        let options = &self.state.options;
+        let admin = options.admin_api_key.iter();
+        let (keys, class): (Vec<&hangar_config::Secret>, &str) = match auth {
+            router::Auth::Open => return Ok(()),
+            router::Auth::Admin => (admin.collect(), "admin"),
+            router::Auth::Inference if options.inference_api_keys.is_empty() => return Ok(()),
+            router::Auth::Inference => {
+                (options.inference_api_keys.iter().chain(admin).collect(), "inference")
+            }
+        };
+        if keys.is_empty() {
+            return Ok(());
+        }
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        match given {
-            None => Err(ApiError::new(
+        let Some(given) = given else {
+            return Err(ApiError::new(
                 ErrorCode::Unauthorized,
-                "admin routes need `Authorization: Bearer <admin key>`",
-            )),
-            // `subtle` compares without an early exit on the first differing byte.
-            Some(given) if bool::from(given.as_bytes().ct_eq(key.expose().as_bytes())) => Ok(()),
-            Some(_) => Err(ApiError::new(ErrorCode::Forbidden, "the admin key is not valid")),
+                format!("{class} routes need `Authorization: Bearer <{class} key>`"),
+            ));
+        };
+        // `subtle` compares without an early exit on the first differing byte, and every
+        // key is compared.
+        let valid = keys.iter().fold(subtle::Choice::from(0), |found, key| {
+            found | given.as_bytes().ct_eq(key.expose().as_bytes())
+        });
+        if bool::from(valid) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("the key is not valid for {class} routes"),
+            ))
         }
     }
 }

@@ -4,8 +4,8 @@
 //! every request body, query, success answer and error envelope from the schemars types the
 //! handlers use, through one [`SchemaGenerator`] whose `$ref`s point at
 //! `#/components/schemas/…`; every error status from the route's error codes through
-//! [`ErrorCode::status`]. `security` is declared exactly on the routes that need the admin
-//! key, and only when one is configured.
+//! [`ErrorCode::status`]. `security` is declared exactly on the routes that need a key — the
+//! admin key, or an inference key — and only when one of that class is configured.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,19 +28,44 @@ const SCHEMAS_PATH: &str = "/components/schemas";
 
 /// The name of the admin security scheme.
 const BEARER_AUTH: &str = "bearerAuth";
+/// The name of the inference security scheme.
+const INFERENCE_AUTH: &str = "inferenceBearerAuth";
+
+/// Which classes of keys the service has configured.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Keys {
+    /// An admin key.
+    pub(crate) admin: bool,
+    /// At least one inference key.
+    pub(crate) inference: bool,
+}
+
+impl Keys {
+    /// The security requirements of a route of class `auth` (empty: open).
+    fn requirements(self, auth: Auth) -> Vec<Value> {
+        match auth {
+            Auth::Admin if self.admin => vec![json!({ BEARER_AUTH: [] })],
+            Auth::Inference if self.inference && self.admin => {
+                vec![json!({ INFERENCE_AUTH: [] }), json!({ BEARER_AUTH: [] })]
+            }
+            Auth::Inference if self.inference => vec![json!({ INFERENCE_AUTH: [] })],
+            _ => Vec::new(),
+        }
+    }
+}
 
 /// `GET /openapi.json`.
 pub(crate) async fn document(ctx: Ctx) -> Result<Response, ApiError> {
     Ok(crate::body::bytes_response(StatusCode::OK, "application/json", ctx.state.openapi.clone()))
 }
 
-/// The whole document for a service with (or without) an admin key, encoded.
-pub(crate) fn encoded(admin_key: bool, examples: &ExampleModels) -> Bytes {
-    Bytes::from(serde_json::to_vec(&build(admin_key, examples)).unwrap_or_default())
+/// The whole document for a service with these `keys`, encoded.
+pub(crate) fn encoded(keys: Keys, examples: &ExampleModels) -> Bytes {
+    Bytes::from(serde_json::to_vec(&build(keys, examples)).unwrap_or_default())
 }
 
 /// The whole document; request examples name the models of `examples`.
-pub(crate) fn build(admin_key: bool, examples: &ExampleModels) -> Value {
+pub(crate) fn build(keys: Keys, examples: &ExampleModels) -> Value {
     let settings = SchemaSettings::draft2020_12()
         .with(|s| {
             s.definitions_path = SCHEMAS_PATH.into();
@@ -55,7 +80,7 @@ pub(crate) fn build(admin_key: bool, examples: &ExampleModels) -> Value {
     let mut paths = Map::new();
     let mut ids = BTreeSet::new();
     for route in routes() {
-        let mut op = operation(route, &mut generator, &envelopes, admin_key, &mut ids);
+        let mut op = operation(route, &mut generator, &envelopes, keys, &mut ids);
         if let Some(example) = route.example.and_then(|f| f(examples)) {
             op["requestBody"]["content"]["application/json"]["example"] = example;
         }
@@ -74,12 +99,23 @@ pub(crate) fn build(admin_key: bool, examples: &ExampleModels) -> Value {
         describe_states(state);
     }
     let mut components = json!({ "schemas": schemas });
-    if admin_key {
-        components["securitySchemes"] = json!({ BEARER_AUTH: {
+    let mut schemes = Map::new();
+    if keys.admin {
+        schemes.insert(BEARER_AUTH.into(), json!({
             "type": "http",
             "scheme": "bearer",
-            "description": "The admin API key (`admin_api_key` in the config, `--admin-api-key` or `HANGAR_ADMIN_KEY`), as `Authorization: Bearer <key>`. A missing header answers 401 `unauthorized`, a wrong key 403 `forbidden`.",
-        }});
+            "description": "The admin API key (`admin_api_key` in the config, `--admin-api-key` or `HANGAR_ADMIN_KEY`), as `Authorization: Bearer <key>`. A missing header answers 401 `unauthorized`, a wrong key 403 `forbidden`. It opens the inference routes too.",
+        }));
+    }
+    if keys.inference {
+        schemes.insert(INFERENCE_AUTH.into(), json!({
+            "type": "http",
+            "scheme": "bearer",
+            "description": "One of the inference API keys (`inference_api_keys` in the config, `--inference-api-key` or `HANGAR_INFERENCE_KEYS`), as `Authorization: Bearer <key>`. A missing header answers 401 `unauthorized`, a wrong key 403 `forbidden`. An inference key never opens an admin route.",
+        }));
+    }
+    if !schemes.is_empty() {
+        components["securitySchemes"] = schemes.into();
     }
     let tags: Vec<Value> = Group::iter()
         .map(|g| json!({ "name": <&str>::from(g), "description": group_description(g) }))
@@ -96,7 +132,8 @@ pub(crate) fn build(admin_key: bool, examples: &ExampleModels) -> Value {
                 "kept apart from its configured definition. Errors answer with the envelope ",
                 "`{\"error\": {\"code\", \"message\"}}` whose `code` is one of `ErrorCode`; the KServe v2 ",
                 "model-repository routes answer `{\"error\": \"message\"}` instead.\n\n",
-                "Admin routes need `Authorization: Bearer <admin key>` when an admin key is configured; ",
+                "Admin routes need `Authorization: Bearer <admin key>` when an admin key is configured, ",
+                "inference routes an inference key (or the admin key) when inference keys are configured; ",
                 "this document declares `security` on them exactly then.",
             ),
             "license": { "name": env!("CARGO_PKG_LICENSE") },
@@ -140,21 +177,21 @@ fn operation(
     route: &Route,
     generator: &mut SchemaGenerator,
     envelopes: &Envelopes,
-    admin_key: bool,
+    keys: Keys,
     ids: &mut BTreeSet<String>,
 ) -> Value {
-    let secured = route.auth == Auth::Admin && admin_key;
+    let security = keys.requirements(route.auth);
+    let secured = !security.is_empty();
     let mut op = Map::new();
     op.insert("operationId".into(), unique_id(operation_id(route), ids).into());
     op.insert("summary".into(), route.summary.into());
     let mut description = route.description.to_owned();
-    if route.auth == Auth::Admin {
-        description.push_str(if admin_key {
-            "\n\nAdmin route: requires `Authorization: Bearer <admin key>` (401 without it, 403 with a wrong key)."
-        } else {
-            "\n\nAdmin route: open, as no admin key is configured."
-        });
-    }
+    description.push_str(match (route.auth, secured) {
+        (Auth::Admin, true) => "\n\nAdmin route: requires `Authorization: Bearer <admin key>` (401 without it, 403 with a wrong key).",
+        (Auth::Admin, false) => "\n\nAdmin route: open, as no admin key is configured.",
+        (Auth::Inference, true) => "\n\nInference route: requires `Authorization: Bearer <inference key or admin key>` (401 without it, 403 with a wrong key).",
+        _ => "",
+    });
     op.insert("description".into(), description.into());
     op.insert("tags".into(), json!([<&str>::from(route.group)]));
 
@@ -195,7 +232,7 @@ fn operation(
     }
     op.insert("responses".into(), responses.into());
     if secured {
-        op.insert("security".into(), json!([{ BEARER_AUTH: [] }]));
+        op.insert("security".into(), security.into());
     }
     Value::Object(op)
 }

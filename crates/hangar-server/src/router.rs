@@ -69,6 +69,9 @@ pub(crate) enum Auth {
     Open,
     /// The admin key's holder, when an admin key is configured.
     Admin,
+    /// The holder of an inference key (or of the admin key), when inference keys are
+    /// configured.
+    Inference,
 }
 
 /// What a route answers on success.
@@ -139,13 +142,14 @@ impl ExampleModels {
 
 impl Route {
     /// A route with no body, no query, a JSON answer of `{}` and no errors: the builder's
-    /// start.
+    /// start. Inference routes take the inference keys; every other route is open until
+    /// [`Route::admin`] or [`Route::inference`] says otherwise.
     pub(crate) fn new(method: Method, path: &'static str, group: Group, handler: Handler) -> Self {
         Self {
             method,
             path,
             group,
-            auth: Auth::Open,
+            auth: if group == Group::Inference { Auth::Inference } else { Auth::Open },
             summary: "",
             description: "",
             body: None,
@@ -165,6 +169,11 @@ impl Route {
 
     pub(crate) fn admin(mut self) -> Self {
         self.auth = Auth::Admin;
+        self
+    }
+
+    pub(crate) fn inference(mut self) -> Self {
+        self.auth = Auth::Inference;
         self
     }
 

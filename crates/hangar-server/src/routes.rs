@@ -174,6 +174,7 @@ pub(crate) fn all() -> Vec<Route> {
             )
             .ok::<multi_model::HealthResponse>(),
         Route::new(get.clone(), "/api/v1/stats", MultiModel, api!(multi_model::stats))
+            .inference()
             .doc("Stats of the most recent request", "Statistics of the most recent inference request.")
             .ok::<multi_model::StatsResponse>(),
         Route::new(post.clone(), "/api/v1/load", MultiModel, api!(multi_model::load))

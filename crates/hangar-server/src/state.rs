@@ -13,6 +13,9 @@ use crate::metrics::{Endpoint, Metrics};
 pub struct ServerOptions {
     /// When set, admin routes require `Authorization: Bearer <key>`.
     pub admin_api_key: Option<Secret>,
+    /// When not empty, inference routes require `Authorization: Bearer <key>` with one of
+    /// these keys or the admin key. None of them opens an admin route.
+    pub inference_api_keys: Vec<Secret>,
     /// Largest accepted request body; larger ones answer 413.
     pub max_request_body_bytes: usize,
 }
@@ -21,16 +24,18 @@ impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             admin_api_key: None,
+            inference_api_keys: Vec::new(),
             max_request_body_bytes: hangar_config::DEFAULT_MAX_REQUEST_BODY_BYTES as usize,
         }
     }
 }
 
 impl ServerOptions {
-    /// Options from a loaded config (admin key and body limit).
+    /// Options from a loaded config (keys and body limit).
     pub fn from_config(config: &hangar_config::Config) -> Self {
         Self {
             admin_api_key: config.admin_api_key.clone(),
+            inference_api_keys: config.inference_api_keys.clone(),
             max_request_body_bytes: usize::try_from(config.max_request_body_bytes.get())
                 .unwrap_or(usize::MAX),
         }

@@ -1,0 +1,155 @@
+//! Auth classes, route by route: every operation of `/openapi.json` is called without a
+//! key, with a wrong one, with each inference key and with the admin key, and must answer
+//! as its class says — and the document must declare that same class.
+//!
+//! The classes, written here independently of the route table: admin routes
+//! (`/v1/admin/…`, `/api/v1/load|unload`, `/v2/repository/…`) take only the admin key;
+//! inference routes (the other `/v1/…` routes and `/api/v1/stats`) take an inference key or
+//! the admin key; everything else (health, metrics, the document, KServe metadata) is open.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hangar_backend::stub::StubBackend;
+use hangar_config::Secret;
+use hangar_runtime::{Backends, Manager};
+use hangar_server::{HangarService, ServerOptions};
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full};
+use serde_json::{Value, json};
+
+const ADMIN: &str = "admin-key";
+const INFERENCE: [&str; 2] = ["inference-1", "inference-2"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Admin,
+    Inference,
+    Open,
+}
+
+fn class_of(path: &str) -> Class {
+    let admin = path.starts_with("/v1/admin/")
+        || path.starts_with("/v2/repository/")
+        || ["/api/v1/load", "/api/v1/unload"].contains(&path);
+    if admin {
+        Class::Admin
+    } else if path.starts_with("/v1/") || path == "/api/v1/stats" {
+        Class::Inference
+    } else {
+        Class::Open
+    }
+}
+
+fn service(admin: Option<&str>, inference: &[&str]) -> HangarService {
+    let config = hangar_config::Config::from_value(&json!({
+        "models": { "chat": { "backend": "stub", "stub": { "reply": "hi" } } }
+    }))
+    .unwrap();
+    let backends = Backends::new().with(Arc::new(StubBackend::new()));
+    let mut options = ServerOptions::from_config(&config);
+    options.admin_api_key = admin.map(Secret::new);
+    options.inference_api_keys = inference.iter().map(|k| Secret::new(*k)).collect();
+    HangarService::new(Manager::new(&config, backends), options)
+}
+
+async fn call(s: &HangarService, method: &Method, path: &str, key: Option<&str>) -> (u16, Value) {
+    let mut req = Request::builder().method(method.clone()).uri(path);
+    if let Some(key) = key {
+        req = req.header("authorization", format!("Bearer {key}"));
+    }
+    let body = if method == Method::POST { "{}" } else { "" };
+    let resp = s.handle(req.body(Full::new(Bytes::from(body))).unwrap()).await;
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// Every `(method, path)` the document lists.
+async fn operations(s: &HangarService) -> (Value, Vec<(Method, String)>) {
+    let (status, doc) = call(s, &Method::GET, "/openapi.json", None).await;
+    assert_eq!(status, 200);
+    let mut ops = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            ops.push((method.to_uppercase().parse().unwrap(), path.clone()));
+        }
+    }
+    (doc, ops)
+}
+
+fn refused(status: u16) -> bool {
+    status == 401 || status == 403
+}
+
+#[tokio::test]
+async fn every_route_answers_as_its_class_with_every_kind_of_key() {
+    let s = service(Some(ADMIN), &INFERENCE);
+    let (doc, ops) = operations(&s).await;
+    assert!(ops.len() > 20, "{ops:?}");
+    for class in [Class::Admin, Class::Inference, Class::Open] {
+        assert!(ops.iter().any(|(_, p)| class_of(p) == class), "no {class:?} route");
+    }
+    for (method, template) in ops {
+        let path = template.replace("{name}", "chat");
+        let class = class_of(&template);
+        let at = format!("{method} {path} ({class:?})");
+
+        let (status, body) = call(&s, &method, &path, None).await;
+        match class {
+            Class::Open => assert!(!refused(status), "{at}: {status} {body}"),
+            _ => assert_eq!((status, body["error"]["code"].as_str()).0, 401, "{at}: {body}"),
+        }
+        let (status, _) = call(&s, &method, &path, Some("not-a-key")).await;
+        assert_eq!(refused(status), class != Class::Open, "{at}: wrong key → {status}");
+        for key in INFERENCE {
+            let (status, body) = call(&s, &method, &path, Some(key)).await;
+            // An inference key never opens an admin route.
+            assert_eq!(status == 403, class == Class::Admin, "{at}: {key} → {status} {body}");
+            assert_ne!(status, 401, "{at}");
+        }
+        let (status, body) = call(&s, &method, &path, Some(ADMIN)).await;
+        assert!(!refused(status), "{at}: the admin key → {status} {body}");
+
+        let op = &doc["paths"][template.as_str()][method.as_str().to_lowercase()];
+        let expected = match class {
+            Class::Admin => json!([{ "bearerAuth": [] }]),
+            Class::Inference => json!([{ "inferenceBearerAuth": [] }, { "bearerAuth": [] }]),
+            Class::Open => Value::Null,
+        };
+        assert_eq!(op.get("security").cloned().unwrap_or(Value::Null), expected, "{at}");
+    }
+}
+
+#[tokio::test]
+async fn each_class_is_open_until_it_has_a_key_and_errors_say_which_key() {
+    // Inference keys only: admin routes stay open, inference routes need a key.
+    let s = service(None, &INFERENCE);
+    assert_eq!(call(&s, &Method::GET, "/v1/admin/models", None).await.0, 200);
+    let (status, body) = call(&s, &Method::GET, "/v1/models", None).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (401, Some("unauthorized")));
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("Bearer <inference key>"), "{message}");
+    let (status, body) = call(&s, &Method::GET, "/v1/models", Some("nope")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")));
+    assert_eq!(call(&s, &Method::GET, "/v1/models", Some(INFERENCE[1])).await.0, 200);
+
+    // The admin key only: inference routes stay open.
+    let s = service(Some(ADMIN), &[]);
+    assert_eq!(call(&s, &Method::GET, "/v1/models", None).await.0, 200);
+    let (status, body) = call(&s, &Method::GET, "/v1/admin/models", Some(INFERENCE[0])).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")));
+    let (doc, _) = operations(&s).await;
+    assert!(doc["components"]["securitySchemes"].get("inferenceBearerAuth").is_none());
+    assert!(doc["paths"]["/v1/models"]["get"].get("security").is_none());
+}
+
+#[tokio::test]
+async fn a_refused_request_changes_nothing() {
+    let s = service(Some(ADMIN), &INFERENCE);
+    let (status, _) =
+        call(&s, &Method::POST, "/v1/admin/models/chat/load", Some(INFERENCE[0])).await;
+    assert_eq!(status, 403);
+    let (_, row) = call(&s, &Method::GET, "/v1/admin/models/chat", Some(ADMIN)).await;
+    assert_eq!(row["runtime_state"], "unloaded", "{row}");
+}
