@@ -68,7 +68,7 @@ impl ModelState {
 }
 
 /// What happens to a model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LifecycleEvent {
     /// A load was accepted.

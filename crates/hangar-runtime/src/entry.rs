@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::events::StateChange;
+use crate::journal::EventKind;
 
 /// A configured model and its runtime state. The slot is the single owner of the model's
 /// lifecycle; every change goes through [`ModelEntry::apply`].
@@ -115,8 +116,11 @@ impl ModelEntry {
         events: &crate::events::Events,
     ) -> Option<ModelState> {
         let from = slot.lifecycle.state();
-        match slot.lifecycle.apply(event, error) {
+        match slot.lifecycle.apply(event, error.clone()) {
             Ok(to) => {
+                let cause = event;
+                let state = EventKind::State { from, to, cause, error };
+                events.journal.record(&self.config.name, state);
                 events.emit(StateChange { model: self.config.name.clone(), from, to, event });
                 Some(to)
             }

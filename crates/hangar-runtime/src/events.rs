@@ -38,6 +38,8 @@ pub struct ManagerCounters {
 
 pub(crate) struct Events {
     tx: broadcast::Sender<StateChange>,
+    /// Every operator-visible change, numbered, for `GET /v1/admin/events`.
+    pub(crate) journal: crate::journal::Journal,
     pub(crate) loads: AtomicU64,
     pub(crate) load_failures: AtomicU64,
     pub(crate) unloads: AtomicU64,
@@ -49,6 +51,7 @@ impl Events {
     pub(crate) fn new() -> Self {
         Self {
             tx: broadcast::Sender::new(1024),
+            journal: crate::journal::Journal::new(),
             loads: AtomicU64::new(0),
             load_failures: AtomicU64::new(0),
             unloads: AtomicU64::new(0),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use hangar_backend::{
     CrashSink, LoadError, LoadOverride, LoadRequest, ProgressSink, Runtime, validate_load_override,
 };
-use hangar_config::ModelConfig;
+use hangar_config::{ModelConfig, ModelName};
 use hangar_eviction::{
     EvictionPlan, Incoming, LoadFailure, LoadedModel, plan_load, plan_retry_after_failure,
 };
@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use crate::entry::{ModelEntry, Slot};
 use crate::error::{ManagerError, load_failed_message};
 use crate::events::Events;
+use crate::journal::EventKind;
 use crate::manager::{LoadOptions, Manager};
 use crate::snapshot::{ModelSnapshot, snapshot_of};
 use crate::unload::UnloadCause;
@@ -214,7 +215,8 @@ impl Manager {
                 model_type: entry.config.model_type,
                 device: entry.config.device,
             };
-            self.execute(plan_load(&self.loaded_models(), &incoming, &self.inner.limits)).await;
+            let plan = plan_load(&self.loaded_models(), &incoming, &self.inner.limits);
+            self.execute(plan, &entry.config.name).await;
             self.load_with_retry(&entry, &model, replicas).await
         };
 
@@ -259,7 +261,7 @@ impl Manager {
         ) {
             Some(plan) if !plan.is_empty() => {
                 tracing::warn!(model = %entry.config.name, error = %first, "load failed; evicting every other model and retrying once");
-                self.execute(plan).await;
+                self.execute(plan, &entry.config.name).await;
                 self.load_replicas(entry, model, replicas).await.map_err(|second| {
                     format!("{first}; retry after evicting all other models failed: {second}")
                 })
@@ -373,10 +375,19 @@ impl Manager {
         let mut runtimes: Vec<Arc<dyn Runtime>> = Vec::with_capacity(replicas as usize);
         // Loads of one model are serialized: these runtimes are installed as the next one.
         let generation = entry.lock().generation + 1;
+        // The progress last journaled, over every replica of this load.
+        let journaled = Arc::new(std::sync::Mutex::new(None));
         for replica in 0..replicas {
             let progress_entry = Arc::clone(entry);
+            let (manager, journaled) = (Arc::downgrade(&self.inner), Arc::clone(&journaled));
             let progress = ProgressSink::new(move |p| {
-                progress_entry.lock().load_progress = Some((replica as f32 + p) / replicas as f32);
+                let share = (replica as f32 + p) / replicas as f32;
+                progress_entry.lock().load_progress = Some(share);
+                if let Some(inner) = manager.upgrade() {
+                    let mut last = journaled.lock().unwrap_or_else(|e| e.into_inner());
+                    let name = &progress_entry.config.name;
+                    *last = inner.events.journal.progress(name, *last, share);
+                }
             });
             let (manager, crashed) = (Arc::downgrade(&self.inner), Arc::downgrade(entry));
             let crash = CrashSink::new(move |reason| {
@@ -423,10 +434,14 @@ impl Manager {
         loaded
     }
 
-    async fn execute(&self, plan: EvictionPlan) {
+    /// Unloads the plan's victims to make room for `incoming`.
+    async fn execute(&self, plan: EvictionPlan, incoming: &ModelName) {
         for victim in plan.victims {
             let Ok(entry) = self.entry(victim.name.as_str()) else { continue };
             tracing::info!(model = %victim.name, reason = %victim.reason, wait = victim.wait_for_drain, "evicting");
+            let reason = victim.reason.as_str().to_owned();
+            let evicted = EventKind::Evicted { reason, for_model: incoming.to_string() };
+            self.inner.events.journal.record(&victim.name, evicted);
             if self.unload_entry(&entry, UnloadCause::Eviction).await {
                 Events::bump(&self.inner.events.evictions);
             }

@@ -17,6 +17,7 @@ use tokio::sync::broadcast;
 use crate::entry::ModelEntry;
 use crate::error::ManagerError;
 use crate::events::{Events, ManagerCounters, StateChange};
+use crate::journal::Follow;
 use crate::snapshot::{ModelFilter, ModelSnapshot, ModelStatus, snapshot_of};
 
 /// The engines a manager can load models with, by backend kind.
@@ -222,6 +223,18 @@ impl Manager {
     /// Every state change from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<StateChange> {
         self.inner.events.subscribe()
+    }
+
+    /// The event journal from after `after` — the epoch and id of the last event a follower
+    /// saw ([`Manager::events_epoch`], [`ManagerEvent::id`](crate::ManagerEvent::id)) — with the live feed of every
+    /// later event; `None` follows from now on. See [`Follow`] for what a gap means.
+    pub fn follow_events(&self, after: Option<(u64, u64)>) -> Follow {
+        self.inner.events.journal.follow(after)
+    }
+
+    /// The epoch of this manager's event ids: its start, Unix milliseconds.
+    pub fn events_epoch(&self) -> u64 {
+        self.inner.events.journal.epoch
     }
 
     /// Loads every model whose config says `enabled: true`, one after another, and returns

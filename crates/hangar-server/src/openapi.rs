@@ -273,6 +273,17 @@ fn success(route: &Route, generator: &mut SchemaGenerator) -> Value {
             });
             json!({ "description": "Success; a JSON body, or an event stream with `stream: true`.", "content": content })
         }
+        Success::Events(event) => {
+            let event = event(generator).to_value();
+            let stream = json!({
+                "schema": {
+                    "type": "string",
+                    "description": "Server-sent events, each `data:` line one JSON event as `x-event-schema` describes.",
+                },
+                "x-event-schema": event,
+            });
+            json!({ "description": "Success: an event stream.", "content": { "text/event-stream": stream } })
+        }
         Success::Metrics => {
             let text = json!({ "schema": { "type": "string", "description": "Prometheus text exposition format." } });
             json!({ "description": "Success.", "content": { PROMETHEUS_TEXT: text.clone(), OPENMETRICS_TEXT: text } })

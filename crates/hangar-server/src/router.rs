@@ -82,6 +82,8 @@ pub(crate) enum Success {
     /// `application/json` of the first type, or with `stream: true` a `text/event-stream`
     /// of events of the second.
     JsonOrEvents(SchemaFn, SchemaFn),
+    /// Always a `text/event-stream` of events of this type.
+    Events(SchemaFn),
     /// Prometheus / OpenMetrics text.
     Metrics,
     /// No body.
@@ -196,6 +198,11 @@ impl Route {
 
     pub(crate) fn ok<T: JsonSchema>(mut self) -> Self {
         self.success = Success::Json(schema_of::<T>());
+        self
+    }
+
+    pub(crate) fn events<E: JsonSchema>(mut self) -> Self {
+        self.success = Success::Events(schema_of::<E>());
         self
     }
 

@@ -93,6 +93,15 @@ pub(crate) fn all() -> Vec<Route> {
             .query::<admin::LogsQuery>()
             .ok_or_events::<admin::LogsResponse, admin::LogLineOut>()
             .errors(&[UnknownModel, InvalidRequest]),
+        Route::new(get.clone(), "/v1/admin/events", Admin, api!(admin::events))
+            .admin()
+            .doc(
+                "Live changes of every model",
+                "Server-sent events, one per change, from now on: state transitions (with their cause and, for failures and crashes, the error), load progress in 5 % steps, evictions with their reason and the model that needed the room. Each event's `id` is `<epoch>-<n>`; a client that reconnects with `Last-Event-ID` (the header browsers send, or the `last_event_id` query parameter) first gets every event it missed from the last 1,024 kept. When some are gone (too far behind, or the server restarted) a `{\"type\": \"resync\"}` event without an id comes first: re-read `GET /v1/admin/models`. A comment line every 15 s keeps idle connections open through proxies.",
+            )
+            .query::<admin::EventsQuery>()
+            .events::<admin::EventOut>()
+            .errors(&[InvalidRequest]),
         Route::new(get.clone(), "/v1/admin/gpu-memory", Admin, api!(admin::gpu_memory))
             .admin()
             .doc(

@@ -61,6 +61,10 @@ async fn call(s: &HangarService, method: &Method, path: &str, key: Option<&str>)
     let body = if method == Method::POST { "{}" } else { "" };
     let resp = s.handle(req.body(Full::new(Bytes::from(body))).unwrap()).await;
     let status = resp.status().as_u16();
+    if resp.headers().get("content-type").is_some_and(|t| t == "text/event-stream") {
+        // An event stream stays open: the status is the answer.
+        return (status, Value::Null);
+    }
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }

@@ -1,5 +1,6 @@
-//! Admin routes (`runtime-admin-api.md`): list, show, load, unload, GPU memory.
+//! Admin routes (`runtime-admin-api.md`): list, show, load, unload, logs, events, GPU memory.
 
+mod events;
 mod logs;
 mod row;
 
@@ -13,6 +14,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+pub(crate) use events::{EventOut, EventsQuery, events};
 pub(crate) use logs::{LogLineOut, LogsQuery, LogsResponse, logs};
 pub use row::ModelRow;
 pub(crate) use row::StaticRows;

@@ -1,0 +1,141 @@
+//! `GET /v1/admin/events`: the manager's event journal as server-sent events, from now on,
+//! or — with `Last-Event-ID` — from after the last event a client saw.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use hangar_runtime::{Follow, Manager, ManagerEvent};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+
+use crate::body::{Response, sse_response};
+use crate::error::ApiError;
+use crate::openai::data_event;
+use crate::router::Ctx;
+
+/// A comment line goes out after this long without an event, so proxies and clients see a
+/// live connection.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// Query of the events route.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+pub(crate) struct EventsQuery {
+    /// Resume after this event id (`<epoch>-<n>`, as sent); the `Last-Event-ID` header does
+    /// the same and this parameter wins over it.
+    last_event_id: Option<String>,
+}
+
+/// The `data` of each event: a journaled change, or a resync notice.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub(crate) enum EventOut {
+    /// A change, with its id.
+    Event(ManagerEvent),
+    /// Events the client asked for are gone: re-read the models.
+    Resync(Resync),
+}
+
+/// Sent first, without an id, when events after the client's `Last-Event-ID` are no longer
+/// kept (it is too far behind, or the server restarted).
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct Resync {
+    /// Always `resync`.
+    #[serde(rename = "type")]
+    kind: ResyncKind,
+    /// What to do.
+    message: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum ResyncKind {
+    Resync,
+}
+
+/// `GET /v1/admin/events`.
+pub(crate) async fn events(ctx: Ctx) -> Result<Response, ApiError> {
+    let query: EventsQuery = ctx.query()?;
+    let header = ctx.headers.get("last-event-id").and_then(|v| v.to_str().ok());
+    let after = query.last_event_id.as_deref().or(header).map(parse_id).transpose()?;
+    let manager = ctx.state.manager.clone();
+    let follow = manager.follow_events(after);
+    let (response, sse) = sse_response();
+    tokio::spawn(pump(manager, follow, sse));
+    Ok(response)
+}
+
+/// `<epoch>-<n>` → `(epoch, n)`.
+fn parse_id(id: &str) -> Result<(u64, u64), ApiError> {
+    id.trim()
+        .split_once('-')
+        .and_then(|(epoch, n)| Some((epoch.parse().ok()?, n.parse().ok()?)))
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "Last-Event-ID `{id}` is not an event id of this server (`<epoch>-<n>`)"
+            ))
+        })
+}
+
+/// Sends the backlog, then the live feed, until the client goes away. A follower that
+/// falls behind the live feed picks up again from the journal.
+async fn pump(manager: Manager, mut follow: Follow, sse: mpsc::Sender<Bytes>) {
+    let epoch = manager.events_epoch();
+    // The id of the last event sent (or skipped as already known).
+    let mut cursor = follow.backlog.first().map_or(follow.last_id, |e| e.id - 1);
+    loop {
+        if follow.gap {
+            let message = "events after the given Last-Event-ID are no longer kept: re-read \
+                           GET /v1/admin/models";
+            let resync = Resync { kind: ResyncKind::Resync, message: message.to_owned() };
+            if sse.send(data_event(&EventOut::Resync(resync))).await.is_err() {
+                return;
+            }
+        }
+        for event in std::mem::take(&mut follow.backlog) {
+            if !send(&sse, epoch, &mut cursor, event).await {
+                return;
+            }
+        }
+        loop {
+            tokio::select! {
+                next = follow.live.recv() => match next {
+                    Ok(event) => {
+                        if !send(&sse, epoch, &mut cursor, event).await {
+                            return;
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => break,
+                    Err(RecvError::Closed) => return,
+                },
+                () = sse.closed() => return,
+                () = tokio::time::sleep(KEEP_ALIVE) => {
+                    if sse.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        // Fell behind the live feed: what was missed is still in the journal (or a resync
+        // says it is not).
+        follow = manager.follow_events(Some((epoch, cursor)));
+    }
+}
+
+/// Sends `event` with its id unless the cursor is already past it; false once the client
+/// is gone.
+async fn send(
+    sse: &mpsc::Sender<Bytes>,
+    epoch: u64,
+    cursor: &mut u64,
+    event: ManagerEvent,
+) -> bool {
+    if event.id <= *cursor {
+        return true;
+    }
+    *cursor = event.id;
+    let id = event.id;
+    let json = serde_json::to_string(&EventOut::Event(event)).unwrap_or_else(|_| "{}".to_owned());
+    sse.send(Bytes::from(format!("id: {epoch}-{id}\ndata: {json}\n\n"))).await.is_ok()
+}
