@@ -26,6 +26,11 @@ pub(crate) struct ModelEntry {
     changed: Notify,
     /// Held by whoever creates or destroys this model's runtimes.
     pub(crate) resources: tokio::sync::Mutex<()>,
+    /// The admin lock: held for the whole of one admin operation (load, reload, unload) so
+    /// that operations on one model run one at a time; waited for at most
+    /// `admin_lock_timeout`. Evictions do not take it (a load holding its own model's lock
+    /// may evict another).
+    pub(crate) admin: Arc<tokio::sync::Mutex<()>>,
     /// Its engine's output, across loads.
     pub(crate) logs: ModelLogs,
 }
@@ -78,6 +83,7 @@ impl ModelEntry {
             artifact_mib,
             changed: Notify::new(),
             resources: tokio::sync::Mutex::new(()),
+            admin: Arc::new(tokio::sync::Mutex::new(())),
             logs: ModelLogs::default(),
         }
     }

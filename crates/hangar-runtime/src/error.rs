@@ -90,6 +90,18 @@ pub enum ManagerError {
     /// The request reached a runtime and failed there.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// Another admin operation on the model held its admin lock for longer than
+    /// `admin_lock_timeout`; nothing was done.
+    #[error(
+        "another admin operation on model '{model}' has been running for over {} s; try again later",
+        waited.as_secs_f64()
+    )]
+    AdminBusy {
+        /// The model.
+        model: String,
+        /// How long this call waited.
+        waited: std::time::Duration,
+    },
 }
 
 /// "load failed: <reason>", without doubling the prefix the backend's reason may carry.
@@ -171,6 +183,8 @@ pub enum ErrorCode {
     UpstreamError,
     /// The engine could not be reached or did not answer in time.
     BackendUnavailable,
+    /// Another admin operation on the model held it longer than `admin_lock_timeout`.
+    AdminBusy,
 }
 
 impl ErrorCode {
@@ -201,6 +215,7 @@ impl ManagerError {
             Self::InvalidLoadSchema { .. } => ErrorCode::InvalidRequestBody,
             Self::InvalidLoadRequest { .. } => ErrorCode::InvalidLoadRequest,
             Self::LoadFailed { .. } => ErrorCode::LoadFailed,
+            Self::AdminBusy { .. } => ErrorCode::AdminBusy,
             Self::Runtime(e) => match e.code() {
                 R::BackendCrashed => ErrorCode::BackendCrashed,
                 R::Cancelled => ErrorCode::Cancelled,

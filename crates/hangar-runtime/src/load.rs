@@ -100,48 +100,38 @@ impl Manager {
         let entry = self.entry(name)?;
         let prepared =
             if options.is_empty() { None } else { Some(prepare(&entry.config, &options)?) };
-        let start = {
-            let mut slot = entry.lock();
-            let same = prepared.as_ref().is_none_or(|p| same_is_ok && p.same_as(&slot));
-            match slot.lifecycle.state() {
-                ModelState::Loaded if same => return Ok(snapshot_of(&entry, &slot)),
-                ModelState::Loaded => {
-                    return Err(ManagerError::InvalidLoadRequest {
-                        field: None,
-                        message: "the model is loaded; unload it before changing replicas or \
-                                  overrides"
-                            .into(),
-                    });
-                }
-                ModelState::Loading if same => false,
-                ModelState::Loading => {
-                    return Err(ManagerError::Conflict {
-                        state: ModelState::Loading,
-                        message: "the model is already loading with other options".into(),
-                    });
-                }
-                ModelState::Unloading => {
-                    return Err(ManagerError::Conflict {
-                        state: ModelState::Unloading,
-                        message: "the model is unloading; load it again once it is unloaded".into(),
-                    });
-                }
-                ModelState::Unloaded | ModelState::Failed => {
-                    let p = prepared.unwrap_or_else(|| Prepared::configured(&entry.config));
-                    slot.effective = p.effective;
-                    slot.load_override = p.load_override;
-                    slot.replicas = p.replicas;
-                    slot.load_progress = Some(0.0);
-                    slot.loaded_replicas = 0;
-                    entry.apply(&mut slot, LifecycleEvent::StartLoad, None, &self.inner.events);
-                    true
-                }
+        // Answers that change nothing come at once; a load to start or to wait for takes
+        // the admin lock first, and the state is checked again under it.
+        if let Next::Answer(answer) = next_step(&entry, prepared.as_ref(), same_is_ok)? {
+            return Ok(*answer);
+        }
+        let admin = self.admin_lock(&entry).await?;
+        let start = match next_step(&entry, prepared.as_ref(), same_is_ok)? {
+            Next::Answer(answer) => return Ok(*answer),
+            Next::Wait => false,
+            Next::Start => {
+                let mut slot = entry.lock();
+                let p = prepared.unwrap_or_else(|| Prepared::configured(&entry.config));
+                slot.effective = p.effective;
+                slot.load_override = p.load_override;
+                slot.replicas = p.replicas;
+                slot.load_progress = Some(0.0);
+                slot.loaded_replicas = 0;
+                entry.apply(&mut slot, LifecycleEvent::StartLoad, None, &self.inner.events);
+                true
             }
         };
         entry.notify();
         if start {
+            // The lock goes with the load, which runs to its end even if this caller leaves.
             let (this, e) = (self.clone(), Arc::clone(&entry));
-            let _ = tokio::spawn(async move { this.run_load(e).await }).await;
+            let _ = tokio::spawn(async move {
+                let _admin = admin;
+                this.run_load(e).await;
+            })
+            .await;
+        } else {
+            drop(admin);
         }
         entry.wait_until(|s| s.lifecycle.state() != ModelState::Loading).await;
         let slot = entry.lock();
@@ -174,10 +164,14 @@ impl Manager {
     ) -> Result<ModelSnapshot, ManagerError> {
         let entry = self.entry(name)?;
         let prepared = prepare(&entry.config, &options)?;
+        let admin = self.admin_lock(&entry).await?;
         let state = entry.lock().lifecycle.state();
         match state {
             ModelState::Loaded => {}
-            ModelState::Unloaded | ModelState::Failed => return self.load(name, options).await,
+            ModelState::Unloaded | ModelState::Failed => {
+                drop(admin);
+                return self.load(name, options).await;
+            }
             state @ (ModelState::Loading | ModelState::Unloading) => {
                 return Err(ManagerError::Conflict {
                     state,
@@ -186,7 +180,11 @@ impl Manager {
             }
         }
         let (this, e) = (self.clone(), Arc::clone(&entry));
-        match tokio::spawn(async move { this.run_reload(e, prepared).await }).await {
+        let reload = async move {
+            let _admin = admin;
+            this.run_reload(e, prepared).await
+        };
+        match tokio::spawn(reload).await {
             Ok(result) => result,
             Err(_) => Err(ManagerError::LoadFailed {
                 message: "reload failed: the reload task panicked".into(),
@@ -446,6 +444,47 @@ impl Manager {
                 Events::bump(&self.inner.events.evictions);
             }
         }
+    }
+}
+
+/// What a load does given the model's state.
+enum Next {
+    /// Answer with this snapshot: nothing to do.
+    Answer(Box<ModelSnapshot>),
+    /// Wait for the load in progress.
+    Wait,
+    /// Start a load.
+    Start,
+}
+
+/// The load rules: a model loaded or loading with the same options (no options are the
+/// same as any) is answered or waited for; other options for a loaded model are invalid, for
+/// a loading one a conflict; an unloading model conflicts; an unloaded or failed one loads.
+/// (A model that is being unloaded and then loaded again with another definition needs an
+/// unload first.)
+fn next_step(
+    entry: &ModelEntry,
+    prepared: Option<&Prepared>,
+    same_is_ok: bool,
+) -> Result<Next, ManagerError> {
+    let slot = entry.lock();
+    let same = prepared.is_none_or(|p| same_is_ok && p.same_as(&slot));
+    match slot.lifecycle.state() {
+        ModelState::Loaded if same => Ok(Next::Answer(Box::new(snapshot_of(entry, &slot)))),
+        ModelState::Loaded => Err(ManagerError::InvalidLoadRequest {
+            field: None,
+            message: "the model is loaded; unload it before changing replicas or overrides".into(),
+        }),
+        ModelState::Loading if same => Ok(Next::Wait),
+        ModelState::Loading => Err(ManagerError::Conflict {
+            state: ModelState::Loading,
+            message: "the model is already loading with other options".into(),
+        }),
+        ModelState::Unloading => Err(ManagerError::Conflict {
+            state: ModelState::Unloading,
+            message: "the model is unloading; load it again once it is unloaded".into(),
+        }),
+        ModelState::Unloaded | ModelState::Failed => Ok(Next::Start),
     }
 }
 

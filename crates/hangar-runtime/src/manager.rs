@@ -77,6 +77,8 @@ pub(crate) struct Inner {
     pub(crate) limits: MaxLoadedModels,
     pub(crate) auto_load: bool,
     pub(crate) max_queue_depth: usize,
+    /// How long an admin operation waits for another on the same model.
+    pub(crate) admin_lock_timeout: std::time::Duration,
     pub(crate) load_queue: tokio::sync::Mutex<()>,
     pub(crate) events: Events,
     pub(crate) last_loaded: std::sync::Mutex<Option<ModelName>>,
@@ -113,11 +115,27 @@ impl Manager {
                 limits: config.max_loaded_models,
                 auto_load: config.auto_load,
                 max_queue_depth: config.max_queue_depth.get() as usize,
+                admin_lock_timeout: config.admin_lock_timeout,
                 load_queue: tokio::sync::Mutex::new(()),
                 events: Events::new(),
                 last_loaded: std::sync::Mutex::new(None),
             }),
         }
+    }
+
+    /// Takes `entry`'s admin lock, waiting at most `admin_lock_timeout` for the operation
+    /// that holds it.
+    ///
+    /// # Errors
+    /// [`ManagerError::AdminBusy`] when the wait ran out.
+    pub(crate) async fn admin_lock(
+        &self,
+        entry: &ModelEntry,
+    ) -> Result<tokio::sync::OwnedMutexGuard<()>, ManagerError> {
+        let waited = self.inner.admin_lock_timeout;
+        tokio::time::timeout(waited, Arc::clone(&entry.admin).lock_owned())
+            .await
+            .map_err(|_| ManagerError::AdminBusy { model: entry.config.name.to_string(), waited })
     }
 
     pub(crate) fn entry(&self, name: &str) -> Result<Arc<ModelEntry>, ManagerError> {

@@ -26,25 +26,36 @@ impl Manager {
     /// Unloaded, unloading or failed: the current state, nothing changes.
     ///
     /// # Errors
-    /// `unknown_model`; [`ManagerError::Conflict`] while the model is loading.
+    /// `unknown_model`; [`ManagerError::Conflict`] while the model is loading;
+    /// [`ManagerError::AdminBusy`] when another admin operation holds the model too long.
     pub async fn unload(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
         let entry = self.entry(name)?;
-        {
+        // Answers that change nothing come at once; an unload takes the admin lock first,
+        // and the state is checked again under it.
+        let check = || {
             let slot = entry.lock();
             match slot.lifecycle.state() {
-                ModelState::Loaded => {}
-                ModelState::Loading => {
-                    return Err(ManagerError::Conflict {
-                        state: ModelState::Loading,
-                        message: "the model is loading; unload it once it is loaded".into(),
-                    });
-                }
-                _ => return Ok(snapshot_of(&entry, &slot)),
+                ModelState::Loaded => Ok(None),
+                ModelState::Loading => Err(ManagerError::Conflict {
+                    state: ModelState::Loading,
+                    message: "the model is loading; unload it once it is loaded".into(),
+                }),
+                _ => Ok(Some(snapshot_of(&entry, &slot))),
             }
+        };
+        if let Some(answer) = check()? {
+            return Ok(answer);
+        }
+        let admin = self.admin_lock(&entry).await?;
+        if let Some(answer) = check()? {
+            return Ok(answer);
         }
         let (this, e) = (self.clone(), Arc::clone(&entry));
-        let _ =
-            tokio::spawn(async move { this.unload_entry(&e, UnloadCause::Request).await }).await;
+        let unload = async move {
+            let _admin = admin;
+            this.unload_entry(&e, UnloadCause::Request).await
+        };
+        let _ = tokio::spawn(unload).await;
         let slot = entry.lock();
         Ok(snapshot_of(&entry, &slot))
     }

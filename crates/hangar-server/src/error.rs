@@ -88,6 +88,9 @@ pub enum ErrorCode {
     NothingToUnload,
     /// 400: KServe v2 model readiness of a configured model that is not ready.
     ModelNotReady,
+    /// 503: another admin operation on the model (load, unload, …) held it for longer than
+    /// `admin_lock_timeout_s`; nothing was done.
+    AdminBusy,
 }
 
 impl ErrorCode {
@@ -96,9 +99,8 @@ impl ErrorCode {
         use ErrorCode::*;
         match self {
             UnknownModel | NotFound | NothingToUnload => StatusCode::NOT_FOUND,
-            ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed | BackendUnavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed | BackendUnavailable
+            | AdminBusy => StatusCode::SERVICE_UNAVAILABLE,
             QueueFull => StatusCode::TOO_MANY_REQUESTS,
             StateConflict => StatusCode::CONFLICT,
             InvalidRequestBody => StatusCode::UNPROCESSABLE_ENTITY,

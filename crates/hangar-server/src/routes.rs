@@ -41,9 +41,12 @@ const INFERENCE: &[ErrorCode] = &[
     BackendCrashed,
     UpstreamError,
     BackendUnavailable,
+    // An auto-load waits for the model's admin lock like any load.
+    AdminBusy,
 ];
 
-const LOAD: &[ErrorCode] = &[UnknownModel, InvalidLoadRequest, LoadFailed, StateConflict];
+const LOAD: &[ErrorCode] =
+    &[UnknownModel, InvalidLoadRequest, LoadFailed, StateConflict, AdminBusy];
 
 /// Every route of the service.
 pub(crate) fn all() -> Vec<Route> {
@@ -83,7 +86,7 @@ pub(crate) fn all() -> Vec<Route> {
                 "Stops admissions, cancels queued requests with model_unloading, lets running requests finish, releases the runtimes, then answers. 200 when already unloaded or unloading; 409 state_conflict while loading.",
             )
             .ok::<admin::ModelRow>()
-            .errors(&[UnknownModel, StateConflict]),
+            .errors(&[UnknownModel, StateConflict, AdminBusy]),
         Route::new(get.clone(), "/v1/admin/models/{name}/logs", Admin, api!(admin::logs))
             .admin()
             .doc(
@@ -203,7 +206,7 @@ pub(crate) fn all() -> Vec<Route> {
             )
             .body::<multi_model::UnloadBody>(true)
             .ok::<multi_model::UnloadResponse>()
-            .errors(&[UnknownModel, NothingToUnload, StateConflict]),
+            .errors(&[UnknownModel, NothingToUnload, StateConflict, AdminBusy]),
         // Model repository: KServe v2 / Triton
         Route::new(get.clone(), "/v2", Repository, v2!(kserve::server_metadata))
             .doc(
@@ -238,7 +241,14 @@ pub(crate) fn all() -> Vec<Route> {
             )
             .body::<kserve::LoadBody>(true)
             .ok::<kserve::Empty>()
-            .errors(&[UnknownModel, InvalidRequest, InvalidLoadRequest, LoadFailed, StateConflict]),
+            .errors(&[
+                UnknownModel,
+                InvalidRequest,
+                InvalidLoadRequest,
+                LoadFailed,
+                StateConflict,
+                AdminBusy,
+            ]),
         Route::new(
             post.clone(),
             "/v2/repository/models/{name}/unload",
@@ -252,7 +262,7 @@ pub(crate) fn all() -> Vec<Route> {
         )
         .body::<kserve::UnloadBody>(true)
         .ok::<kserve::Empty>()
-        .errors(&[UnknownModel, InvalidRequest, StateConflict]),
+        .errors(&[UnknownModel, InvalidRequest, StateConflict, AdminBusy]),
         // Operations
         Route::new(get.clone(), "/metrics", Operations, api!(health::metrics))
             .doc(

@@ -351,3 +351,44 @@ async fn healthz_and_readyz() {
     assert_eq!(call(&s, Method::GET, "/readyz", "", None).await.0, 200);
     assert_eq!(call(&s, Method::GET, "/healthz", "", None).await.1["status"], "ok");
 }
+
+/// Admin operations on one model run one at a time; one that cannot start within
+/// `admin_lock_timeout_s` answers 503 `admin_busy` and changes nothing.
+#[tokio::test]
+async fn admin_operations_on_a_model_wait_for_each_other_at_most_the_lock_timeout() {
+    let config = hangar_config::Config::from_value(&json!({
+        "admin_lock_timeout_s": 1,
+        "models": {
+            "slow": { "backend": "stub", "stub": { "load_delay_ms": 2500, "unload_delay_ms": 300 } }
+        }
+    }))
+    .unwrap();
+    let backends = Backends::new().with(Arc::new(StubBackend::new()));
+    let s =
+        HangarService::new(Manager::new(&config, backends), ServerOptions::from_config(&config));
+    let first = tokio::spawn({
+        let s = s.clone();
+        async move { post(&s, "/v1/admin/models/slow/load", "").await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // An unload while loading is a state conflict, answered at once.
+    let (status, body) = post(&s, "/v1/admin/models/slow/unload", "").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("state_conflict")), "{body}");
+    // A second load waits for the first one's lock, and gives up after a second.
+    let started = std::time::Instant::now();
+    let (status, body) = post(&s, "/v1/admin/models/slow/load", "").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("admin_busy")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("'slow'"), "{body}");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900));
+    assert_eq!(first.await.unwrap().0, 200, "the first load went on");
+
+    // Two unloads: the second waits for the first and finds the model unloaded.
+    let second = tokio::spawn({
+        let s = s.clone();
+        async move { post(&s, "/v1/admin/models/slow/unload", "").await }
+    });
+    let (status, row) = post(&s, "/v1/admin/models/slow/unload", "").await;
+    assert_eq!((status, row["runtime_state"].as_str()), (200, Some("unloaded")), "{row}");
+    let (status, row) = second.await.unwrap();
+    assert_eq!((status, row["runtime_state"].as_str()), (200, Some("unloaded")), "{row}");
+}
