@@ -263,25 +263,17 @@ fn success(route: &Route, generator: &mut SchemaGenerator) -> Value {
         }
         Success::JsonOrEvents(schema, event) => {
             let mut content = json_content(schema, generator);
-            let event = event(generator).to_value();
-            content["text/event-stream"] = json!({
-                "schema": {
-                    "type": "string",
-                    "description": "With `stream: true`: server-sent events, each `data:` line one JSON event as `x-event-schema` describes (chat and completion streams end with `data: [DONE]`).",
-                },
-                "x-event-schema": event,
-            });
+            content["text/event-stream"] = event_stream(
+                event(generator).to_value(),
+                "With `stream: true` (or `follow=true`): server-sent events, each `data:` line one JSON event (chat and completion streams end with `data: [DONE]`).",
+            );
             json!({ "description": "Success; a JSON body, or an event stream with `stream: true`.", "content": content })
         }
         Success::Events(event) => {
-            let event = event(generator).to_value();
-            let stream = json!({
-                "schema": {
-                    "type": "string",
-                    "description": "Server-sent events, each `data:` line one JSON event as `x-event-schema` describes.",
-                },
-                "x-event-schema": event,
-            });
+            let stream = event_stream(
+                event(generator).to_value(),
+                "Server-sent events, each `data:` line one JSON event.",
+            );
             json!({ "description": "Success: an event stream.", "content": { "text/event-stream": stream } })
         }
         Success::Metrics => {
@@ -290,6 +282,28 @@ fn success(route: &Route, generator: &mut SchemaGenerator) -> Value {
         }
         Success::Empty => json!({ "description": "Success, with an empty body." }),
     }
+}
+
+/// A `text/event-stream` media type: per OpenAPI 3.1 practice (3.2's `itemSchema`), the
+/// schema is that of one parsed event — `data` a string holding JSON of the `event` schema
+/// (`contentMediaType` / `contentSchema`), `event`, `id` and `retry` as the SSE fields —
+/// which is how validators such as schemathesis check each event of a stream. The event's
+/// schema is repeated as `x-event-schema` for readers.
+fn event_stream(event: Value, description: &str) -> Value {
+    json!({
+        "schema": {
+            "type": "object",
+            "description": description,
+            "required": ["data"],
+            "properties": {
+                "data": { "type": "string", "contentMediaType": "application/json", "contentSchema": event },
+                "event": { "type": "string" },
+                "id": { "type": "string" },
+                "retry": { "type": "integer", "minimum": 0 },
+            },
+        },
+        "x-event-schema": event,
+    })
 }
 
 /// Query parameters from an object schema's properties.

@@ -172,6 +172,9 @@ async fn ids_of_another_server_run_get_a_resync_first_and_bad_ids_a_400() {
     let (status, body) =
         call(&s, Method::GET, "/v1/admin/events?last_event_id=yesterday", json!(null)).await;
     assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_request")), "{body}");
+    // The largest id the document's pattern allows is well-formed: another epoch, a resync.
+    let mut largest = Events::open(&s, Some("9999999999999999999-9999999999999999999")).await;
+    assert_eq!(largest.next().await.1["type"], "resync");
 }
 
 #[tokio::test]

@@ -397,6 +397,21 @@ async fn streaming_routes_offer_an_event_stream() {
     for path in ["/v1/embeddings", "/v1/rerank"] {
         assert!(content(path).get("text/event-stream").is_none(), "{path}");
     }
+    // Each stream's schema is that of one parsed event: `data` a string holding JSON of the
+    // event's schema, as validators check every event of a stream.
+    let events = &doc["paths"]["/v1/admin/events"]["get"]["responses"]["200"]["content"];
+    let chat = content("/v1/chat/completions");
+    for stream in [&events["text/event-stream"], &chat["text/event-stream"]] {
+        let schema = &stream["schema"];
+        assert_eq!((&schema["type"], &schema["required"]), (&json!("object"), &json!(["data"])));
+        let data = &schema["properties"]["data"];
+        assert_eq!(
+            (&data["type"], &data["contentMediaType"]),
+            (&json!("string"), &json!("application/json"))
+        );
+        assert_eq!(data["contentSchema"], stream["x-event-schema"]);
+        assert!(data["contentSchema"]["$ref"].is_string(), "{data}");
+    }
 }
 
 /// A line of the Prometheus text format: `name{labels} value`, labels optional, the value a

@@ -24,6 +24,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 pub(crate) struct EventsQuery {
     /// Resume after this event id (`<epoch>-<n>`, as sent); the `Last-Event-ID` header does
     /// the same and this parameter wins over it.
+    #[schemars(regex(pattern = r"^[0-9]{1,19}-[0-9]{1,19}$"))]
     last_event_id: Option<String>,
 }
 
