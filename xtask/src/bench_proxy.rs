@@ -5,7 +5,7 @@
 //! 1. `hangard` (release) runs a config of one `llama_server` model ([`MODEL`], the fixture
 //!    [`FIXTURE`], `llama_server_n_ctx` [`N_CTX`], `--no-webui`, everything else on its
 //!    defaults) and loads it: Hangar starts its own `llama-server` child. That child is the
-//!    one upstream of all three paths: its address comes from
+//!    one upstream of every path: its address comes from
 //!    `GET /v1/admin/models/{name}` → `runtime_details[0].backend_url`. nginx (Debian's
 //!    package, installed with apt when missing and running as root) runs twice in the
 //!    foreground with that child as its upstream, on generated configs in

@@ -460,8 +460,6 @@ enum Next {
 /// The load rules: a model loaded or loading with the same options (no options are the
 /// same as any) is answered or waited for; other options for a loaded model are invalid, for
 /// a loading one a conflict; an unloading model conflicts; an unloaded or failed one loads.
-/// (A model that is being unloaded and then loaded again with another definition needs an
-/// unload first.)
 fn next_step(
     entry: &ModelEntry,
     prepared: Option<&Prepared>,

@@ -244,8 +244,9 @@ impl Manager {
     }
 
     /// The event journal from after `after` — the epoch and id of the last event a follower
-    /// saw ([`Manager::events_epoch`], [`ManagerEvent::id`](crate::ManagerEvent::id)) — with the live feed of every
-    /// later event; `None` follows from now on. See [`Follow`] for what a gap means.
+    /// saw ([`Manager::events_epoch`], [`ManagerEvent::id`](crate::ManagerEvent::id)) — with
+    /// the live feed of every later event; `None` follows from now on. See [`Follow`] for
+    /// what a gap means.
     pub fn follow_events(&self, after: Option<(u64, u64)>) -> Follow {
         self.inner.events.journal.follow(after)
     }

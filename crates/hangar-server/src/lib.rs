@@ -164,18 +164,19 @@ impl HangarService {
     /// no key configured.
     fn authorize(&self, auth: router::Auth, headers: &http::HeaderMap) -> Result<(), ApiError> {
         let options = &self.state.options;
-        let admin = options.admin_api_key.iter();
-        let (keys, class): (Vec<&hangar_config::Secret>, &str) = match auth {
+        // The keys of the class itself: open while there are none; the admin key opens
+        // inference routes too. No allocation: this runs on every inference request.
+        let (own, class): (&[hangar_config::Secret], &str) = match auth {
             router::Auth::Open => return Ok(()),
-            router::Auth::Admin => (admin.collect(), "admin"),
-            router::Auth::Inference if options.inference_api_keys.is_empty() => return Ok(()),
-            router::Auth::Inference => {
-                (options.inference_api_keys.iter().chain(admin).collect(), "inference")
-            }
+            router::Auth::Admin => (options.admin_api_key.as_slice(), "admin"),
+            router::Auth::Inference => (&options.inference_api_keys, "inference"),
         };
-        if keys.is_empty() {
+        if own.is_empty() {
             return Ok(());
         }
+        let admin: &[hangar_config::Secret] =
+            if auth == router::Auth::Inference { options.admin_api_key.as_slice() } else { &[] };
+        let keys = own.iter().chain(admin);
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -188,7 +189,7 @@ impl HangarService {
         };
         // `subtle` compares without an early exit on the first differing byte, and every
         // key is compared.
-        let valid = keys.iter().fold(subtle::Choice::from(0), |found, key| {
+        let valid = keys.fold(subtle::Choice::from(0), |found, key| {
             found | given.as_bytes().ct_eq(key.expose().as_bytes())
         });
         if bool::from(valid) {

@@ -382,7 +382,8 @@ async fn admin_operations_on_a_model_wait_for_each_other_at_most_the_lock_timeou
     assert!(started.elapsed() >= std::time::Duration::from_millis(900));
     assert_eq!(first.await.unwrap().0, 200, "the first load went on");
 
-    // Two unloads: the second waits for the first and finds the model unloaded.
+    // Two unloads at once: both answer once the model is unloaded (the lock's waiter
+    // checks the state again when it gets the lock).
     let second = tokio::spawn({
         let s = s.clone();
         async move { post(&s, "/v1/admin/models/slow/unload", "").await }
