@@ -31,6 +31,7 @@
 //!     translation: None,
 //!     tools: None,
 //!     format: None,
+//!     resume: None,
 //! };
 //! let summary = runtime.generate(request, tx).await.unwrap();
 //! assert_eq!(summary.completion_tokens, 2);
@@ -121,6 +122,7 @@ fn stub_capabilities(settings: &StubSettings) -> Capabilities {
         multi_turn: true,
         thinking_modes,
         max_parallel_sequences: settings.max_parallel_sequences.and_then(NonZeroU32::new),
+        resumable: true,
     }
 }
 
@@ -301,10 +303,11 @@ impl Runtime for StubRuntime {
             request.params.stop.iter().map(String::as_str).filter(|s| !s.is_empty()).collect();
         let latency = self.settings.token_latency_ms.filter(|&ms| ms > 0);
 
-        let mut output = String::new();
-        let mut completion_tokens = 0u32;
+        // A resumed generation continues after the words it already produced.
+        let mut output = request.resume.unwrap_or_default();
+        let mut completion_tokens = count_words(&output);
         let mut finish_reason = FinishReason::Stop;
-        for word in words {
+        for word in words.skip(completion_tokens as usize) {
             if completion_tokens >= max_tokens {
                 finish_reason = FinishReason::Length;
                 break;

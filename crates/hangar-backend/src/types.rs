@@ -63,6 +63,11 @@ pub struct Capabilities {
     /// it. The scheduler clamps `target_inflight` to this.
     #[serde(skip)]
     pub max_parallel_sequences: Option<NonZeroU32>,
+    /// Whether a generation can be resumed from text it already produced
+    /// ([`GenerateRequest::resume`]); what a `retract` pause needs to put a running request
+    /// back in the queue without its client noticing.
+    #[serde(skip)]
+    pub resumable: bool,
 }
 
 impl Default for Capabilities {
@@ -72,6 +77,7 @@ impl Default for Capabilities {
             multi_turn: true,
             thinking_modes: vec![ThinkingMode::Default],
             max_parallel_sequences: None,
+            resumable: false,
         }
     }
 }
@@ -220,6 +226,11 @@ pub struct GenerateRequest {
     pub tools: Option<ToolUse>,
     /// A structure the text must have; `None` for free text.
     pub format: Option<OutputFormat>,
+    /// Text this request already generated and its client already received (an earlier run
+    /// was retracted by a pause): the engine continues after it as if it had generated it
+    /// itself — it is not sent again, and its tokens count toward `max_tokens` and
+    /// `completion_tokens`. Only set for runtimes whose capabilities say `resumable`.
+    pub resume: Option<String>,
 }
 
 impl GenerateRequest {
@@ -232,6 +243,7 @@ impl GenerateRequest {
             translation: None,
             tools: None,
             format: None,
+            resume: None,
         }
     }
 }

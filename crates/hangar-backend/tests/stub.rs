@@ -43,6 +43,7 @@ fn text(prompt: &str, max_tokens: Option<u32>, stop: &[&str]) -> GenerateRequest
         translation: None,
         tools: None,
         format: None,
+        resume: None,
     }
 }
 
@@ -333,6 +334,7 @@ async fn chat_prompts_count_the_words_of_every_message() {
         translation: None,
         tools: None,
         format: None,
+        resume: None,
     };
     assert_eq!(generate(&runtime, chat).await.1.unwrap().prompt_tokens, 6);
     // An empty prompt still counts one token.

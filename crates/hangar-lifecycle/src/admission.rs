@@ -36,6 +36,13 @@ pub enum AdmissionError {
         /// The queue bound that was reached.
         depth: usize,
     },
+    /// An operator paused the model with `mode: abort` (or aborted requests for a weight
+    /// update) while the request was queued or running.
+    #[error("generation aborted: {reason}")]
+    GenerationAborted {
+        /// Why, as the operator's action says it.
+        reason: String,
+    },
 }
 
 /// The fieldless code of an [`AdmissionError`]: the JSON `code` and the metrics label.
@@ -55,17 +62,20 @@ pub enum AdmissionCode {
     ModelFailed,
     /// The model's queue is full.
     QueueFull,
+    /// An operator aborted the request.
+    GenerationAborted,
 }
 
 impl AdmissionCode {
     /// Every code.
-    pub const ALL: [AdmissionCode; 6] = [
+    pub const ALL: [AdmissionCode; 7] = [
         Self::UnknownModel,
         Self::ModelNotLoaded,
         Self::ModelLoading,
         Self::ModelUnloading,
         Self::ModelFailed,
         Self::QueueFull,
+        Self::GenerationAborted,
     ];
 
     /// The snake_case code.
@@ -84,6 +94,7 @@ impl AdmissionError {
             Self::ModelUnloading => AdmissionCode::ModelUnloading,
             Self::ModelFailed { .. } => AdmissionCode::ModelFailed,
             Self::QueueFull { .. } => AdmissionCode::QueueFull,
+            Self::GenerationAborted { .. } => AdmissionCode::GenerationAborted,
         }
     }
 }
@@ -141,7 +152,8 @@ mod tests {
                 "model_loading",
                 "model_unloading",
                 "model_failed",
-                "queue_full"
+                "queue_full",
+                "generation_aborted"
             ]
         );
         for c in AdmissionCode::ALL {

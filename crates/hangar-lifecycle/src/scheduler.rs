@@ -6,7 +6,9 @@
 //! queue is full it is refused with `queue_full` instead of growing without bound. Closing
 //! the scheduler (unload, crash) refuses new requests, cancels the queued ones with the
 //! close reason, and lets running ones finish; [`Scheduler::drained`] resolves when the
-//! last permit is dropped.
+//! last permit is dropped. Pausing it grants nothing (new and freed slots alike: requests
+//! wait in the queue) until it is resumed; [`Scheduler::acquire_front`] puts a request back
+//! at the head of the queue (a retracted generation).
 
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
@@ -40,6 +42,7 @@ struct Inner<R: ?Sized> {
     max_queue: usize,
     queue: VecDeque<Waiter<R>>,
     closed: Option<AdmissionError>,
+    paused: bool,
     inflight: u32,
 }
 
@@ -69,6 +72,8 @@ pub struct SchedulerStats {
     pub effective_target: u32,
     /// Whether new requests are refused.
     pub closed: bool,
+    /// Whether it is paused (grants nothing; requests wait).
+    pub paused: bool,
 }
 
 /// The per-replica in-flight target in effect: the configured target clamped by what one
@@ -91,6 +96,7 @@ impl<R: ?Sized + Send + Sync + 'static> Scheduler<R> {
                     max_queue,
                     queue: VecDeque::new(),
                     closed: None,
+                    paused: false,
                     inflight: 0,
                 }),
                 idle: Notify::new(),
@@ -99,31 +105,73 @@ impl<R: ?Sized + Send + Sync + 'static> Scheduler<R> {
     }
 
     /// Takes a permit on the least-loaded replica with room, waiting in the queue if none
-    /// has room. Dropping the returned future while queued gives up the place in the queue.
+    /// has room (or the scheduler is paused). Dropping the returned future while queued gives
+    /// up the place in the queue.
     ///
     /// # Errors
     /// The close reason once the scheduler is closed (also for requests already queued),
-    /// or [`AdmissionError::QueueFull`].
+    /// [`AdmissionError::QueueFull`], or the reason of [`Scheduler::cancel_queued`].
     pub async fn acquire(&self) -> Result<Permit<R>, AdmissionError> {
+        self.enqueue(false).await
+    }
+
+    /// As [`Scheduler::acquire`], but waits at the head of the queue and never counts
+    /// against its bound: for a request that already ran and was retracted by a pause.
+    ///
+    /// # Errors
+    /// As [`Scheduler::acquire`], except `queue_full`.
+    pub async fn acquire_front(&self) -> Result<Permit<R>, AdmissionError> {
+        self.enqueue(true).await
+    }
+
+    async fn enqueue(&self, front: bool) -> Result<Permit<R>, AdmissionError> {
         let rx = {
             let mut inner = self.shared.lock();
             if let Some(reason) = &inner.closed {
                 return Err(reason.clone());
             }
             inner.queue.retain(|w| !w.is_closed());
-            if inner.queue.is_empty()
+            if !inner.paused
+                && inner.queue.is_empty()
                 && let Some(replica) = inner.pick()
             {
                 return Ok(self.shared.grant(&mut inner, replica));
             }
-            if inner.queue.len() >= inner.max_queue {
-                return Err(AdmissionError::QueueFull { depth: inner.max_queue });
-            }
             let (tx, rx) = oneshot::channel();
-            inner.queue.push_back(tx);
+            if front {
+                inner.queue.push_front(tx);
+            } else {
+                if inner.queue.len() >= inner.max_queue {
+                    return Err(AdmissionError::QueueFull { depth: inner.max_queue });
+                }
+                inner.queue.push_back(tx);
+            }
             rx
         };
         rx.await.unwrap_or(Err(AdmissionError::ModelUnloading))
+    }
+
+    /// Stops granting slots: new requests and freed slots wait in the queue; running
+    /// requests are not touched. Idempotent.
+    pub fn pause(&self) {
+        self.shared.lock().paused = true;
+    }
+
+    /// Grants slots again, oldest queued request first. Idempotent.
+    pub fn resume(&self) {
+        let mut inner = self.shared.lock();
+        inner.paused = false;
+        self.shared.hand_out(&mut inner);
+    }
+
+    /// Ends every queued request with `reason` without closing the scheduler: later
+    /// requests are admitted (or queue, when paused) as usual.
+    pub fn cancel_queued(&self, reason: &AdmissionError) {
+        let waiters: Vec<_> = self.shared.lock().queue.drain(..).collect();
+        for waiter in waiters {
+            // A waiter that went away needs no answer.
+            let _ = waiter.send(Err(reason.clone()));
+        }
     }
 
     /// Refuses new requests with `reason` and cancels every queued one with it; running
@@ -155,6 +203,26 @@ impl<R: ?Sized + Send + Sync + 'static> Scheduler<R> {
         }
     }
 
+    /// Puts `runtimes` in place of the replicas' runtimes (same count, same order) and
+    /// returns the old ones; the queue and its order are kept. Only while nothing runs
+    /// (pause it and wait for [`Scheduler::drained`] first).
+    ///
+    /// # Errors
+    /// `runtimes` back when a request is running or the count differs.
+    pub fn replace_runtimes(&self, runtimes: Vec<Arc<R>>) -> Result<Vec<Arc<R>>, Vec<Arc<R>>> {
+        let mut inner = self.shared.lock();
+        if inner.inflight > 0 || runtimes.len() != inner.replicas.len() {
+            return Err(runtimes);
+        }
+        let old = inner
+            .replicas
+            .iter_mut()
+            .zip(runtimes)
+            .map(|(replica, runtime)| std::mem::replace(&mut replica.runtime, runtime))
+            .collect();
+        Ok(old)
+    }
+
     /// The replicas' runtimes, in replica order.
     pub fn runtimes(&self) -> Vec<Arc<R>> {
         self.shared.lock().replicas.iter().map(|r| Arc::clone(&r.runtime)).collect()
@@ -170,6 +238,7 @@ impl<R: ?Sized + Send + Sync + 'static> Scheduler<R> {
             per_replica: inner.replicas.iter().map(|r| r.inflight).collect(),
             effective_target: inner.target,
             closed: inner.closed.is_some(),
+            paused: inner.paused,
         }
     }
 }
@@ -209,24 +278,29 @@ impl<R: ?Sized> Shared<R> {
     fn release(self: &Arc<Self>, replica: usize) {
         let mut inner = self.lock();
         Self::ungrant(&mut inner, replica);
-        while inner.closed.is_none() {
+        self.hand_out(&mut inner);
+        let idle = inner.inflight == 0;
+        drop(inner);
+        if idle {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// Hands free slots to queued requests, oldest first (none while closed or paused).
+    fn hand_out(self: &Arc<Self>, inner: &mut Inner<R>) {
+        while inner.closed.is_none() && !inner.paused {
             let Some(free) = inner.pick() else { break };
             let Some(waiter) = inner.queue.pop_front() else { break };
             if waiter.is_closed() {
                 continue;
             }
-            let permit = self.grant(&mut inner, free);
+            let permit = self.grant(inner, free);
             if let Err(Ok(mut permit)) = waiter.send(Ok(permit)) {
                 // The waiter left between the check and the send: take the slot back here,
                 // under the lock, instead of through the permit's Drop.
                 permit.shared = None;
-                Self::ungrant(&mut inner, free);
+                Self::ungrant(inner, free);
             }
-        }
-        let idle = inner.inflight == 0;
-        drop(inner);
-        if idle {
-            self.idle.notify_waiters();
         }
     }
 }

@@ -120,9 +120,13 @@ fn effective_target_is_clamped_by_backend_capability() {
 #[derive(Debug, Clone)]
 enum Op {
     Acquire,
+    AcquireFront,
     Release(usize),
     Cancel(usize),
     Close,
+    Pause,
+    Resume,
+    CancelQueued,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -131,6 +135,10 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<usize>().prop_map(Op::Release),
         1 => any::<usize>().prop_map(Op::Cancel),
         1 => Just(Op::Close),
+        1 => Just(Op::AcquireFront),
+        1 => Just(Op::Pause),
+        1 => Just(Op::Resume),
+        1 => Just(Op::CancelQueued),
     ]
 }
 
@@ -140,10 +148,12 @@ proptest! {
     /// Invariants, checked after every step:
     /// - no replica runs more than `target` requests;
     /// - `runtime_inflight` equals the permits callers hold;
-    /// - the queue never exceeds its bound, and nobody waits while a replica has room
-    ///   (unless closed);
-    /// - every acquire ends: with a permit, `queue_full`, or the close reason — none hangs
-    ///   once the holders release (checked at the end by releasing everything).
+    /// - the queue never exceeds its bound (plus the requests put back at its head), and
+    ///   nobody waits while a replica has room (unless closed or paused);
+    /// - a paused scheduler grants nothing: no acquire succeeds in a step that ends paused;
+    /// - every acquire ends: with a permit, `queue_full`, the close reason or the reason of
+    ///   `cancel_queued` — none hangs once the scheduler is resumed and the holders release
+    ///   (checked at the end by releasing everything).
     #[test]
     fn scheduler_invariants_hold_under_random_interleavings(
         replicas in 1u32..4,
@@ -155,43 +165,58 @@ proptest! {
         rt.block_on(async move {
             let s = scheduler(replicas, target, max_queue);
             let mut held: Vec<Permit<u32>> = Vec::new();
-            let mut pending: Vec<JoinHandle<Outcome>> = Vec::new();
+            // Pending acquires, each marked whether it asked for the head of the queue.
+            let mut pending: Vec<(bool, JoinHandle<Outcome>)> = Vec::new();
+            let aborted = AdmissionError::GenerationAborted { reason: "test".into() };
             for op in ops {
                 match op {
-                    Op::Acquire => pending.push(tokio::spawn({
-                        let s = s.clone();
-                        async move { s.acquire().await }
-                    })),
+                    Op::Acquire | Op::AcquireFront => {
+                        let front = matches!(op, Op::AcquireFront);
+                        pending.push((front, tokio::spawn({
+                            let s = s.clone();
+                            async move { if front { s.acquire_front().await } else { s.acquire().await } }
+                        })));
+                    }
                     Op::Release(i) if !held.is_empty() => drop(held.remove(i % held.len())),
-                    Op::Cancel(i) if !pending.is_empty() => pending[i % pending.len()].abort(),
+                    Op::Cancel(i) if !pending.is_empty() => pending[i % pending.len()].1.abort(),
                     Op::Close => s.close(AdmissionError::ModelUnloading),
+                    Op::Pause => s.pause(),
+                    Op::Resume => s.resume(),
+                    Op::CancelQueued => s.cancel_queued(&aborted),
                     _ => {}
                 }
                 settle().await;
+                let paused = s.stats().paused;
                 // Collect finished acquires.
                 let mut still = Vec::new();
-                for h in pending.drain(..) {
+                for (front, h) in pending.drain(..) {
                     if h.is_finished() {
                         match h.await {
-                            Ok(Ok(permit)) => held.push(permit),
-                            Ok(Err(e)) => assert!(matches!(e, AdmissionError::QueueFull { .. } | AdmissionError::ModelUnloading), "{e:?}"),
+                            Ok(Ok(permit)) => {
+                                assert!(!paused, "a paused scheduler granted a slot");
+                                held.push(permit);
+                            }
+                            Ok(Err(e)) => assert!(matches!(e, AdmissionError::QueueFull { .. } | AdmissionError::ModelUnloading | AdmissionError::GenerationAborted { .. }), "{e:?}"),
                             Err(join) => assert!(join.is_cancelled()),
                         }
                     } else {
-                        still.push(h);
+                        still.push((front, h));
                     }
                 }
                 pending = still;
+                let fronts = pending.iter().filter(|(front, _)| *front).count();
                 let stats = s.stats();
                 assert!(stats.per_replica.iter().all(|&n| n <= target), "{stats:?}");
                 assert_eq!(stats.runtime_inflight as usize, held.len());
-                assert!(stats.queue_depth <= max_queue);
+                assert!(stats.queue_depth <= max_queue + fronts, "{stats:?}");
                 let has_room = stats.per_replica.iter().any(|&n| n < target);
-                assert!(!(has_room && stats.queue_depth > 0 && !stats.closed), "waiting with room: {stats:?}");
+                let blocked = stats.closed || stats.paused;
+                assert!(blocked || !has_room || stats.queue_depth == 0, "waiting with room: {stats:?}");
             }
-            // Release everything: every pending acquire must now end.
+            // Resume and release everything: every pending acquire must now end.
+            s.resume();
             held.clear();
-            for h in pending {
+            for (_, h) in pending {
                 // Permits obtained now are dropped at once so the rest can proceed.
                 let done = tokio::time::timeout(Duration::from_secs(1), h)
                 .await;
@@ -202,4 +227,73 @@ proptest! {
             tokio::time::timeout(Duration::from_secs(1), s.drained()).await.expect("drain hung");
         });
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_scheduler_grants_nothing_until_resumed_and_retracted_requests_go_first() {
+    let s = scheduler(1, 1, 4);
+    let running = s.acquire().await.unwrap();
+    s.pause();
+    assert!(s.stats().paused);
+    let spawn = |front: bool, tag: u32| {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let permit = if front { s.acquire_front().await } else { s.acquire().await };
+            permit.map(|p| (tag, p))
+        })
+    };
+    let queued = spawn(false, 1);
+    settle().await;
+    drop(running); // a freed slot is not handed out while paused
+    settle().await;
+    let retracted = spawn(true, 2);
+    settle().await;
+    assert_eq!(s.stats().queue_depth, 2);
+    assert_eq!(s.stats().runtime_inflight, 0, "nothing runs while paused");
+    assert!(!queued.is_finished() && !retracted.is_finished());
+    s.resume();
+    let (tag, permit) = retracted.await.unwrap().unwrap();
+    assert_eq!(tag, 2, "the retracted request goes back to the head of the queue");
+    assert!(!queued.is_finished());
+    drop(permit);
+    assert_eq!(queued.await.unwrap().unwrap().0, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_queued_ends_waiters_but_keeps_admitting() {
+    let s = scheduler(1, 1, 4);
+    let running = s.acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let s = s.clone();
+        async move { s.acquire().await }
+    });
+    settle().await;
+    let reason = AdmissionError::GenerationAborted { reason: "paused with mode abort".into() };
+    s.cancel_queued(&reason);
+    assert_eq!(waiter.await.unwrap().unwrap_err(), reason);
+    assert_eq!(reason.code(), AdmissionCode::GenerationAborted);
+    drop(running);
+    assert!(s.acquire().await.is_ok(), "not closed: later requests still run");
+    assert!(!s.stats().closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn runtimes_are_replaced_only_while_nothing_runs_and_the_queue_is_kept() {
+    let s = scheduler(2, 1, 4);
+    let running = s.acquire().await.unwrap();
+    s.pause();
+    let queued = tokio::spawn({
+        let s = s.clone();
+        async move { s.acquire().await.map(|p| **p.runtime()) }
+    });
+    settle().await;
+    let refused = s.replace_runtimes(vec![Arc::new(10), Arc::new(11)]).unwrap_err();
+    assert_eq!(refused.len(), 2, "a running request keeps its runtime");
+    drop(running);
+    assert!(s.replace_runtimes(vec![Arc::new(10)]).is_err(), "the replica count must match");
+    let old = s.replace_runtimes(vec![Arc::new(10), Arc::new(11)]).unwrap();
+    assert_eq!(old.iter().map(|r| **r).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(s.stats().queue_depth, 1, "the queue survives the swap");
+    s.resume();
+    assert_eq!(queued.await.unwrap().unwrap(), 10, "the queued request runs on the new runtime");
 }

@@ -27,6 +27,7 @@ fn request() -> GenerateRequest {
         translation: None,
         tools: None,
         format: None,
+        resume: None,
     }
 }
 

@@ -2,19 +2,21 @@
 //! capabilities (before any auto-load), then waits for a slot on a replica; and the
 //! [`RequestGuard`] that runs the request and reports a crashed runtime.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use hangar_backend::{
     EmbedRequest, Embeddings, ForwardRequest, ForwardResponse, GenerateEvent, GenerateRequest,
     GenerateSummary, Prompt, RerankRequest, Rerankings, Role, Runtime, RuntimeError, ThinkingMode,
 };
 use hangar_config::ModelType;
-use hangar_lifecycle::{AdmissionError, ModelState, Permit, admit};
-use tokio::sync::mpsc;
+use hangar_lifecycle::{AdmissionError, ModelState, Permit, Scheduler, admit};
+use tokio::sync::{mpsc, watch};
 
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::manager::{LoadOptions, Manager};
+use crate::pause::{Action, Interrupt, aborted, next_action, on_grant};
 
 /// What a request asks of a model. [`Manager::admit`] checks it against the model's type
 /// and capabilities before anything else, so a request the model cannot serve is refused
@@ -63,25 +65,42 @@ impl Work {
 }
 
 /// An admitted request: holds one in-flight slot on one replica until dropped. Runs the
-/// request on that replica; a runtime that crashed marks the model failed.
+/// request on that replica; a runtime that crashed marks the model failed. It watches the
+/// model's pauses: an `abort` ends it with `generation_aborted`, a `retract` puts a running
+/// generation back at the head of the queue and resumes it afterwards.
 pub struct RequestGuard {
-    permit: Permit<dyn Runtime>,
+    /// The slot; `None` only while a retracted generation waits for a new one.
+    permit: Mutex<Option<Permit<dyn Runtime>>>,
+    scheduler: Scheduler<dyn Runtime>,
+    interrupts: watch::Receiver<Interrupt>,
     entry: Arc<ModelEntry>,
-    generation: u64,
+    generation: AtomicU64,
     manager: Manager,
 }
 
+/// Pieces a retractable generation buffers between its engine and its client.
+const RELAY_BUFFER: usize = 32;
+
 impl RequestGuard {
-    /// The replica index the request runs on.
-    pub fn replica(&self) -> usize {
-        self.permit.replica()
+    fn runtime(&self) -> Result<Arc<dyn Runtime>, ManagerError> {
+        let permit = lock(&self.permit);
+        let permit = permit.as_ref().ok_or(AdmissionError::ModelUnloading)?;
+        Ok(Arc::clone(permit.runtime()))
+    }
+
+    /// The replica index the request runs on (`None` while a retracted generation waits
+    /// for its slot back).
+    pub fn replica(&self) -> Option<usize> {
+        lock(&self.permit).as_ref().map(Permit::replica)
     }
 
     /// Runs a generation, streaming pieces to `events`. A request without `max_tokens`
     /// gets the model's configured `default_max_tokens`, if any.
     ///
     /// # Errors
-    /// The runtime's error; a crash also marks the model failed.
+    /// The runtime's error (a crash also marks the model failed); `generation_aborted` when
+    /// an operator aborted it; the admission code of a retracted generation that could not
+    /// get its slot back (the model was unloaded meanwhile).
     pub async fn generate(
         &self,
         mut request: GenerateRequest,
@@ -89,8 +108,55 @@ impl RequestGuard {
     ) -> Result<GenerateSummary, ManagerError> {
         let default = self.entry.config.default_max_tokens.map(std::num::NonZeroU32::get);
         request.params.max_tokens = request.params.max_tokens.or(default);
-        let result = self.permit.runtime().generate(request, events).await;
-        self.check(result)
+        let mut interrupts = self.interrupts.clone();
+        let mut produced = String::new();
+        loop {
+            let runtime = self.runtime()?;
+            // Only a generation its engine can resume is relayed (to record what the client
+            // got); any other one runs to its end through a retract.
+            let resumable = runtime.capabilities().resumable
+                && request.tools.is_none()
+                && request.format.is_none();
+            let (tx, mut relay) = mpsc::channel(if resumable { RELAY_BUFFER } else { 1 });
+            let sink = if resumable { tx } else { events.clone() };
+            // Boxed (as the trait returns it), so that a retract can drop it: that ends the
+            // engine's generation before the request waits for a slot again.
+            let mut run = runtime.generate(request.clone(), sink);
+            let action = loop {
+                tokio::select! {
+                    result = &mut run => {
+                        while let Ok(event) = relay.try_recv() {
+                            if events.send(event).await.is_err() {
+                                return Err(ManagerError::Runtime(RuntimeError::Cancelled));
+                            }
+                        }
+                        return self.check(result);
+                    }
+                    Some(event) = relay.recv(), if resumable => {
+                        if let GenerateEvent::Text(text) = &event {
+                            produced.push_str(text);
+                        }
+                        if events.send(event).await.is_err() {
+                            return Err(ManagerError::Runtime(RuntimeError::Cancelled));
+                        }
+                    }
+                    action = next_action(&mut interrupts) => match action {
+                        Action::Retract if !resumable => {}
+                        action => break action,
+                    },
+                }
+            };
+            match action {
+                Action::Abort(reason) => return Err(aborted(&reason)),
+                Action::Retract => {
+                    // Stop the engine's generation, give the slot back, wait at the head of
+                    // the queue, then go on from what the client already has.
+                    drop((run, relay));
+                    self.requeue(&mut interrupts).await?;
+                    request.resume = Some(produced.clone());
+                }
+            }
+        }
     }
 
     /// Embeds each input.
@@ -98,7 +164,8 @@ impl RequestGuard {
     /// # Errors
     /// As [`RequestGuard::generate`].
     pub async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, ManagerError> {
-        let result = self.permit.runtime().embed(request).await;
+        let runtime = self.runtime()?;
+        let result = self.unless_aborted(runtime.embed(request)).await?;
         self.check(result)
     }
 
@@ -107,39 +174,105 @@ impl RequestGuard {
     /// # Errors
     /// As [`RequestGuard::generate`].
     pub async fn rerank(&self, request: RerankRequest) -> Result<Rerankings, ManagerError> {
-        let result = self.permit.runtime().rerank(request).await;
+        let runtime = self.runtime()?;
+        let result = self.unless_aborted(runtime.rerank(request)).await?;
         self.check(result)
     }
 
     /// Whether the runtime passes requests through ([`RequestGuard::forward`]).
     pub fn forwards(&self) -> bool {
-        self.permit.runtime().forwards()
+        self.runtime().is_ok_and(|r| r.forwards())
     }
 
     /// Passes an OpenAI-compatible request through to the engine. The answer's body
     /// arrives after this returns: keep the guard until it has been read, so the request
-    /// stays in flight (and the model cannot be unloaded under it).
+    /// stays in flight (and the model cannot be unloaded under it), and stop reading when
+    /// [`RequestGuard::aborted`] resolves.
     ///
     /// # Errors
     /// As [`RequestGuard::generate`].
     pub async fn forward(&self, request: ForwardRequest) -> Result<ForwardResponse, ManagerError> {
-        let result = self.permit.runtime().forward(request).await;
+        let runtime = self.runtime()?;
+        let result = self.unless_aborted(runtime.forward(request)).await?;
         self.check(result)
+    }
+
+    /// Resolves with `generation_aborted` when an operator aborts this request (a pause with
+    /// mode `abort`); never otherwise. A forwarded answer is cut when it does.
+    pub async fn aborted(&self) -> ManagerError {
+        let mut interrupts = self.interrupts.clone();
+        loop {
+            if let Action::Abort(reason) = next_action(&mut interrupts).await {
+                return aborted(&reason);
+            }
+        }
     }
 
     /// Reports a crash noticed while reading a forwarded answer's body.
     pub fn report(&self, error: &RuntimeError) {
         if let RuntimeError::Crashed { reason } = error {
-            self.manager.crashed(&self.entry, self.generation, reason);
+            let generation = self.generation.load(Ordering::Relaxed);
+            self.manager.crashed(&self.entry, generation, reason);
         }
     }
 
+    /// Runs `work` unless an abort comes first.
+    async fn unless_aborted<T>(
+        &self,
+        work: impl Future<Output = Result<T, RuntimeError>>,
+    ) -> Result<Result<T, RuntimeError>, ManagerError> {
+        tokio::select! {
+            result = work => Ok(result),
+            error = self.aborted() => Err(error),
+        }
+    }
+
+    /// Gives the slot back and takes one again from the head of the queue.
+    async fn requeue(
+        &self,
+        interrupts: &mut watch::Receiver<Interrupt>,
+    ) -> Result<(), ManagerError> {
+        // The old permit is dropped (its slot freed) before waiting for a new one.
+        let old = lock(&self.permit).take();
+        drop(old);
+        let permit = grant(&self.entry, &self.scheduler, interrupts, true).await?;
+        self.generation.store(self.entry.lock().generation, Ordering::Relaxed);
+        *lock(&self.permit) = Some(permit);
+        Ok(())
+    }
+
     fn check<T>(&self, result: Result<T, RuntimeError>) -> Result<T, ManagerError> {
-        if let Err(RuntimeError::Crashed { reason }) = &result {
-            self.manager.crashed(&self.entry, self.generation, reason);
+        if let Err(error) = &result {
+            self.report(error);
         }
         result.map_err(ManagerError::Runtime)
     }
+}
+
+/// Takes a slot from `scheduler` (at the head of the queue when `front`), then applies a
+/// pause that began before the request could see its interrupt: `abort` ends it, `retract`
+/// sends it back to the head of the queue.
+async fn grant(
+    entry: &ModelEntry,
+    scheduler: &Scheduler<dyn Runtime>,
+    interrupts: &mut watch::Receiver<Interrupt>,
+    mut front: bool,
+) -> Result<Permit<dyn Runtime>, ManagerError> {
+    loop {
+        let permit =
+            if front { scheduler.acquire_front().await? } else { scheduler.acquire().await? };
+        interrupts.borrow_and_update();
+        match on_grant(&entry.lock()) {
+            None => return Ok(permit),
+            Some(Action::Abort(reason)) => return Err(aborted(&reason)),
+            Some(Action::Retract) => front = true,
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Only ever holds a permit swapped whole: a poisoned lock holds a valid one.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Drop for RequestGuard {
@@ -231,9 +364,17 @@ impl Manager {
                 (scheduler, slot.generation, Some(pin))
             }
         };
-        let permit = scheduler.acquire().await?;
+        let mut interrupts = entry.interrupts.subscribe();
+        let permit = grant(&entry, &scheduler, &mut interrupts, false).await?;
         drop(pin);
-        Ok(RequestGuard { permit, entry, generation, manager: self.clone() })
+        Ok(RequestGuard {
+            permit: Mutex::new(Some(permit)),
+            scheduler,
+            interrupts,
+            entry,
+            generation: AtomicU64::new(generation),
+            manager: self.clone(),
+        })
     }
 
     /// Admits and runs a generation, streaming pieces to `events`.

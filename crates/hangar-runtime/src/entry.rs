@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::events::StateChange;
 use crate::journal::EventKind;
+use crate::pause::{Interrupts, Paused};
 
 /// A configured model and its runtime state. The slot is the single owner of the model's
 /// lifecycle; every change goes through [`ModelEntry::apply`].
@@ -33,6 +34,8 @@ pub(crate) struct ModelEntry {
     pub(crate) admin: Arc<tokio::sync::Mutex<()>>,
     /// Its engine's output, across loads.
     pub(crate) logs: ModelLogs,
+    /// Tells running requests to abort or retract (a pause).
+    pub(crate) interrupts: Interrupts,
 }
 
 pub(crate) struct Slot {
@@ -53,6 +56,12 @@ pub(crate) struct Slot {
     /// Incremented on every successful load, so late crash reports of an older load are
     /// ignored.
     pub(crate) generation: u64,
+    /// The pause in effect; only while a scheduler is installed.
+    pub(crate) pause: Option<Paused>,
+    /// The `weight_version` a weight update set; `None` for the weights a load loaded.
+    pub(crate) weight_version: Option<String>,
+    /// The weights checker's last snapshot, for `compare`.
+    pub(crate) weights_snapshot: Option<Arc<hangar_weights::WeightsDigest>>,
 }
 
 impl ModelEntry {
@@ -77,6 +86,9 @@ impl ModelEntry {
                 load_progress: None,
                 loaded_replicas: 0,
                 generation: 0,
+                pause: None,
+                weight_version: None,
+                weights_snapshot: None,
             }),
             config,
             position,
@@ -85,6 +97,7 @@ impl ModelEntry {
             resources: tokio::sync::Mutex::new(()),
             admin: Arc::new(tokio::sync::Mutex::new(())),
             logs: ModelLogs::default(),
+            interrupts: Interrupts::new(),
         }
     }
 

@@ -102,6 +102,36 @@ pub enum ManagerError {
         /// How long this call waited.
         waited: std::time::Duration,
     },
+    /// A weight update while requests run, without `abort_all_requests` and without a
+    /// `retract` pause; nothing was done.
+    #[error(
+        "model '{model}' has {running} running request(s); pause it with mode retract first, or set abort_all_requests"
+    )]
+    RequestsActive {
+        /// The model.
+        model: String,
+        /// Requests running.
+        running: u32,
+    },
+    /// The weights checker could not read the model's weights (none configured, unreadable
+    /// or unparsable files), or `compare` found no snapshot.
+    #[error("{message}")]
+    Weights {
+        /// What is wrong.
+        message: String,
+    },
+    /// A call that acts on one model named none, and more (or no) models are loaded.
+    #[error("{message}")]
+    ModelRequired {
+        /// Which models are loaded.
+        message: String,
+    },
+    /// An operation Hangar deliberately does not perform.
+    #[error("{message}")]
+    NotImplemented {
+        /// What is refused, and what to do instead.
+        message: String,
+    },
 }
 
 /// "load failed: <reason>", without doubling the prefix the backend's reason may carry.
@@ -185,6 +215,15 @@ pub enum ErrorCode {
     BackendUnavailable,
     /// Another admin operation on the model held it longer than `admin_lock_timeout`.
     AdminBusy,
+    /// An operator aborted the request (a pause with mode `abort`, a weight update with
+    /// `abort_all_requests`).
+    GenerationAborted,
+    /// A weight update while requests run.
+    RequestsActive,
+    /// The model's weights could not be read or parsed.
+    WeightsUnreadable,
+    /// An operation Hangar deliberately does not perform.
+    NotImplemented,
 }
 
 impl ErrorCode {
@@ -207,6 +246,7 @@ impl ManagerError {
                 A::ModelUnloading => ErrorCode::ModelUnloading,
                 A::ModelFailed => ErrorCode::ModelFailed,
                 A::QueueFull => ErrorCode::QueueFull,
+                A::GenerationAborted => ErrorCode::GenerationAborted,
             },
             Self::Conflict { .. } => ErrorCode::StateConflict,
             Self::ModelTypeMismatch { .. } => ErrorCode::ModelTypeMismatch,
@@ -216,6 +256,10 @@ impl ManagerError {
             Self::InvalidLoadRequest { .. } => ErrorCode::InvalidLoadRequest,
             Self::LoadFailed { .. } => ErrorCode::LoadFailed,
             Self::AdminBusy { .. } => ErrorCode::AdminBusy,
+            Self::RequestsActive { .. } => ErrorCode::RequestsActive,
+            Self::Weights { .. } => ErrorCode::WeightsUnreadable,
+            Self::NotImplemented { .. } => ErrorCode::NotImplemented,
+            Self::ModelRequired { .. } => ErrorCode::InvalidRequest,
             Self::Runtime(e) => match e.code() {
                 R::BackendCrashed => ErrorCode::BackendCrashed,
                 R::Cancelled => ErrorCode::Cancelled,

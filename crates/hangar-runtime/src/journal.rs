@@ -61,6 +61,23 @@ pub enum EventKind {
         /// The model whose load needed the room.
         for_model: String,
     },
+    /// The model was paused (or its pause changed mode).
+    Paused {
+        /// What the pause did to admitted requests.
+        mode: crate::pause::PauseMode,
+        /// Who paused it.
+        cause: crate::pause::PauseCause,
+    },
+    /// The model continued after a pause.
+    Resumed,
+    /// New weights replaced the loaded ones.
+    WeightsUpdated {
+        /// The file or directory they came from.
+        model_path: String,
+        /// The new `weight_version`, if the update set one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        weight_version: Option<String>,
+    },
 }
 
 /// What a follower gets: the journaled events after the id it gave, whether some were

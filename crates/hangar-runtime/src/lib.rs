@@ -42,12 +42,16 @@ mod events;
 mod journal;
 mod load;
 mod manager;
+mod pause;
 mod snapshot;
 mod unload;
+mod weights;
 
 pub use admission::{RequestGuard, Work};
 pub use error::{ErrorCode, ManagerError};
 pub use events::{ManagerCounters, StateChange};
 pub use journal::{EVENT_CAPACITY, EventKind, Follow, ManagerEvent};
 pub use manager::{Backends, LoadOptions, Manager};
+pub use pause::{PauseCause, PauseInfo, PauseMode};
 pub use snapshot::{ModelFilter, ModelSnapshot, ModelStatus, VramEstimateSource};
+pub use weights::{WeightUpdate, WeightsAction, WeightsReport};

@@ -354,11 +354,13 @@ impl Manager {
         slot.scheduler = Some(Scheduler::new(runtimes, target, self.inner.max_queue_depth));
         slot.capabilities = Arc::new(caps);
         slot.generation += 1;
+        slot.pause = None;
+        slot.weight_version = None;
         ModelEntry::touch(slot);
     }
 
     /// Loads `replicas` replicas of `model`; on any failure unloads the ones already loaded.
-    async fn load_replicas(
+    pub(crate) async fn load_replicas(
         &self,
         entry: &Arc<ModelEntry>,
         model: &Arc<ModelConfig>,

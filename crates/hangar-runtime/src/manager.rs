@@ -175,6 +175,37 @@ impl Manager {
         Ok(snapshot_of(&entry, &slot))
     }
 
+    /// The model a single-model control call (SGLang's root paths) means: `requested` when
+    /// given, else the one loaded model, else the one configured model.
+    ///
+    /// # Errors
+    /// `unknown_model` for a requested name not in config; [`ManagerError::ModelRequired`]
+    /// when none is named and that does not decide it.
+    pub fn target_model(&self, requested: Option<&str>) -> Result<ModelSnapshot, ManagerError> {
+        if let Some(name) = requested {
+            return self.model(name);
+        }
+        let mut loaded =
+            self.list(&ModelFilter { state: Some(ModelState::Loaded), model_type: None });
+        match (loaded.len(), self.inner.order.as_slice()) {
+            (1, _) => Ok(loaded.remove(0)),
+            (0, [only]) => Ok(snapshot_of(only, &only.lock())),
+            (0, _) => Err(ManagerError::ModelRequired {
+                message: "no model is loaded: name one with `model`".into(),
+            }),
+            _ => {
+                let names: Vec<&str> = loaded.iter().map(ModelSnapshot::name).collect();
+                Err(ManagerError::ModelRequired {
+                    message: format!(
+                        "{} models are loaded ({}): name one with `model`",
+                        names.len(),
+                        names.join(", ")
+                    ),
+                })
+            }
+        }
+    }
+
     /// Whether requests for `name` are passed through to its engine as they are
     /// ([`crate::RequestGuard::forward`]): its backend serves an OpenAI-compatible API
     /// itself. False for unknown models and backends not compiled in.

@@ -10,6 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::entry::{ModelEntry, Slot};
+use crate::pause::PauseInfo;
 
 /// Where a VRAM estimate comes from.
 #[derive(
@@ -85,6 +86,14 @@ pub struct ModelSnapshot {
     /// What the engine made of the settings, per loaded replica in replica order (threads,
     /// context, parallel sequences for llama.cpp); empty unless loaded or unloading.
     pub runtime_details: Arc<[RuntimeDetails]>,
+    /// The pause in effect, if any.
+    pub pause: Option<PauseInfo>,
+    /// The version label of the loaded weights: what the last weight update set, `None`
+    /// for the weights a load loaded.
+    pub weight_version: Option<String>,
+    /// The file or directory the loaded weights came from (a weight update may have
+    /// changed it); `None` unless loaded or unloading.
+    pub weights_path: Option<String>,
 }
 
 impl ModelSnapshot {
@@ -175,6 +184,12 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         runtime_details: match state {
             ModelState::Loaded | ModelState::Unloading => Arc::clone(&slot.runtime_details),
             _ => Arc::new([]),
+        },
+        pause: slot.pause.as_ref().map(|p| p.info),
+        weight_version: slot.weight_version.clone(),
+        weights_path: match state {
+            ModelState::Loaded | ModelState::Unloading => slot.effective.model_path.clone(),
+            _ => None,
         },
     }
 }

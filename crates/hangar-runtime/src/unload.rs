@@ -106,6 +106,8 @@ impl Manager {
         }
         let mut slot = entry.lock();
         slot.scheduler = None;
+        slot.pause = None;
+        slot.weight_version = None;
         slot.loaded_replicas = 0;
         slot.load_override = LoadOverride::default();
         slot.effective = Arc::clone(&entry.config);
@@ -130,6 +132,8 @@ impl Manager {
             let event = LifecycleEvent::Crashed;
             entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
             slot.loaded_replicas = 0;
+            slot.pause = None;
+            slot.weight_version = None;
             let scheduler = slot.scheduler.take();
             if let Some(s) = &scheduler {
                 s.close(AdmissionError::ModelFailed { last_error: message });

@@ -33,6 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         translation: None,
         tools: None,
         format: None,
+        resume: None,
     };
     let generation = tokio::spawn({
         let manager = manager.clone();

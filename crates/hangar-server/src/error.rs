@@ -91,6 +91,18 @@ pub enum ErrorCode {
     /// 503: another admin operation on the model (load, unload, …) held it for longer than
     /// `admin_lock_timeout_s`; nothing was done.
     AdminBusy,
+    /// 503: an operator aborted the request (a pause with mode `abort`, a weight update with
+    /// `abort_all_requests`); retry once the model continues.
+    GenerationAborted,
+    /// 409: a weight update while requests run, without `abort_all_requests` and without a
+    /// `retract` pause; nothing was done.
+    RequestsActive,
+    /// 422: the weights checker could not read or parse the model's weights, or `compare`
+    /// found no snapshot.
+    WeightsUnreadable,
+    /// 501: an operation Hangar deliberately does not perform (tensor and distributed
+    /// weight updates, `reset_tensors`); the message says what to use instead.
+    NotImplemented,
 }
 
 impl ErrorCode {
@@ -100,10 +112,11 @@ impl ErrorCode {
         match self {
             UnknownModel | NotFound | NothingToUnload => StatusCode::NOT_FOUND,
             ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed | BackendUnavailable
-            | AdminBusy => StatusCode::SERVICE_UNAVAILABLE,
+            | AdminBusy | GenerationAborted => StatusCode::SERVICE_UNAVAILABLE,
             QueueFull => StatusCode::TOO_MANY_REQUESTS,
-            StateConflict => StatusCode::CONFLICT,
-            InvalidRequestBody => StatusCode::UNPROCESSABLE_ENTITY,
+            StateConflict | RequestsActive => StatusCode::CONFLICT,
+            InvalidRequestBody | WeightsUnreadable => StatusCode::UNPROCESSABLE_ENTITY,
+            NotImplemented => StatusCode::NOT_IMPLEMENTED,
             InvalidLoadRequest | LoadFailed | InvalidRequest | Unsupported
             | ThinkingUnsupported | ModelTypeMismatch | ModelNotReady => StatusCode::BAD_REQUEST,
             BackendCrashed | RuntimeError => StatusCode::INTERNAL_SERVER_ERROR,
@@ -272,6 +285,18 @@ mod tests {
             (AdmissionError::ModelUnloading.into(), 503, "model_unloading"),
             (AdmissionError::ModelFailed { last_error: "e".into() }.into(), 503, "model_failed"),
             (AdmissionError::QueueFull { depth: 1 }.into(), 429, "queue_full"),
+            (
+                AdmissionError::GenerationAborted { reason: "r".into() }.into(),
+                503,
+                "generation_aborted",
+            ),
+            (
+                ManagerError::RequestsActive { model: "m".into(), running: 1 },
+                409,
+                "requests_active",
+            ),
+            (ManagerError::Weights { message: "m".into() }, 422, "weights_unreadable"),
+            (ManagerError::NotImplemented { message: "m".into() }, 501, "not_implemented"),
             (
                 ManagerError::Conflict { state: ModelState::Unloading, message: "m".into() },
                 409,

@@ -38,6 +38,7 @@ mod openai;
 mod openapi;
 mod router;
 mod routes;
+mod sglang;
 mod state;
 mod tools;
 

@@ -424,6 +424,12 @@ const fn group_description(group: Group) -> &'static str {
             "KServe v2 / Triton server metadata, health and model repository (`/v2/…`). Errors use the \
              v2 envelope `{\"error\": \"message\"}`."
         }
+        Group::WeightControl => {
+            "SGLang's weight-control paths at the root (`/model_info`, `/pause_generation`, \
+             `/continue_generation`, `/update_weights_from_disk`, `/weights_checker`) with its bodies \
+             plus an optional `model`, needed only when more than one model is loaded. Answers carry \
+             `success` and `message`. Requires the admin key when one is configured."
+        }
         Group::Operations => {
             "Operations: Prometheus metrics, this document, liveness and readiness."
         }

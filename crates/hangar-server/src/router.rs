@@ -59,6 +59,7 @@ pub(crate) enum Group {
     MultiModel,
     #[strum(serialize = "model-repository")]
     Repository,
+    WeightControl,
     Operations,
 }
 

@@ -7,9 +7,9 @@ use serde_json::{Map, Value, json};
 use crate::error::ApiError;
 use crate::error::ErrorCode::{self, *};
 use crate::openai::{chat, completions, embeddings, models, rerank, responses};
-use crate::router::Group::{Admin, Inference, MultiModel, Operations, Repository};
+use crate::router::Group::{Admin, Inference, MultiModel, Operations, Repository, WeightControl};
 use crate::router::{Route, Success};
-use crate::{admin, health, kserve, multi_model, openapi};
+use crate::{admin, health, kserve, multi_model, openapi, sglang};
 
 /// Wraps an `async fn(Ctx) -> Result<Response, ApiError>` with the standard envelope.
 macro_rules! api {
@@ -22,6 +22,13 @@ macro_rules! api {
 macro_rules! v2 {
     ($f:path) => {
         |ctx| Box::pin(async move { $f(ctx).await.unwrap_or_else(ApiError::into_v2_response) })
+    };
+}
+
+/// Wraps an `async fn(Ctx) -> Response` that encodes its own errors.
+macro_rules! plain {
+    ($f:path) => {
+        |ctx| Box::pin($f(ctx))
     };
 }
 
@@ -43,7 +50,48 @@ const INFERENCE: &[ErrorCode] = &[
     BackendUnavailable,
     // An auto-load waits for the model's admin lock like any load.
     AdminBusy,
+    // An operator paused the model with mode abort.
+    GenerationAborted,
 ];
+
+/// Errors of pause and continue.
+const PAUSE: &[ErrorCode] = &[UnknownModel, StateConflict, AdminBusy];
+
+/// Errors of a weight update.
+const UPDATE: &[ErrorCode] = &[
+    InvalidRequest,
+    UnknownModel,
+    StateConflict,
+    InvalidLoadRequest,
+    RequestsActive,
+    LoadFailed,
+    AdminBusy,
+];
+
+/// Errors of the weights checker.
+const CHECKER: &[ErrorCode] = &[UnknownModel, WeightsUnreadable, NotImplemented, AdminBusy];
+
+/// What a root path adds when it must pick the model itself.
+const SGLANG_PAUSE: &[ErrorCode] = &[
+    InvalidRequest,
+    UnknownModel,
+    ModelNotLoaded,
+    ModelLoading,
+    ModelUnloading,
+    ModelFailed,
+    AdminBusy,
+];
+const SGLANG_UPDATE: &[ErrorCode] = &[
+    InvalidRequest,
+    UnknownModel,
+    StateConflict,
+    InvalidLoadRequest,
+    RequestsActive,
+    LoadFailed,
+    AdminBusy,
+];
+const SGLANG_CHECKER: &[ErrorCode] =
+    &[InvalidRequest, UnknownModel, WeightsUnreadable, NotImplemented, AdminBusy];
 
 const LOAD: &[ErrorCode] =
     &[UnknownModel, InvalidLoadRequest, LoadFailed, StateConflict, AdminBusy];
@@ -105,6 +153,132 @@ pub(crate) fn all() -> Vec<Route> {
             .query::<admin::EventsQuery>()
             .events::<admin::EventOut>()
             .errors(&[InvalidRequest]),
+        Route::new(post.clone(), "/v1/admin/models/{name}/pause", Admin, api!(admin::pause))
+            .admin()
+            .doc(
+                "Pause a model's generation",
+                "Stops the model from running requests without unloading it. New requests wait in its queue (bounded as always) until continue. `mode`: `abort` (default) ends queued and running requests with 503 generation_aborted; `retract` stops running generations, puts them back at the head of the queue and resumes them after continue from the text already sent, so their clients see one uninterrupted answer (requests the engine cannot resume — structured output, tools, forwarding engines, embeddings — finish in place); `in_place` lets running requests finish and queued ones wait. Pausing a paused model applies the new mode. The row's `pause` says the mode, who paused and since when.",
+            )
+            .body::<admin::PauseBody>(true)
+            .ok::<admin::ModelRow>()
+            .errors(PAUSE),
+        Route::new(post.clone(), "/v1/admin/models/{name}/continue", Admin, api!(admin::resume))
+            .admin()
+            .doc(
+                "Continue a paused model",
+                "Grants slots again, retracted generations first. A model that is not paused is answered as it is.",
+            )
+            .ok::<admin::ModelRow>()
+            .errors(&[UnknownModel, AdminBusy]),
+        Route::new(
+            post.clone(),
+            "/v1/admin/models/{name}/update-weights-from-disk",
+            Admin,
+            api!(admin::update_weights),
+        )
+        .admin()
+        .doc(
+            "Replace a loaded model's weights",
+            "Pauses the model, loads the weights at `model_path` (default: the configured one) next to the running ones, swaps them in behind the same queue, releases the old ones, sets `weight_version` when given, and continues unless `keep_pause`. 409 requests_active while requests run, unless `abort_all_requests` (they end with generation_aborted) or the model is paused with `retract`. When the new weights fail to load, the old ones keep serving, the pause is undone, and the answer is 400 load_failed. Loading both costs the model's memory twice for the length of the load. `load_format` and `flush_cache` are accepted for SGLang compatibility.",
+        )
+        .body::<admin::UpdateWeightsBody>(true)
+        .ok::<admin::ModelRow>()
+        .errors(UPDATE),
+        Route::new(
+            post.clone(),
+            "/v1/admin/models/{name}/weights-checker",
+            Admin,
+            api!(admin::weights_checker),
+        )
+        .admin()
+        .doc(
+            "Checksum the weights a model runs on",
+            "Reads the model's weight files (GGUF, or safetensors files and directories) and digests every tensor: SHA-256 of its name, dtype, shape and raw bytes, and a model checksum over the sorted tensor digests. While a loaded model's files are read it admits nothing (requests wait; running ones go on). `action`: `checksum`; `snapshot` also remembers the digests; `compare` reports the tensors that changed, went missing or appeared since the snapshot; `reset_tensors` is refused with 501 (Hangar never changes weights in place).",
+        )
+        .body::<admin::WeightsCheckerBody>(false)
+        .ok::<admin::WeightsCheckerResponse>()
+        .errors(CHECKER),
+        // Weight control at SGLang's paths: admin-control.md
+        Route::new(get.clone(), "/model_info", WeightControl, plain!(sglang::model_info_get))
+            .admin()
+            .doc(
+                "Model info (SGLang)",
+                "The model's weights path, tokenizer path, whether it generates text, `weight_version` (`default` before any update), state and pause. `?model=` is needed only when more than one model is loaded.",
+            )
+            .query::<sglang::ModelQuery>()
+            .ok::<sglang::ModelInfo>()
+            .errors(&[InvalidRequest, UnknownModel]),
+        Route::new(post.clone(), "/model_info", WeightControl, plain!(sglang::model_info_post))
+            .admin()
+            .doc("Model info (SGLang)", "As GET, the model named in the body.")
+            .body::<sglang::ModelBody>(true)
+            .ok::<sglang::ModelInfo>()
+            .errors(&[InvalidRequest, UnknownModel]),
+        Route::new(post.clone(), "/pause_generation", WeightControl, plain!(sglang::pause_generation))
+            .admin()
+            .doc(
+                "Pause generation (SGLang)",
+                "`POST /v1/admin/models/{name}/pause` for the model named by `model`, or the one loaded.",
+            )
+            .body::<sglang::PauseGenerationBody>(true)
+            .ok::<sglang::ControlResult>()
+            .errors(SGLANG_PAUSE),
+        Route::new(
+            post.clone(),
+            "/continue_generation",
+            WeightControl,
+            plain!(sglang::continue_generation),
+        )
+        .admin()
+        .doc("Continue generation (SGLang)", "`POST /v1/admin/models/{name}/continue` for the model named by `model`, or the one loaded.")
+        .body::<sglang::ModelBody>(true)
+        .ok::<sglang::ControlResult>()
+        .errors(&[InvalidRequest, UnknownModel, AdminBusy]),
+        Route::new(
+            post.clone(),
+            "/update_weights_from_disk",
+            WeightControl,
+            plain!(sglang::update_weights_from_disk),
+        )
+        .admin()
+        .doc(
+            "Update weights from disk (SGLang)",
+            "`POST /v1/admin/models/{name}/update-weights-from-disk` for the model named by `model`, or the one loaded; answers `success`, `message` and the `weight_version` in effect.",
+        )
+        .body::<admin::UpdateWeightsBody>(false)
+        .ok::<sglang::ControlResult>()
+        .errors(SGLANG_UPDATE),
+        Route::new(post.clone(), "/weights_checker", WeightControl, plain!(sglang::weights_checker_post))
+            .admin()
+            .doc(
+                "Weights checker (SGLang)",
+                "`POST /v1/admin/models/{name}/weights-checker` for the model named by `model`, or the one loaded.",
+            )
+            .body::<sglang::WeightsCheckerBody>(false)
+            .ok::<sglang::CheckerResult>()
+            .errors(SGLANG_CHECKER),
+        Route::new(get.clone(), "/weights_checker", WeightControl, plain!(sglang::weights_checker_get))
+            .admin()
+            .doc("Weights checker (SGLang)", "As POST, with `?action=` (default `checksum`) and `?model=`.")
+            .query::<sglang::WeightsCheckerQuery>()
+            .ok::<sglang::CheckerResult>()
+            .errors(SGLANG_CHECKER),
+        Route::new(post.clone(), "/update_weights_from_tensor", WeightControl, plain!(sglang::no_tensor_plane))
+            .admin()
+            .doc("Update weights from tensors (SGLang): 501", "Not served: Hangar has no tensor data plane. Write the weights to disk and call /update_weights_from_disk.")
+            .errors(&[NotImplemented]),
+        Route::new(post.clone(), "/init_weights_update_group", WeightControl, plain!(sglang::no_tensor_plane))
+            .admin()
+            .doc("Init a weights update group (SGLang): 501", "Not served: Hangar has no distributed weight-update group.")
+            .errors(&[NotImplemented]),
+        Route::new(post.clone(), "/destroy_weights_update_group", WeightControl, plain!(sglang::no_tensor_plane))
+            .admin()
+            .doc("Destroy a weights update group (SGLang): 501", "Not served: Hangar has no distributed weight-update group.")
+            .errors(&[NotImplemented]),
+        Route::new(post.clone(), "/update_weights_from_distributed", WeightControl, plain!(sglang::no_tensor_plane))
+            .admin()
+            .doc("Update weights from a distributed group (SGLang): 501", "Not served: Hangar has no tensor data plane.")
+            .errors(&[NotImplemented]),
         Route::new(get.clone(), "/v1/admin/gpu-memory", Admin, api!(admin::gpu_memory))
             .admin()
             .doc(

@@ -31,7 +31,20 @@ enum Class {
 fn class_of(path: &str) -> Class {
     let admin = path.starts_with("/v1/admin/")
         || path.starts_with("/v2/repository/")
-        || ["/api/v1/load", "/api/v1/unload"].contains(&path);
+        || ["/api/v1/load", "/api/v1/unload"].contains(&path)
+        // SGLang's weight-control paths.
+        || [
+            "/model_info",
+            "/pause_generation",
+            "/continue_generation",
+            "/update_weights_from_disk",
+            "/update_weights_from_tensor",
+            "/init_weights_update_group",
+            "/destroy_weights_update_group",
+            "/update_weights_from_distributed",
+            "/weights_checker",
+        ]
+        .contains(&path);
     if admin {
         Class::Admin
     } else if path.starts_with("/v1/") || path == "/api/v1/stats" {

@@ -19,6 +19,21 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/admin/models/{name}/load"),
     ("POST", "/v1/admin/models/{name}/unload"),
     ("GET", "/v1/admin/gpu-memory"),
+    ("POST", "/v1/admin/models/{name}/pause"),
+    ("POST", "/v1/admin/models/{name}/continue"),
+    ("POST", "/v1/admin/models/{name}/update-weights-from-disk"),
+    ("POST", "/v1/admin/models/{name}/weights-checker"),
+    ("GET", "/model_info"),
+    ("POST", "/model_info"),
+    ("POST", "/pause_generation"),
+    ("POST", "/continue_generation"),
+    ("POST", "/update_weights_from_disk"),
+    ("GET", "/weights_checker"),
+    ("POST", "/weights_checker"),
+    ("POST", "/update_weights_from_tensor"),
+    ("POST", "/init_weights_update_group"),
+    ("POST", "/destroy_weights_update_group"),
+    ("POST", "/update_weights_from_distributed"),
     ("POST", "/v1/responses"),
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
@@ -162,7 +177,14 @@ async fn document_is_openapi_3_1_with_info_and_tags() {
         .collect();
     assert_eq!(
         tags,
-        BTreeSet::from(["admin", "inference", "multi-model", "model-repository", "operations"])
+        BTreeSet::from([
+            "admin",
+            "inference",
+            "multi-model",
+            "model-repository",
+            "weight-control",
+            "operations"
+        ])
     );
     for (method, path, op) in operations(&doc) {
         let op_tags = op["tags"].as_array().expect("operation tags");
@@ -351,6 +373,21 @@ async fn admin_routes_require_the_bearer_scheme() {
         ("POST", "/v1/admin/models/{name}/load"),
         ("POST", "/v1/admin/models/{name}/unload"),
         ("GET", "/v1/admin/gpu-memory"),
+        ("POST", "/v1/admin/models/{name}/pause"),
+        ("POST", "/v1/admin/models/{name}/continue"),
+        ("POST", "/v1/admin/models/{name}/update-weights-from-disk"),
+        ("POST", "/v1/admin/models/{name}/weights-checker"),
+        ("GET", "/model_info"),
+        ("POST", "/model_info"),
+        ("POST", "/pause_generation"),
+        ("POST", "/continue_generation"),
+        ("POST", "/update_weights_from_disk"),
+        ("GET", "/weights_checker"),
+        ("POST", "/weights_checker"),
+        ("POST", "/update_weights_from_tensor"),
+        ("POST", "/init_weights_update_group"),
+        ("POST", "/destroy_weights_update_group"),
+        ("POST", "/update_weights_from_distributed"),
         ("POST", "/api/v1/load"),
         ("POST", "/api/v1/unload"),
         ("POST", "/v2/repository/index"),

@@ -34,8 +34,10 @@ pub(super) struct Sequence {
     sampler: LlamaSampler,
     output: Output,
     max_tokens: Option<u32>,
-    /// The whole prompt.
+    /// The whole prompt: the request's, then the tokens of its `resume` text.
     pub(super) prompt: Vec<LlamaToken>,
+    /// Tokens of the request's own prompt (the usage's `prompt_tokens`).
+    own_prompt: usize,
     /// Prompt tokens already in the sequence's KV cells (reused or decoded).
     pub(super) fed: usize,
     /// Prompt tokens whose cells an earlier sequence left in the slot (not decoded again).
@@ -108,9 +110,15 @@ impl Worker<'_> {
     ) -> Result<Sequence, (Reply, RuntimeError)> {
         let prepared = (|| {
             let text = self.prompt_text(request)?;
-            let prompt = self.tokenize(&text, true);
+            let mut prompt = self.tokenize(&text, true);
             if prompt.is_empty() {
                 return Err(RuntimeError::InvalidRequest { message: "empty prompt".to_owned() });
+            }
+            // A resumed generation: what it already produced is decoded as prompt and
+            // counted as completion, so the answer goes on as if never interrupted.
+            let own_prompt = prompt.len();
+            if let Some(resume) = request.resume.as_deref().filter(|r| !r.is_empty()) {
+                prompt.extend(self.tokenize(resume, false));
             }
             if prompt.len() >= self.n_ctx() {
                 return Err(RuntimeError::InvalidRequest {
@@ -123,22 +131,24 @@ impl Worker<'_> {
             }
             let constraint = structured::plan(request)?;
             let sampler = super::sampling::sampler(self.model, request, &constraint)?;
-            Ok((prompt, sampler, Output::new(&request.params.stop, &constraint)))
+            let output = Output::new(&request.params.stop, &constraint);
+            Ok((prompt, own_prompt, sampler, output))
         })();
         match prepared {
-            Ok((prompt, sampler, output)) => Ok(Sequence {
+            Ok((prompt, own_prompt, sampler, output)) => Ok(Sequence {
                 events,
                 reply,
                 sampler,
                 output,
                 // Without max_tokens the context is the only limit (as OpenAI and llama-server).
                 max_tokens: request.params.max_tokens,
+                completion: count(prompt.len() - own_prompt),
                 prompt,
+                own_prompt,
                 fed: 0,
                 reused: 0,
                 n_past: 0,
                 next: None,
-                completion: 0,
                 pending_bytes: Vec::new(),
                 outbox: VecDeque::new(),
                 done: None,
@@ -243,7 +253,7 @@ impl Sequence {
         }
         self.done = Some(Ok(GenerateSummary {
             finish_reason,
-            prompt_tokens: count(self.prompt.len()),
+            prompt_tokens: count(self.own_prompt),
             completion_tokens: self.completion,
             cached_tokens: count(self.reused),
         }));

@@ -31,6 +31,7 @@ pub fn request(text: &str, max_tokens: u32) -> GenerateRequest {
         translation: None,
         tools: None,
         format: None,
+        resume: None,
     }
 }
 

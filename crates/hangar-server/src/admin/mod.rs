@@ -1,5 +1,7 @@
-//! Admin routes (`runtime-admin-api.md`): list, show, load, unload, logs, events, GPU memory.
+//! Admin routes (`runtime-admin-api.md`): list, show, load, unload, logs, events, GPU memory,
+//! and weight control (`admin-control.md`): pause, continue, weight updates, checksums.
 
+mod control;
 mod events;
 mod logs;
 mod row;
@@ -14,6 +16,10 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+pub(crate) use control::{
+    PauseBody, UpdateWeightsBody, WeightsCheckerBody, WeightsCheckerResponse, pause, resume,
+    update_weights, weights_checker,
+};
 pub(crate) use events::{EventOut, EventsQuery, events};
 pub(crate) use logs::{LogLineOut, LogsQuery, LogsResponse, logs};
 pub use row::ModelRow;

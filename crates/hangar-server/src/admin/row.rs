@@ -16,7 +16,7 @@ use hangar_backend::{
 };
 use hangar_config::{BackendKind, Device, ModelType};
 use hangar_lifecycle::ModelState;
-use hangar_runtime::{ModelSnapshot, VramEstimateSource};
+use hangar_runtime::{ModelSnapshot, PauseInfo, VramEstimateSource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::value::{RawValue, to_raw_value};
@@ -88,6 +88,14 @@ pub struct ModelRow {
     /// (llama.cpp: `n_threads`, `n_threads_batch`, `threads_from`, `cores_available`,
     /// `n_seq_max`, `n_ctx`, `n_ctx_seq`, `n_batch`, `n_ctx_train`); `[]` unless loaded.
     pub runtime_details: Vec<Map<String, Value>>,
+    /// The pause in effect (`mode`, `cause`, `since_unix_ms`); `null` when not paused.
+    pub pause: Option<PauseInfo>,
+    /// The version label of the loaded weights that the last weight update set; `null` for
+    /// the weights a load loaded.
+    pub weight_version: Option<String>,
+    /// The file or directory the loaded weights came from (a weight update may have
+    /// changed it); `null` unless loaded.
+    pub weights_path: Option<String>,
 }
 
 /// The static fields of a row, in [`ModelRow`]'s order.
@@ -246,6 +254,9 @@ fn write_row(out: &mut Vec<u8>, prefix: &[u8], s: &ModelSnapshot) {
     value(out, b",\"load_override\":", s.load_override.fields());
     value(out, b",\"capabilities\":", &*s.capabilities);
     value(out, b",\"runtime_details\":", &*s.runtime_details);
+    value(out, b",\"pause\":", &s.pause);
+    value(out, b",\"weight_version\":", &s.weight_version);
+    value(out, b",\"weights_path\":", &s.weights_path);
     out.push(b'}');
 }
 
@@ -295,6 +306,9 @@ impl ModelRow {
             load_override: s.load_override.fields().clone(),
             capabilities: Arc::clone(&s.capabilities),
             runtime_details: s.runtime_details.to_vec(),
+            pause: s.pause,
+            weight_version: s.weight_version.clone(),
+            weights_path: s.weights_path.clone(),
         }
     }
 

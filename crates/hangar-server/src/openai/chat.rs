@@ -203,6 +203,7 @@ async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
         translation: None,
         tools,
         format,
+        resume: None,
     };
     let guard = ctx.state.manager.admit(&model, Work::generation(&request)).await?;
     let (id, created) = (new_id("chatcmpl-"), unix_now());

@@ -74,10 +74,17 @@ async fn forward(
     let mut body = answer.body;
     if !content_type.as_bytes().starts_with(b"text/event-stream") {
         let mut whole = Vec::new();
-        while let Some(chunk) = body.recv().await {
+        let aborted = guard.aborted();
+        tokio::pin!(aborted);
+        loop {
+            let chunk = tokio::select! {
+                chunk = body.recv() => chunk,
+                error = &mut aborted => return Err(error.into()),
+            };
             match chunk {
-                Ok(bytes) => whole.extend_from_slice(&bytes),
-                Err(e) => return Err(failed(&guard, e)),
+                Some(Ok(bytes)) => whole.extend_from_slice(&bytes),
+                Some(Err(e)) => return Err(failed(&guard, e)),
+                None => break,
             }
         }
         let mut response = http::Response::new(Full::new(Bytes::from(whole)).boxed());
@@ -106,8 +113,17 @@ async fn pump(
     mut body: mpsc::Receiver<Result<Bytes, RuntimeError>>,
     tx: &mpsc::Sender<Bytes>,
 ) -> &'static str {
+    let aborted = guard.aborted();
+    tokio::pin!(aborted);
     loop {
         tokio::select! {
+            // An operator's abort ends the answer with an error event, as a failure does.
+            error = &mut aborted => {
+                let error = ApiError::from(error);
+                let _ = tx.send(data_event(&error.to_body())).await;
+                let _ = tx.send(done_event()).await;
+                return error.code.as_str();
+            }
             chunk = body.recv() => match chunk {
                 Some(Ok(bytes)) => {
                     if tx.send(bytes).await.is_err() {

@@ -487,6 +487,7 @@ async fn response(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
         translation,
         tools,
         format,
+        resume: None,
     };
     let guard = ctx.state.manager.admit(&model, Work::generation(&request)).await?;
     let meta = ResponseMeta {

@@ -1,0 +1,268 @@
+//! Pause and continue: an operator stops a loaded model's generation without unloading it
+//! (between the training steps of an RL loop, around a weight update).
+//!
+//! A paused model admits nothing: its scheduler grants no slot, so new requests wait in its
+//! queue (bounded as always) until it continues. What happens to the requests already there
+//! is the [`PauseMode`]:
+//!
+//! - `abort`: queued and running requests end with `generation_aborted`;
+//! - `retract`: running generations stop, go back to the head of the queue, and resume after
+//!   continue from the text they had produced — their clients see one uninterrupted answer.
+//!   A request the engine cannot resume (structured output, tools, a forwarding engine,
+//!   embeddings) finishes in place instead;
+//! - `in_place`: queued requests wait, running ones finish.
+//!
+//! Running requests learn of an abort or retract through the model's interrupt channel
+//! ([`Interrupts`]), which every admitted request watches.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use hangar_lifecycle::{AdmissionError, ModelState};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::entry::{ModelEntry, Slot};
+use crate::error::ManagerError;
+use crate::journal::EventKind;
+use crate::manager::Manager;
+use crate::snapshot::{ModelSnapshot, snapshot_of};
+
+/// What a pause does to the requests already admitted.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum PauseMode {
+    /// Queued and running requests end with `generation_aborted`.
+    #[default]
+    Abort,
+    /// Running generations go back to the head of the queue and resume after continue.
+    Retract,
+    /// Queued requests wait; running ones finish.
+    InPlace,
+}
+
+/// Who paused the model.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum PauseCause {
+    /// `POST …/pause` (or `/pause_generation`).
+    Operator,
+    /// A weight update, for as long as it runs.
+    WeightUpdate,
+    /// A weights checksum, for as long as it reads the files.
+    Checksum,
+}
+
+/// A model's pause, as the admin row shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PauseInfo {
+    /// What the pause did to admitted requests.
+    pub mode: PauseMode,
+    /// Who paused it.
+    pub cause: PauseCause,
+    /// When, Unix milliseconds.
+    pub since_unix_ms: u64,
+}
+
+/// What running requests are told to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// End with `generation_aborted` and this reason.
+    Abort(Arc<str>),
+    /// Go back to the queue and resume later, if the request can.
+    Retract,
+}
+
+/// The latest interrupt of a model: a sequence number so that each one is seen once.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Interrupt {
+    seq: u64,
+    action: Option<Action>,
+}
+
+/// A model's interrupt channel: the manager sends, each admitted request watches.
+pub(crate) struct Interrupts(watch::Sender<Interrupt>);
+
+impl Interrupts {
+    pub(crate) fn new() -> Self {
+        Self(watch::Sender::new(Interrupt::default()))
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Interrupt> {
+        self.0.subscribe()
+    }
+
+    fn send(&self, action: Action) {
+        self.0.send_modify(|i| {
+            i.seq += 1;
+            i.action = Some(action);
+        });
+    }
+}
+
+/// The next interrupt sent after the last one `rx` saw; never resolves when none comes.
+pub(crate) async fn next_action(rx: &mut watch::Receiver<Interrupt>) -> Action {
+    loop {
+        if rx.changed().await.is_err() {
+            // The model's entry is gone: nothing will interrupt this request any more.
+            std::future::pending::<()>().await;
+        }
+        if let Some(action) = rx.borrow_and_update().action.clone() {
+            return action;
+        }
+    }
+}
+
+/// The error of an aborted request.
+pub(crate) fn aborted(reason: &str) -> ManagerError {
+    AdmissionError::GenerationAborted { reason: reason.to_owned() }.into()
+}
+
+/// What a request that was just granted a slot must do, given the model's pause: a slot
+/// granted before a pause began is only visible as a pause in the slot (its interrupt may
+/// have been sent before the request subscribed).
+pub(crate) fn on_grant(slot: &Slot) -> Option<Action> {
+    slot.pause.as_ref().and_then(|p| match p.info.mode {
+        PauseMode::Abort => Some(Action::Abort(Arc::clone(&p.reason))),
+        PauseMode::Retract => Some(Action::Retract),
+        PauseMode::InPlace => None,
+    })
+}
+
+/// A model's pause with the reason an abort gives.
+#[derive(Debug, Clone)]
+pub(crate) struct Paused {
+    pub(crate) info: PauseInfo,
+    pub(crate) reason: Arc<str>,
+}
+
+impl Manager {
+    /// Pauses a loaded model with `mode` (see the module docs). Pausing a paused model
+    /// changes its mode and applies the new one (a pause `in_place` followed by `abort`
+    /// aborts what was running).
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::Conflict`] for a model that is not loaded;
+    /// [`ManagerError::AdminBusy`].
+    pub async fn pause(&self, name: &str, mode: PauseMode) -> Result<ModelSnapshot, ManagerError> {
+        let entry = self.entry(name)?;
+        let _admin = self.admin_lock(&entry).await?;
+        self.pause_entry(&entry, mode, PauseCause::Operator)?;
+        Ok(snapshot_of(&entry, &entry.lock()))
+    }
+
+    /// Lets a paused model run again: queued requests (retracted ones first) get slots.
+    /// Continuing a model that is not paused changes nothing.
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::AdminBusy`].
+    pub async fn resume(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
+        let entry = self.entry(name)?;
+        let _admin = self.admin_lock(&entry).await?;
+        self.resume_entry(&entry);
+        Ok(snapshot_of(&entry, &entry.lock()))
+    }
+
+    /// Pauses `entry` (its admin lock held by the caller).
+    pub(crate) fn pause_entry(
+        &self,
+        entry: &ModelEntry,
+        mode: PauseMode,
+        cause: PauseCause,
+    ) -> Result<(), ManagerError> {
+        let mut slot = entry.lock();
+        let state = slot.lifecycle.state();
+        let scheduler = match (&slot.scheduler, state) {
+            (Some(scheduler), ModelState::Loaded) => scheduler.clone(),
+            _ => return Err(not_loaded(state, "pause")),
+        };
+        let name = &entry.config.name;
+        let reason: Arc<str> = match cause {
+            PauseCause::WeightUpdate => format!("model '{name}' is updating its weights").into(),
+            _ => format!("model '{name}' was paused with mode {}", <&str>::from(mode)).into(),
+        };
+        scheduler.pause();
+        let since_unix_ms = unix_ms(SystemTime::now());
+        let info = PauseInfo { mode, cause, since_unix_ms };
+        slot.pause = Some(Paused { info, reason: Arc::clone(&reason) });
+        self.inner.events.journal.record(name, EventKind::Paused { mode, cause });
+        drop(slot);
+        match mode {
+            PauseMode::Abort => {
+                let error = AdmissionError::GenerationAborted { reason: reason.to_string() };
+                scheduler.cancel_queued(&error);
+                entry.interrupts.send(Action::Abort(reason));
+            }
+            PauseMode::Retract => entry.interrupts.send(Action::Retract),
+            PauseMode::InPlace => {}
+        }
+        entry.notify();
+        Ok(())
+    }
+
+    /// Ends `entry`'s pause, if any (its admin lock held by the caller).
+    pub(crate) fn resume_entry(&self, entry: &ModelEntry) {
+        let mut slot = entry.lock();
+        if slot.pause.take().is_none() {
+            return;
+        }
+        if let Some(scheduler) = &slot.scheduler {
+            scheduler.resume();
+        }
+        self.inner.events.journal.record(&entry.config.name, EventKind::Resumed);
+        drop(slot);
+        entry.notify();
+    }
+
+    /// Restores a pause taken before an operation that paused the model itself.
+    pub(crate) fn restore_pause(&self, entry: &ModelEntry, before: Option<Paused>) {
+        match before {
+            None => self.resume_entry(entry),
+            Some(before) => {
+                let mut slot = entry.lock();
+                if slot.scheduler.is_some() {
+                    slot.pause = Some(before);
+                }
+            }
+        }
+    }
+}
+
+/// The conflict of a control operation on a model that is not loaded.
+pub(crate) fn not_loaded(state: ModelState, what: &str) -> ManagerError {
+    ManagerError::Conflict {
+        state,
+        message: format!("the model is {state}; {what} needs it loaded"),
+    }
+}
+
+/// Unix milliseconds of `at`.
+pub(crate) fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

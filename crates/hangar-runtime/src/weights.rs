@@ -1,0 +1,267 @@
+//! Weight control of a loaded model: updating its weights from disk without unloading it,
+//! and the weights checker (strict per-tensor SHA-256 digests of the files it runs on).
+//!
+//! An update pauses the model, loads the new weights next to the old ones, swaps them in
+//! behind the same queue and releases the old ones; when the new weights fail to load, the
+//! old ones keep serving and the pause is undone — the model is never left without weights.
+//! Loading both at once costs the model's memory twice for the length of the load.
+
+use std::sync::Arc;
+
+use hangar_backend::Runtime;
+use hangar_lifecycle::ModelState;
+use hangar_weights::{Comparison, WeightsDigest};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::entry::ModelEntry;
+use crate::error::ManagerError;
+use crate::events::Events;
+use crate::journal::EventKind;
+use crate::manager::Manager;
+use crate::pause::{PauseCause, PauseMode, Paused, not_loaded};
+use crate::snapshot::{ModelSnapshot, snapshot_of};
+
+/// What a weight update asks for (SGLang's `update_weights_from_disk` body).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WeightUpdate {
+    /// The new weights; `None`: the model's configured `model_path` again.
+    pub model_path: Option<String>,
+    /// Abort running and queued requests instead of refusing while requests run.
+    pub abort_all_requests: bool,
+    /// Stay paused after the update (continue later).
+    pub keep_pause: bool,
+    /// The version label the model shows once the update succeeded; `None` keeps it.
+    pub weight_version: Option<String>,
+}
+
+/// What the weights checker does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightsAction {
+    /// Digest every tensor of the weights the model runs on.
+    Checksum,
+    /// Digest and remember the result for `compare`.
+    Snapshot,
+    /// Digest and report which tensors differ from the snapshot.
+    Compare,
+    /// Refused: Hangar never changes weights in place.
+    ResetTensors,
+}
+
+/// The weights checker's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct WeightsReport {
+    /// The action that ran.
+    pub action: WeightsAction,
+    /// The digests of the weights as they are on disk now.
+    #[schemars(with = "serde_json::Value")]
+    pub digest: WeightsDigest,
+    /// For `compare`: the differences from the snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Value>")]
+    pub comparison: Option<Comparison>,
+    /// How long reading and hashing took, milliseconds.
+    pub elapsed_ms: u64,
+}
+
+impl Manager {
+    /// Replaces a loaded model's weights with those at `update.model_path` (see the module
+    /// docs). Requests queued during the update run on the new weights.
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::Conflict`] for a model that is not loaded;
+    /// [`ManagerError::RequestsActive`] while requests run, unless `abort_all_requests` or the
+    /// model is paused with `retract`; [`ManagerError::LoadFailed`] with the old weights
+    /// serving; [`ManagerError::AdminBusy`].
+    pub async fn update_weights_from_disk(
+        &self,
+        name: &str,
+        update: WeightUpdate,
+    ) -> Result<ModelSnapshot, ManagerError> {
+        let entry = self.entry(name)?;
+        if update.model_path.as_deref().is_some_and(|p| p.trim().is_empty()) {
+            return Err(ManagerError::InvalidLoadRequest {
+                field: Some("model_path".into()),
+                message: "must not be empty".into(),
+            });
+        }
+        let admin = self.admin_lock(&entry).await?;
+        let (this, e) = (self.clone(), Arc::clone(&entry));
+        // Run to its end even if the caller goes away: a half-done update would leave the
+        // model paused.
+        let run = tokio::spawn(async move {
+            let _admin = admin;
+            this.run_update(&e, update).await
+        });
+        match run.await {
+            Ok(result) => result,
+            Err(_) => Err(ManagerError::LoadFailed {
+                message: "weight update failed: the update task panicked".into(),
+                snapshot: Box::new(self.model(name)?),
+            }),
+        }
+    }
+
+    async fn run_update(
+        &self,
+        entry: &Arc<ModelEntry>,
+        update: WeightUpdate,
+    ) -> Result<ModelSnapshot, ManagerError> {
+        let (before, scheduler, effective) = {
+            let slot = entry.lock();
+            let scheduler = match (&slot.scheduler, slot.lifecycle.state()) {
+                (Some(s), ModelState::Loaded) => s.clone(),
+                (_, state) => return Err(not_loaded(state, "a weight update")),
+            };
+            let running = scheduler.stats().runtime_inflight;
+            let retracting = slot.pause.as_ref().is_some_and(|p| p.info.mode == PauseMode::Retract);
+            if running > 0 && !update.abort_all_requests && !retracting {
+                return Err(ManagerError::RequestsActive {
+                    model: entry.config.name.to_string(),
+                    running,
+                });
+            }
+            (slot.pause.clone(), scheduler, Arc::clone(&slot.effective))
+        };
+        let mode = if update.abort_all_requests { PauseMode::Abort } else { PauseMode::InPlace };
+        self.pause_entry(entry, mode, PauseCause::WeightUpdate)?;
+        scheduler.drained().await;
+
+        let mut config = (*effective).clone();
+        let model_path = update.model_path.clone().or_else(|| entry.config.model_path.clone());
+        config.model_path.clone_from(&model_path);
+        let config = Arc::new(config);
+        let loaded = {
+            let _queue = self.inner.load_queue.lock().await;
+            let _resources = entry.resources.lock().await;
+            let replicas = entry.lock().replicas.get();
+            self.load_replicas(entry, &config, replicas).await
+        };
+        let runtimes = match loaded {
+            Ok(runtimes) => runtimes,
+            Err(e) => {
+                Events::bump(&self.inner.events.load_failures);
+                self.restore_pause(entry, before);
+                let message =
+                    format!("weight update failed; the previous weights keep serving: {e}");
+                tracing::warn!(model = %entry.config.name, error = %e, "weight update failed; the previous weights keep serving");
+                let snapshot = Box::new(snapshot_of(entry, &entry.lock()));
+                return Err(ManagerError::LoadFailed { message, snapshot });
+            }
+        };
+        let old = self.swap_weights(entry, runtimes, config, &update);
+        for runtime in old {
+            runtime.unload().await;
+        }
+        if update.keep_pause {
+            let mut slot = entry.lock();
+            if let Some(pause) = &mut slot.pause {
+                // Now the operator's pause: it lasts until they continue.
+                pause.info.cause = PauseCause::Operator;
+            }
+        } else {
+            self.resume_entry(entry);
+        }
+        Ok(snapshot_of(entry, &entry.lock()))
+    }
+
+    /// Puts the new runtimes in place under the model's queue; returns the ones to release
+    /// (the new ones when the model stopped being loaded meanwhile).
+    fn swap_weights(
+        &self,
+        entry: &ModelEntry,
+        runtimes: Vec<Arc<dyn Runtime>>,
+        config: Arc<hangar_config::ModelConfig>,
+        update: &WeightUpdate,
+    ) -> Vec<Arc<dyn Runtime>> {
+        let mut slot = entry.lock();
+        let Some(scheduler) = slot.scheduler.clone() else { return runtimes };
+        let details: Arc<[_]> = runtimes.iter().map(|r| r.details()).collect();
+        match scheduler.replace_runtimes(runtimes) {
+            Ok(old) => {
+                slot.runtime_details = details;
+                slot.effective = config;
+                slot.generation += 1;
+                if update.weight_version.is_some() {
+                    slot.weight_version.clone_from(&update.weight_version);
+                }
+                ModelEntry::touch(&mut slot);
+                let kind = EventKind::WeightsUpdated {
+                    model_path: slot.effective.model_path.clone().unwrap_or_default(),
+                    weight_version: slot.weight_version.clone(),
+                };
+                self.inner.events.journal.record(&entry.config.name, kind);
+                Events::bump(&self.inner.events.loads);
+                old
+            }
+            Err(runtimes) => runtimes,
+        }
+    }
+
+    /// Runs the weights checker on the files a model runs on (or, unloaded, the files its
+    /// config names). A loaded model admits nothing while its files are read (requests
+    /// wait, running ones go on); the reading runs off the async threads.
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::NotImplemented`] for `reset_tensors`;
+    /// [`ManagerError::Weights`] when there is nothing to read or the files cannot be parsed,
+    /// or for `compare` without a snapshot; [`ManagerError::AdminBusy`].
+    pub async fn check_weights(
+        &self,
+        name: &str,
+        action: WeightsAction,
+    ) -> Result<WeightsReport, ManagerError> {
+        let entry = self.entry(name)?;
+        if action == WeightsAction::ResetTensors {
+            return Err(ManagerError::NotImplemented {
+                message: "reset_tensors is refused: Hangar never changes loaded weights in place; use update-weights-from-disk or reload the model".into(),
+            });
+        }
+        if action == WeightsAction::Compare && entry.lock().weights_snapshot.is_none() {
+            return Err(ManagerError::Weights {
+                message: format!(
+                    "model '{name}' has no weights snapshot; run the snapshot action first"
+                ),
+            });
+        }
+        let _admin = self.admin_lock(&entry).await?;
+        let (path, before, loaded) = {
+            let slot = entry.lock();
+            let loaded = slot.lifecycle.state() == ModelState::Loaded;
+            let path = if loaded { slot.effective.model_path.clone() } else { None };
+            (path.or_else(|| entry.config.model_path.clone()), slot.pause.clone(), loaded)
+        };
+        let Some(path) = path else {
+            return Err(ManagerError::Weights {
+                message: format!("model '{name}' has no local weights (no model_path) to check"),
+            });
+        };
+        let holds = loaded && before.is_none();
+        if holds {
+            self.pause_entry(&entry, PauseMode::InPlace, PauseCause::Checksum)?;
+        }
+        let started = std::time::Instant::now();
+        let digest = tokio::task::spawn_blocking(move || hangar_weights::digest(path.as_ref()))
+            .await
+            .map_err(|e| ManagerError::Weights { message: format!("digest task failed: {e}") });
+        if holds {
+            self.restore_pause(&entry, None::<Paused>);
+        }
+        let digest = digest?.map_err(|e| ManagerError::Weights { message: e.to_string() })?;
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        let mut slot = entry.lock();
+        let comparison = match action {
+            WeightsAction::Snapshot => {
+                slot.weights_snapshot = Some(Arc::new(digest.clone()));
+                None
+            }
+            WeightsAction::Compare => slot
+                .weights_snapshot
+                .as_ref()
+                .map(|snapshot| hangar_weights::compare(snapshot, &digest)),
+            _ => None,
+        };
+        Ok(WeightsReport { action, digest, comparison, elapsed_ms })
+    }
+}
