@@ -85,6 +85,9 @@ pub(crate) struct SettingsFields {
     pub(crate) admin_lock_timeout_s: Option<u64>,
     /// Requests that may wait in one model's queue before `queue_full`. Default 64.
     pub(crate) max_queue_depth: Option<u32>,
+    /// Unload a model after this many seconds with nothing running or queued (a model's own
+    /// `idle_unload_seconds` wins; pinned and leased models are kept). Never when unset.
+    pub(crate) idle_unload_seconds: Option<u32>,
     /// Largest accepted request body in bytes. Default 8 MiB.
     pub(crate) max_request_body_bytes: Option<u64>,
     /// The configured models, by name. A model set to `null` (e.g. in `local.json`) is
@@ -103,6 +106,7 @@ impl Section for SettingsFields {
         }
         p.at_least("admin_lock_timeout_s", self.admin_lock_timeout_s, 1);
         p.at_least("max_queue_depth", self.max_queue_depth, 1);
+        p.at_least("idle_unload_seconds", self.idle_unload_seconds, 1);
         p.at_least("max_request_body_bytes", self.max_request_body_bytes, 1);
     }
 }
@@ -196,6 +200,8 @@ pub struct Config {
     pub admin_lock_timeout: std::time::Duration,
     /// Bound of each model's request queue.
     pub max_queue_depth: NonZeroU32,
+    /// Idle seconds before a model without its own setting is unloaded; never when `None`.
+    pub idle_unload_seconds: Option<NonZeroU32>,
     /// Largest accepted request body in bytes.
     pub max_request_body_bytes: NonZeroU64,
     /// Every configured model, in config order.
@@ -290,6 +296,7 @@ impl Config {
             max_request_body_bytes: s.max_request_body_bytes.and_then(NonZeroU64::new).unwrap_or(
                 NonZeroU64::new(DEFAULT_MAX_REQUEST_BODY_BYTES).unwrap_or(NonZeroU64::MIN),
             ),
+            idle_unload_seconds: s.idle_unload_seconds.and_then(NonZeroU32::new),
             models,
         }
     }
@@ -316,6 +323,7 @@ impl Config {
             "inference_api_keys": self.inference_api_keys,
             "admin_lock_timeout_s": self.admin_lock_timeout.as_secs(),
             "max_queue_depth": self.max_queue_depth,
+            "idle_unload_seconds": self.idle_unload_seconds,
             "max_request_body_bytes": self.max_request_body_bytes,
             "models": models,
         })

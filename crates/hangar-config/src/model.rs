@@ -47,6 +47,12 @@ pub(crate) struct ModelFields {
     /// Seconds a load may take before it fails (engine processes: until the child answers
     /// on its health route). Default 300.
     pub(crate) load_timeout_s: Option<u32>,
+    /// Never evicted to make room for another model (a load that could only proceed by
+    /// evicting it fails with `slots_pinned`), nor unloaded for idleness. Default false.
+    pub(crate) pinned: Option<bool>,
+    /// Unload the model after this many seconds with nothing running or queued; the global
+    /// `idle_unload_seconds` when unset; never when neither is set.
+    pub(crate) idle_unload_seconds: Option<u32>,
 }
 
 impl Section for ModelFields {
@@ -58,6 +64,7 @@ impl Section for ModelFields {
         p.at_least("replica_max", self.replica_max, 1);
         p.at_least("default_max_tokens", self.default_max_tokens, 1);
         p.at_least("load_timeout_s", self.load_timeout_s, 1);
+        p.at_least("idle_unload_seconds", self.idle_unload_seconds, 1);
         if let (Some(max), Some(replicas)) = (self.replica_max, self.replicas)
             && max >= 1
             && max < replicas
@@ -161,6 +168,10 @@ pub struct ModelConfig {
     pub default_max_tokens: Option<NonZeroU32>,
     /// Seconds a load may take; [`DEFAULT_LOAD_TIMEOUT_S`] when unset.
     pub load_timeout_s: Option<NonZeroU32>,
+    /// Never evicted, nor unloaded for idleness.
+    pub pinned: bool,
+    /// Idle seconds before the model is unloaded; `None` defers to the global setting.
+    pub idle_unload_seconds: Option<NonZeroU32>,
     /// Backend-specific settings.
     pub settings: BackendSettings,
     raw: Map<String, Value>,
@@ -229,6 +240,8 @@ impl ModelConfig {
         put("auto_load", self.auto_load.into());
         put("default_max_tokens", self.default_max_tokens.map(NonZeroU32::get).into());
         put("load_timeout_s", self.load_timeout_s.map(NonZeroU32::get).into());
+        put("pinned", self.pinned.into());
+        put("idle_unload_seconds", self.idle_unload_seconds.map(NonZeroU32::get).into());
         for section in self.settings.to_json() {
             if let Value::Object(fields) = section {
                 out.extend(fields);
@@ -366,6 +379,8 @@ fn parse_model(
         auto_load: fields.auto_load,
         default_max_tokens: fields.default_max_tokens.and_then(NonZeroU32::new),
         load_timeout_s: fields.load_timeout_s.and_then(NonZeroU32::new),
+        pinned: fields.pinned.unwrap_or(false),
+        idle_unload_seconds: fields.idle_unload_seconds.and_then(NonZeroU32::new),
         settings,
         raw: obj.clone(),
     })

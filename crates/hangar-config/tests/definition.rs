@@ -19,6 +19,8 @@ const COMMON: &[&str] = &[
     "auto_load",
     "default_max_tokens",
     "load_timeout_s",
+    "pinned",
+    "idle_unload_seconds",
 ];
 
 fn minimal(kind: BackendKind) -> Value {

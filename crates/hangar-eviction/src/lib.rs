@@ -37,6 +37,7 @@
 //!     device: Device::GPU,
 //!     last_use: now + Duration::from_secs(secs),
 //!     inflight: 0,
+//!     held: false,
 //! };
 //! let loaded = [llm("old", 1), llm("recent", 2)];
 //! let limits = MaxLoadedModels::from_counts(&[2]).unwrap();

@@ -21,6 +21,8 @@ pub struct LoadedModel {
     /// Requests running or admitted (pinned) on it right now, including requests that
     /// triggered an auto-load and have not started yet.
     pub inflight: u32,
+    /// Pinned by config or held by a lease: never a victim.
+    pub held: bool,
 }
 
 impl LoadedModel {
@@ -94,12 +96,21 @@ impl Victim {
 pub struct EvictionPlan {
     /// The models to unload, in the order they should be unloaded. Each appears once.
     pub victims: Vec<Victim>,
+    /// Held (pinned or leased) models the load could only proceed by evicting. When not
+    /// empty the load must fail (`slots_pinned`, naming them) and `victims` is empty:
+    /// nothing is evicted for a load that cannot happen.
+    pub blocked_by: Vec<ModelName>,
 }
 
 impl EvictionPlan {
     /// True when nothing needs to be unloaded.
     pub fn is_empty(&self) -> bool {
         self.victims.is_empty()
+    }
+
+    /// True when the load cannot proceed without evicting a held model.
+    pub fn is_blocked(&self) -> bool {
+        !self.blocked_by.is_empty()
     }
 
     /// How many models are to be unloaded.

@@ -25,6 +25,10 @@ fn lru(a: &LoadedModel, b: &LoadedModel) -> Ordering {
 ///
 /// Victims are ordered exclusive-device victims first (least recently used first), then
 /// slot victims in the order they were chosen.
+///
+/// Held models (pinned or leased) are never victims: when the load needs one of them gone
+/// (an exclusive device it holds, or a slot that only held models could free), the plan
+/// evicts nothing and names them in [`EvictionPlan::blocked_by`].
 pub fn plan_load(
     loaded: &[LoadedModel],
     incoming: &Incoming,
@@ -39,8 +43,10 @@ pub fn plan_load(
 
     let mut holders: Vec<&LoadedModel> = loaded.iter().filter(|m| evicted_for_device(m)).collect();
     holders.sort_by(|a, b| lru(a, b));
+    let mut blocked_by: Vec<ModelName> =
+        holders.iter().filter(|m| m.held).map(|m| m.name.clone()).collect();
 
-    let mut same_type: Vec<&LoadedModel> = loaded
+    let same_type: Vec<&LoadedModel> = loaded
         .iter()
         .filter(|m| m.model_type == incoming.model_type && !evicted_for_device(m))
         .collect();
@@ -48,21 +54,33 @@ pub fn plan_load(
     // One slot must be free for the incoming model; `limit >= 1`, so there are always
     // enough candidates.
     let excess = (same_type.len() + 1).saturating_sub(limit);
-    same_type.sort_by(|a, b| (!a.is_idle()).cmp(&!b.is_idle()).then_with(|| lru(a, b)));
+    let (held, mut candidates): (Vec<&LoadedModel>, Vec<&LoadedModel>) =
+        same_type.into_iter().partition(|m| m.held);
+    if candidates.len() < excess {
+        blocked_by.extend(held.iter().map(|m| m.name.clone()));
+    }
+    if !blocked_by.is_empty() {
+        blocked_by.sort();
+        blocked_by.dedup();
+        return EvictionPlan { victims: Vec::new(), blocked_by };
+    }
+    candidates.sort_by(|a, b| (!a.is_idle()).cmp(&!b.is_idle()).then_with(|| lru(a, b)));
 
     let victims = holders
         .into_iter()
         .map(|m| Victim::of(m, EvictionReason::ExclusiveDevice))
-        .chain(same_type.into_iter().take(excess).map(|m| Victim::of(m, EvictionReason::SlotLimit)))
+        .chain(
+            candidates.into_iter().take(excess).map(|m| Victim::of(m, EvictionReason::SlotLimit)),
+        )
         .collect();
-    EvictionPlan { victims }
+    EvictionPlan { victims, blocked_by }
 }
 
 /// After the first load attempt of `failed` failed, plan the retry.
 ///
 /// `None`: do not retry — the failure was [`LoadFailure::NotFound`], which evicting cannot
 /// fix; evict nothing and fail at once. `Some(plan)`: evict every loaded model except
-/// `failed` itself, of every type, least recently used first
+/// `failed` itself and held ones, of every type, least recently used first
 /// ([`EvictionReason::LoadFailureRetry`]; busy ones marked [`Victim::wait_for_drain`]),
 /// then retry the load once.
 pub fn plan_retry_after_failure(
@@ -74,13 +92,13 @@ pub fn plan_retry_after_failure(
         LoadFailure::NotFound => None,
         LoadFailure::Other => {
             let mut others: Vec<&LoadedModel> =
-                loaded.iter().filter(|m| m.name != *failed).collect();
+                loaded.iter().filter(|m| m.name != *failed && !m.held).collect();
             others.sort_by(|a, b| lru(a, b));
             let victims = others
                 .into_iter()
                 .map(|m| Victim::of(m, EvictionReason::LoadFailureRetry))
                 .collect();
-            Some(EvictionPlan { victims })
+            Some(EvictionPlan { victims, blocked_by: Vec::new() })
         }
     }
 }

@@ -53,6 +53,7 @@ fn arb_loaded() -> impl Strategy<Value = Vec<LoadedModel>> {
                     device,
                     last_use: base() + Duration::from_secs(secs),
                     inflight,
+                    held: false,
                 })
                 .collect::<Vec<_>>()
         })
@@ -322,6 +323,56 @@ proptest! {
         }
         for pair in victims.windows(2) {
             prop_assert!(lru_key(pair[0].1) < lru_key(pair[1].1));
+        }
+    }
+
+    /// (h) Held models (pinned by config or leased) are never victims, of a load or of a
+    /// retry after a failure. A load's plan either evicts only unheld models — and then
+    /// every type stays within its limit and at most one model holds an exclusive device —
+    /// or is blocked: it evicts nothing and names exactly the held models the load would
+    /// need gone (held exclusive-device holders for an exclusive load, or every held model
+    /// of the type when the unheld ones cannot free a slot).
+    #[test]
+    fn held_models_are_never_victims_and_block_only_when_needed(
+        (loaded, limits) in arb_valid_state(),
+        held in prop::collection::vec(any::<bool>(), 10),
+        incoming in arb_incoming(),
+    ) {
+        let loaded: Vec<LoadedModel> = loaded
+            .into_iter()
+            .zip(held)
+            .map(|(m, held)| LoadedModel { held, ..m })
+            .collect();
+        let plan = plan_load(&loaded, &incoming, &limits);
+        for v in &plan.victims {
+            prop_assert!(!find(&loaded, &v.name).held, "held {} evicted: {plan:?}", v.name);
+        }
+        let exclusive = incoming.device.intersects(Device::EXCLUSIVE);
+        let holds = |m: &LoadedModel| exclusive && m.device.intersects(Device::EXCLUSIVE);
+        let same_type: Vec<&LoadedModel> =
+            loaded.iter().filter(|m| m.model_type == incoming.model_type && !holds(m)).collect();
+        let excess = (same_type.len() + 1).saturating_sub(limits.get(incoming.model_type).get() as usize);
+        let unheld = same_type.iter().filter(|m| !m.held).count();
+        let mut want: Vec<ModelName> = loaded.iter().filter(|m| m.held && holds(m)).map(|m| m.name.clone()).collect();
+        if unheld < excess {
+            want.extend(same_type.iter().filter(|m| m.held).map(|m| m.name.clone()));
+        }
+        want.sort();
+        want.dedup();
+        prop_assert_eq!(&plan.blocked_by, &want);
+        if plan.is_blocked() {
+            prop_assert!(plan.victims.is_empty());
+        } else {
+            let after = after(&loaded, &plan, &incoming);
+            for ty in ModelType::ALL {
+                let count = after.iter().filter(|(t, _)| *t == ty).count();
+                prop_assert!(count <= limits.get(ty).get() as usize, "{ty}: {count} in {plan:?}");
+            }
+            let holders = after.iter().filter(|(_, d)| d.intersects(Device::EXCLUSIVE)).count();
+            prop_assert!(holders <= 1);
+        }
+        if let Some(retry) = plan_retry_after_failure(&loaded, &incoming.name, LoadFailure::Other) {
+            prop_assert!(retry.victims.iter().all(|v| !find(&loaded, &v.name).held));
         }
     }
 }

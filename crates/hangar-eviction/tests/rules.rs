@@ -27,6 +27,7 @@ fn model(n: &str, ty: ModelType, device: Device, secs: u64, inflight: u32) -> Lo
         device,
         last_use: base + Duration::from_secs(secs),
         inflight,
+        held: false,
     }
 }
 

@@ -22,6 +22,9 @@ pub(crate) struct ModelEntry {
     pub(crate) position: usize,
     /// Size of the model's files in MiB, measured once at start-up.
     pub(crate) artifact_mib: Option<u64>,
+    /// Seconds without work before it is unloaded: its own `idle_unload_seconds`, else the
+    /// global one.
+    pub(crate) idle_timeout: Option<NonZeroU32>,
     slot: Mutex<Slot>,
     /// Wakes waiters on every slot change they care about (state, pins).
     changed: Notify,
@@ -62,6 +65,10 @@ pub(crate) struct Slot {
     pub(crate) weight_version: Option<String>,
     /// The weights checker's last snapshot, for `compare`.
     pub(crate) weights_snapshot: Option<Arc<hangar_weights::WeightsDigest>>,
+    /// Leases on the model (expired ones until housekeeping drops them).
+    pub(crate) leases: Vec<crate::lease::Held>,
+    /// The held models that blocked the last load (`slots_pinned`); cleared at each load.
+    pub(crate) blocked_by: Vec<String>,
 }
 
 impl ModelEntry {
@@ -69,7 +76,9 @@ impl ModelEntry {
         config: ModelConfig,
         position: usize,
         capabilities: Arc<Capabilities>,
+        idle_default: Option<NonZeroU32>,
     ) -> Self {
+        let idle_timeout = config.idle_unload_seconds.or(idle_default);
         let config = Arc::new(config);
         let artifact_mib = config.model_path.as_deref().and_then(artifact_mib);
         Self {
@@ -89,10 +98,13 @@ impl ModelEntry {
                 pause: None,
                 weight_version: None,
                 weights_snapshot: None,
+                leases: Vec::new(),
+                blocked_by: Vec::new(),
             }),
             config,
             position,
             artifact_mib,
+            idle_timeout,
             changed: Notify::new(),
             resources: tokio::sync::Mutex::new(()),
             admin: Arc::new(tokio::sync::Mutex::new(())),

@@ -120,6 +120,26 @@ pub enum ManagerError {
         /// What is wrong.
         message: String,
     },
+    /// No live lease of that id on the model.
+    #[error("model '{model}' has no lease '{id}' (released or expired)")]
+    LeaseNotFound {
+        /// The model.
+        model: String,
+        /// The lease id asked for.
+        id: String,
+    },
+    /// The load could only proceed by evicting held (pinned or leased) models; nothing was
+    /// evicted.
+    #[error(
+        "no room to load model '{model}' without evicting pinned or leased model(s): {}; release their leases or unload one of them",
+        held.join(", ")
+    )]
+    SlotsPinned {
+        /// The model that was to load.
+        model: String,
+        /// The held models in the way.
+        held: Vec<String>,
+    },
     /// A call that acts on one model named none, and more (or no) models are loaded.
     #[error("{message}")]
     ModelRequired {
@@ -224,6 +244,10 @@ pub enum ErrorCode {
     WeightsUnreadable,
     /// An operation Hangar deliberately does not perform.
     NotImplemented,
+    /// No live lease of that id.
+    LeaseNotFound,
+    /// A load would need held (pinned or leased) models evicted.
+    SlotsPinned,
 }
 
 impl ErrorCode {
@@ -260,6 +284,8 @@ impl ManagerError {
             Self::Weights { .. } => ErrorCode::WeightsUnreadable,
             Self::NotImplemented { .. } => ErrorCode::NotImplemented,
             Self::ModelRequired { .. } => ErrorCode::InvalidRequest,
+            Self::LeaseNotFound { .. } => ErrorCode::LeaseNotFound,
+            Self::SlotsPinned { .. } => ErrorCode::SlotsPinned,
             Self::Runtime(e) => match e.code() {
                 R::BackendCrashed => ErrorCode::BackendCrashed,
                 R::Cancelled => ErrorCode::Cancelled,

@@ -70,6 +70,21 @@ pub enum EventKind {
     },
     /// The model continued after a pause.
     Resumed,
+    /// A lease was taken, renewed, released, expired or revoked.
+    Lease {
+        /// What happened.
+        change: crate::lease::LeaseChange,
+        /// The lease.
+        id: String,
+        /// Its holder.
+        owner: String,
+    },
+    /// The model is being unloaded after `idle_unload_seconds` without work (its `state`
+    /// events follow).
+    IdleUnload {
+        /// How long it had been idle.
+        idle_seconds: u64,
+    },
     /// New weights replaced the loaded ones.
     WeightsUpdated {
         /// The file or directory they came from.

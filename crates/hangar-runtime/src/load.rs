@@ -117,11 +117,15 @@ impl Manager {
                 slot.replicas = p.replicas;
                 slot.load_progress = Some(0.0);
                 slot.loaded_replicas = 0;
+                slot.blocked_by.clear();
                 entry.apply(&mut slot, LifecycleEvent::StartLoad, None, &self.inner.events);
                 true
             }
         };
         entry.notify();
+        if self.inner.idle_configured {
+            self.start_housekeeping();
+        }
         if start {
             // The lock goes with the load, which runs to its end even if this caller leaves.
             let (this, e) = (self.clone(), Arc::clone(&entry));
@@ -137,6 +141,10 @@ impl Manager {
         let slot = entry.lock();
         let snapshot = snapshot_of(&entry, &slot);
         match slot.lifecycle.state() {
+            ModelState::Failed if !slot.blocked_by.is_empty() => Err(ManagerError::SlotsPinned {
+                model: name.to_owned(),
+                held: slot.blocked_by.clone(),
+            }),
             ModelState::Failed => Err(ManagerError::LoadFailed {
                 message: load_failed_message(slot.lifecycle.last_error().unwrap_or("unknown")),
                 snapshot: Box::new(snapshot),
@@ -214,8 +222,18 @@ impl Manager {
                 device: entry.config.device,
             };
             let plan = plan_load(&self.loaded_models(), &incoming, &self.inner.limits);
-            self.execute(plan, &entry.config.name).await;
-            self.load_with_retry(&entry, &model, replicas).await
+            if plan.is_blocked() {
+                let held: Vec<String> = plan.blocked_by.iter().map(|n| n.to_string()).collect();
+                let message = format!(
+                    "slots_pinned: no room without evicting pinned or leased model(s): {}",
+                    held.join(", ")
+                );
+                entry.lock().blocked_by = held;
+                Err(message)
+            } else {
+                self.execute(plan, &entry.config.name).await;
+                self.load_with_retry(&entry, &model, replicas).await
+            }
         };
 
         let mut slot = entry.lock();
@@ -429,6 +447,7 @@ impl Manager {
                 device: entry.config.device,
                 last_use: slot.last_use.map_or_else(Instant::now, |(t, _)| t).into_std(),
                 inflight: busy + slot.pins,
+                held: entry.config.pinned || slot.leased(),
             });
         }
         loaded

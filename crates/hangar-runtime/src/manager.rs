@@ -82,6 +82,12 @@ pub(crate) struct Inner {
     pub(crate) load_queue: tokio::sync::Mutex<()>,
     pub(crate) events: Events,
     pub(crate) last_loaded: std::sync::Mutex<Option<ModelName>>,
+    /// Whether any model has an idle timeout (housekeeping starts at the first load).
+    pub(crate) idle_configured: bool,
+    /// Numbers lease ids.
+    pub(crate) next_lease: std::sync::atomic::AtomicU64,
+    /// Set once the housekeeping task runs.
+    pub(crate) housekeeping: std::sync::OnceLock<()>,
 }
 
 impl Manager {
@@ -103,7 +109,8 @@ impl Manager {
                     Arc::clone(&shared[shared.len() - 1])
                 }
             };
-            let entry = Arc::new(ModelEntry::new(model.clone(), order.len(), capabilities));
+            let idle = config.idle_unload_seconds;
+            let entry = Arc::new(ModelEntry::new(model.clone(), order.len(), capabilities, idle));
             order.push(Arc::clone(&entry));
             models.insert(model.name.clone(), entry);
         }
@@ -119,6 +126,10 @@ impl Manager {
                 load_queue: tokio::sync::Mutex::new(()),
                 events: Events::new(),
                 last_loaded: std::sync::Mutex::new(None),
+                idle_configured: config.idle_unload_seconds.is_some()
+                    || config.models.iter().any(|m| m.idle_unload_seconds.is_some()),
+                next_lease: std::sync::atomic::AtomicU64::new(1),
+                housekeeping: std::sync::OnceLock::new(),
             }),
         }
     }

@@ -1,6 +1,7 @@
 //! [`ModelSnapshot`]: one model's configured definition and live state, as a plain value,
 //! and [`ModelFilter`] to list some of them.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use hangar_backend::{Capabilities, LoadOverride, RuntimeDetails};
@@ -94,6 +95,13 @@ pub struct ModelSnapshot {
     /// The file or directory the loaded weights came from (a weight update may have
     /// changed it); `None` unless loaded or unloading.
     pub weights_path: Option<String>,
+    /// `pinned` as configured: never evicted nor unloaded for idleness.
+    pub pinned: bool,
+    /// Live leases holding the model loaded.
+    pub leases: Vec<crate::lease::Lease>,
+    /// Seconds without work before the model is unloaded (its own or the global setting);
+    /// `None`: never.
+    pub idle_unload_seconds: Option<u32>,
 }
 
 impl ModelSnapshot {
@@ -191,5 +199,11 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
             ModelState::Loaded | ModelState::Unloading => slot.effective.model_path.clone(),
             _ => None,
         },
+        pinned: config.pinned,
+        leases: {
+            let now = tokio::time::Instant::now();
+            slot.leases.iter().filter(|h| h.deadline > now).map(|h| h.lease.clone()).collect()
+        },
+        idle_unload_seconds: entry.idle_timeout.map(NonZeroU32::get),
     }
 }

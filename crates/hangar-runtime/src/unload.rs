@@ -18,6 +18,7 @@ use crate::snapshot::{ModelSnapshot, snapshot_of};
 pub(crate) enum UnloadCause {
     Request,
     Eviction,
+    Idle,
 }
 
 impl Manager {
@@ -56,6 +57,7 @@ impl Manager {
             this.unload_entry(&e, UnloadCause::Request).await
         };
         let _ = tokio::spawn(unload).await;
+        self.revoke_leases(&entry);
         let slot = entry.lock();
         Ok(snapshot_of(&entry, &slot))
     }

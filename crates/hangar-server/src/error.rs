@@ -103,6 +103,11 @@ pub enum ErrorCode {
     /// 501: an operation Hangar deliberately does not perform (tensor and distributed
     /// weight updates, `reset_tensors`); the message says what to use instead.
     NotImplemented,
+    /// 404: the model has no live lease of that id (released or expired).
+    LeaseNotFound,
+    /// 409: the load could only proceed by evicting pinned or leased models (named in the
+    /// message); nothing was evicted.
+    SlotsPinned,
 }
 
 impl ErrorCode {
@@ -110,11 +115,11 @@ impl ErrorCode {
     pub fn status(self) -> StatusCode {
         use ErrorCode::*;
         match self {
-            UnknownModel | NotFound | NothingToUnload => StatusCode::NOT_FOUND,
+            UnknownModel | NotFound | NothingToUnload | LeaseNotFound => StatusCode::NOT_FOUND,
             ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed | BackendUnavailable
             | AdminBusy | GenerationAborted => StatusCode::SERVICE_UNAVAILABLE,
             QueueFull => StatusCode::TOO_MANY_REQUESTS,
-            StateConflict | RequestsActive => StatusCode::CONFLICT,
+            StateConflict | RequestsActive | SlotsPinned => StatusCode::CONFLICT,
             InvalidRequestBody | WeightsUnreadable => StatusCode::UNPROCESSABLE_ENTITY,
             NotImplemented => StatusCode::NOT_IMPLEMENTED,
             InvalidLoadRequest | LoadFailed | InvalidRequest | Unsupported

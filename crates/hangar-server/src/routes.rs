@@ -94,7 +94,7 @@ const SGLANG_CHECKER: &[ErrorCode] =
     &[InvalidRequest, UnknownModel, WeightsUnreadable, NotImplemented, AdminBusy];
 
 const LOAD: &[ErrorCode] =
-    &[UnknownModel, InvalidLoadRequest, LoadFailed, StateConflict, AdminBusy];
+    &[UnknownModel, InvalidLoadRequest, LoadFailed, SlotsPinned, StateConflict, AdminBusy];
 
 /// Every route of the service.
 pub(crate) fn all() -> Vec<Route> {
@@ -198,6 +198,32 @@ pub(crate) fn all() -> Vec<Route> {
         .body::<admin::WeightsCheckerBody>(false)
         .ok::<admin::WeightsCheckerResponse>()
         .errors(CHECKER),
+        Route::new(post.clone(), "/v1/admin/models/{name}/leases", Admin, api!(admin::acquire_lease))
+            .admin()
+            .doc(
+                "Hold a model loaded for a job",
+                "Takes a lease (`owner`, `ttl_seconds` up to a week), loading the model first if needed (the load's errors come back, and no lease is kept). A model with a live lease is never evicted nor unloaded for idleness; a load that could only proceed by evicting it fails with 409 slots_pinned. Renew before `expires_unix_ms`; expired leases are dropped. An explicit unload still unloads the model and revokes its leases. Leases are listed in the row.",
+            )
+            .body::<admin::LeaseBody>(false)
+            .ok::<admin::LeaseResponse>()
+            .errors(&[UnknownModel, InvalidLoadRequest, LoadFailed, SlotsPinned, StateConflict, AdminBusy]),
+        Route::new(post.clone(), "/v1/admin/models/{name}/leases/{id}", Admin, api!(admin::renew_lease))
+            .admin()
+            .doc(
+                "Renew a lease",
+                "Starts the lease again for `ttl_seconds` (its own length when absent). 404 lease_not_found once it was released or expired.",
+            )
+            .body::<admin::RenewBody>(true)
+            .ok::<hangar_runtime::Lease>()
+            .errors(&[UnknownModel, LeaseNotFound, InvalidLoadRequest]),
+        Route::new(Method::DELETE, "/v1/admin/models/{name}/leases/{id}", Admin, api!(admin::release_lease))
+            .admin()
+            .doc(
+                "Release a lease",
+                "Ends the lease; the model stays loaded, evictable and idle-unloadable again unless another lease or `pinned` holds it.",
+            )
+            .ok::<hangar_runtime::Lease>()
+            .errors(&[UnknownModel, LeaseNotFound]),
         // Weight control at SGLang's paths: admin-control.md
         Route::new(get.clone(), "/model_info", WeightControl, plain!(sglang::model_info_get))
             .admin()

@@ -1,11 +1,12 @@
 //! Weight-control routes of one model (`admin-control.md`, under `/v1/admin/models/{name}`):
-//! pause, continue, update weights from disk, the weights checker.
+//! pause, continue, update weights from disk, the weights checker; and leases.
 
-use hangar_runtime::{PauseMode, WeightUpdate, WeightsAction, WeightsReport};
+use hangar_runtime::{Lease, PauseMode, WeightUpdate, WeightsAction, WeightsReport};
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::admin::ModelRow;
 use crate::body::{Response, json_response, parse_json};
 use crate::error::ApiError;
 use crate::router::Ctx;
@@ -112,4 +113,57 @@ pub(crate) async fn weights_checker(ctx: Ctx) -> Result<Response, ApiError> {
     let report = ctx.state.manager.check_weights(ctx.name(), body.action).await?;
     let response = WeightsCheckerResponse { model: ctx.name().to_owned(), report };
     Ok(json_response(StatusCode::OK, &response))
+}
+
+/// Body of `POST …/leases`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LeaseBody {
+    /// Who holds the lease (a job, a user).
+    pub(crate) owner: String,
+    /// How long it holds the model, 1 to 604800 seconds; renew before it ends.
+    pub(crate) ttl_seconds: u32,
+}
+
+/// Body of `POST …/leases/{id}` (renew).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RenewBody {
+    /// The new length; the lease's own when absent.
+    #[serde(default)]
+    pub(crate) ttl_seconds: Option<u32>,
+}
+
+/// A lease taken: the lease and the model it holds.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct LeaseResponse {
+    /// The lease (its `id` renews and releases it).
+    pub(crate) lease: Lease,
+    /// The model, loaded.
+    pub(crate) model: ModelRow,
+}
+
+/// `POST /v1/admin/models/{name}/leases`.
+pub(crate) async fn acquire_lease(ctx: Ctx) -> Result<Response, ApiError> {
+    let body: LeaseBody = parse_json(&ctx.body, false)?;
+    let lease = ctx.state.manager.acquire_lease(ctx.name(), &body.owner, body.ttl_seconds).await?;
+    let model = ctx.state.rows.row(&ctx.state.manager.model(ctx.name())?);
+    Ok(json_response(StatusCode::OK, &LeaseResponse { lease, model }))
+}
+
+/// `POST /v1/admin/models/{name}/leases/{id}`.
+pub(crate) async fn renew_lease(ctx: Ctx) -> Result<Response, ApiError> {
+    let body: RenewBody = parse_json(&ctx.body, true)?;
+    let lease = ctx.state.manager.renew_lease(ctx.name(), lease_id(&ctx), body.ttl_seconds)?;
+    Ok(json_response(StatusCode::OK, &lease))
+}
+
+/// `DELETE /v1/admin/models/{name}/leases/{id}`.
+pub(crate) async fn release_lease(ctx: Ctx) -> Result<Response, ApiError> {
+    let lease = ctx.state.manager.release_lease(ctx.name(), lease_id(&ctx))?;
+    Ok(json_response(StatusCode::OK, &lease))
+}
+
+fn lease_id(ctx: &Ctx) -> &str {
+    ctx.params.get(1).map_or("", String::as_str)
 }

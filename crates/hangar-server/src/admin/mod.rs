@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 pub(crate) use control::{
-    PauseBody, UpdateWeightsBody, WeightsCheckerBody, WeightsCheckerResponse, pause, resume,
+    LeaseBody, LeaseResponse, PauseBody, RenewBody, UpdateWeightsBody, WeightsCheckerBody,
+    WeightsCheckerResponse, acquire_lease, pause, release_lease, renew_lease, resume,
     update_weights, weights_checker,
 };
 pub(crate) use events::{EventOut, EventsQuery, events};

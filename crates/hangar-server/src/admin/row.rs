@@ -16,7 +16,7 @@ use hangar_backend::{
 };
 use hangar_config::{BackendKind, Device, ModelType};
 use hangar_lifecycle::ModelState;
-use hangar_runtime::{ModelSnapshot, PauseInfo, VramEstimateSource};
+use hangar_runtime::{Lease, ModelSnapshot, PauseInfo, VramEstimateSource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::value::{RawValue, to_raw_value};
@@ -96,6 +96,12 @@ pub struct ModelRow {
     /// The file or directory the loaded weights came from (a weight update may have
     /// changed it); `null` unless loaded.
     pub weights_path: Option<String>,
+    /// `pinned` as configured: never evicted nor unloaded for idleness.
+    pub pinned: bool,
+    /// Live leases holding the model loaded (never evicted nor unloaded for idleness).
+    pub leases: Vec<Lease>,
+    /// Seconds without work before the model is unloaded; `null`: never.
+    pub idle_unload_seconds: Option<u32>,
 }
 
 /// The static fields of a row, in [`ModelRow`]'s order.
@@ -257,6 +263,9 @@ fn write_row(out: &mut Vec<u8>, prefix: &[u8], s: &ModelSnapshot) {
     value(out, b",\"pause\":", &s.pause);
     value(out, b",\"weight_version\":", &s.weight_version);
     value(out, b",\"weights_path\":", &s.weights_path);
+    out.extend_from_slice(if s.pinned { b",\"pinned\":true" } else { b",\"pinned\":false" });
+    value(out, b",\"leases\":", &s.leases);
+    value(out, b",\"idle_unload_seconds\":", &s.idle_unload_seconds);
     out.push(b'}');
 }
 
@@ -309,6 +318,9 @@ impl ModelRow {
             pause: s.pause,
             weight_version: s.weight_version.clone(),
             weights_path: s.weights_path.clone(),
+            pinned: s.pinned,
+            leases: s.leases.clone(),
+            idle_unload_seconds: s.idle_unload_seconds,
         }
     }
 

@@ -1,0 +1,270 @@
+//! Leases, pins and idle unloads: what keeps a model loaded, and what unloads it when
+//! nobody needs it.
+//!
+//! - A **lease** holds a model loaded for a job (`owner`, `ttl_seconds`): taking one loads
+//!   the model if needed; it is renewed or released by id and dropped when it expires. A
+//!   model with a live lease is never evicted nor unloaded for idleness; an operator's
+//!   explicit unload still unloads it and revokes its leases.
+//! - A **pinned** model (`pinned: true` in config) is never evicted nor unloaded for
+//!   idleness. A load that could only proceed by evicting held (pinned or leased) models
+//!   fails with `slots_pinned`, naming them, and evicts nothing.
+//! - **Idle unload** (`idle_unload_seconds`, per model or global): a loaded model with
+//!   nothing running or queued, not paused, not held, unused for that long is unloaded.
+//!
+//! One housekeeping task per manager, started when the first lease is taken or at the first
+//! load when an idle timeout is configured, drops expired leases and unloads idle models
+//! once a second.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+
+use hangar_lifecycle::ModelState;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::entry::{ModelEntry, Slot};
+use crate::error::ManagerError;
+use crate::journal::EventKind;
+use crate::manager::{Inner, LoadOptions, Manager};
+use crate::pause::unix_ms;
+use crate::unload::UnloadCause;
+
+/// Longest lease: a week.
+pub const MAX_LEASE_SECONDS: u32 = 7 * 24 * 3600;
+
+/// How often housekeeping looks for expired leases and idle models.
+const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(1);
+
+/// A lease on a model, as the admin row lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Lease {
+    /// Its id (for renew and release).
+    pub id: String,
+    /// Who holds it (free text: a job, a user).
+    pub owner: String,
+    /// Its length; a renewal starts it again.
+    pub ttl_seconds: u32,
+    /// When it ends unless renewed, Unix milliseconds.
+    pub expires_unix_ms: u64,
+}
+
+/// A lease and its monotonic deadline.
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    pub(crate) lease: Lease,
+    pub(crate) deadline: Instant,
+}
+
+/// What happened to a lease (the journal's `lease` events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseChange {
+    /// Taken.
+    Acquired,
+    /// Renewed.
+    Renewed,
+    /// Released by its holder.
+    Released,
+    /// Its time ran out.
+    Expired,
+    /// Dropped by an explicit unload (or a crash) of the model.
+    Revoked,
+}
+
+impl Slot {
+    /// Whether a live lease holds the model.
+    pub(crate) fn leased(&self) -> bool {
+        let now = Instant::now();
+        self.leases.iter().any(|h| h.deadline > now)
+    }
+}
+
+fn lease_not_found(model: &str, id: &str) -> ManagerError {
+    ManagerError::LeaseNotFound { model: model.to_owned(), id: id.to_owned() }
+}
+
+fn check_ttl(ttl_seconds: u32) -> Result<Duration, ManagerError> {
+    if ttl_seconds == 0 || ttl_seconds > MAX_LEASE_SECONDS {
+        return Err(ManagerError::InvalidLoadRequest {
+            field: Some("ttl_seconds".into()),
+            message: format!("must be between 1 and {MAX_LEASE_SECONDS}, got {ttl_seconds}"),
+        });
+    }
+    Ok(Duration::from_secs(u64::from(ttl_seconds)))
+}
+
+impl Manager {
+    /// Takes a lease on `name` for `ttl_seconds`, loading the model if it is not loaded.
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::InvalidLoadRequest`] for an empty owner or a ttl
+    /// outside 1..=[`MAX_LEASE_SECONDS`]; the load's errors (the lease is not kept then).
+    pub async fn acquire_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl_seconds: u32,
+    ) -> Result<Lease, ManagerError> {
+        let entry = self.entry(name)?;
+        if owner.trim().is_empty() {
+            return Err(ManagerError::InvalidLoadRequest {
+                field: Some("owner".into()),
+                message: "must not be empty".into(),
+            });
+        }
+        let ttl = check_ttl(ttl_seconds)?;
+        self.start_housekeeping();
+        let n = self.inner.next_lease.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let lease = Lease {
+            id: format!("lease-{n}"),
+            owner: owner.to_owned(),
+            ttl_seconds,
+            expires_unix_ms: unix_ms(SystemTime::now() + ttl),
+        };
+        // Held before the load, so no eviction planned meanwhile can take the model.
+        let held = Held { lease: lease.clone(), deadline: Instant::now() + ttl };
+        entry.lock().leases.push(held);
+        if let Err(e) = self.load(name, LoadOptions::default()).await {
+            entry.lock().leases.retain(|h| h.lease.id != lease.id);
+            return Err(e);
+        }
+        self.journal_lease(&entry, &lease, LeaseChange::Acquired);
+        Ok(lease)
+    }
+
+    /// Renews lease `id` of `name` for `ttl_seconds` (its own length when `None`).
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::LeaseNotFound`] (also once it expired);
+    /// [`ManagerError::InvalidLoadRequest`] for a ttl out of range.
+    pub fn renew_lease(
+        &self,
+        name: &str,
+        id: &str,
+        ttl_seconds: Option<u32>,
+    ) -> Result<Lease, ManagerError> {
+        let entry = self.entry(name)?;
+        let mut slot = entry.lock();
+        let now = Instant::now();
+        let held = slot
+            .leases
+            .iter_mut()
+            .find(|h| h.lease.id == id && h.deadline > now)
+            .ok_or_else(|| lease_not_found(name, id))?;
+        let ttl_seconds = ttl_seconds.unwrap_or(held.lease.ttl_seconds);
+        let ttl = check_ttl(ttl_seconds)?;
+        held.deadline = now + ttl;
+        held.lease.ttl_seconds = ttl_seconds;
+        held.lease.expires_unix_ms = unix_ms(SystemTime::now() + ttl);
+        let lease = held.lease.clone();
+        drop(slot);
+        self.journal_lease(&entry, &lease, LeaseChange::Renewed);
+        Ok(lease)
+    }
+
+    /// Releases lease `id` of `name`. The model stays loaded (evictable, idle-unloadable).
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::LeaseNotFound`].
+    pub fn release_lease(&self, name: &str, id: &str) -> Result<Lease, ManagerError> {
+        let entry = self.entry(name)?;
+        let mut slot = entry.lock();
+        let at = slot.leases.iter().position(|h| h.lease.id == id);
+        let held = at.map(|i| slot.leases.remove(i)).ok_or_else(|| lease_not_found(name, id))?;
+        drop(slot);
+        self.journal_lease(&entry, &held.lease, LeaseChange::Released);
+        Ok(held.lease)
+    }
+
+    /// Drops every lease of `entry` (an explicit unload, a crash).
+    pub(crate) fn revoke_leases(&self, entry: &ModelEntry) {
+        let revoked = std::mem::take(&mut entry.lock().leases);
+        for held in revoked {
+            self.journal_lease(entry, &held.lease, LeaseChange::Revoked);
+        }
+    }
+
+    fn journal_lease(&self, entry: &ModelEntry, lease: &Lease, change: LeaseChange) {
+        let kind = EventKind::Lease { change, id: lease.id.clone(), owner: lease.owner.clone() };
+        self.inner.events.journal.record(&entry.config.name, kind);
+    }
+
+    /// Starts the housekeeping task once (it needs a tokio runtime: called from async
+    /// methods only).
+    pub(crate) fn start_housekeeping(&self) {
+        if self.inner.housekeeping.set(()).is_err() {
+            return;
+        }
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(housekeeping(inner));
+    }
+}
+
+/// Once a second: drop expired leases, unload idle models; ends with the manager.
+async fn housekeeping(inner: Weak<Inner>) {
+    let mut tick = tokio::time::interval(HOUSEKEEPING_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        let manager = Manager { inner };
+        for entry in manager.inner.order.clone() {
+            manager.expire_leases(&entry);
+            if let Some(idle) = manager.idle_for(&entry) {
+                // A model busy with an admin operation is not idle; try again next tick.
+                let Ok(admin) = Arc::clone(&entry.admin).try_lock_owned() else { continue };
+                let seconds = idle.as_secs();
+                let kind = EventKind::IdleUnload { idle_seconds: seconds };
+                manager.inner.events.journal.record(&entry.config.name, kind);
+                tracing::info!(model = %entry.config.name, idle_s = seconds, "unloading an idle model");
+                let (m, e) = (manager.clone(), Arc::clone(&entry));
+                tokio::spawn(async move {
+                    let _admin = admin;
+                    m.unload_entry(&e, UnloadCause::Idle).await;
+                });
+            }
+        }
+    }
+}
+
+impl Manager {
+    fn expire_leases(&self, entry: &ModelEntry) {
+        let now = Instant::now();
+        let expired: Vec<Held> = {
+            let mut slot = entry.lock();
+            let (gone, kept) =
+                std::mem::take(&mut slot.leases).into_iter().partition(|h| h.deadline <= now);
+            slot.leases = kept;
+            gone
+        };
+        for held in expired {
+            self.journal_lease(entry, &held.lease, LeaseChange::Expired);
+        }
+    }
+
+    /// How long `entry` has been idle, if that is past its idle timeout and nothing keeps
+    /// it: loaded, nothing running, queued or pinned by a waiting request, not paused, not
+    /// pinned, not leased.
+    fn idle_for(&self, entry: &ModelEntry) -> Option<Duration> {
+        let timeout = entry.idle_timeout?;
+        if entry.config.pinned {
+            return None;
+        }
+        let slot = entry.lock();
+        let busy = slot.scheduler.as_ref().is_none_or(|s| {
+            let stats = s.stats();
+            stats.runtime_inflight > 0 || stats.queue_depth > 0
+        });
+        if slot.lifecycle.state() != ModelState::Loaded
+            || busy
+            || slot.pins > 0
+            || slot.pause.is_some()
+            || slot.leased()
+        {
+            return None;
+        }
+        let idle = slot.last_use.map_or(Duration::ZERO, |(at, _)| at.elapsed());
+        (idle >= Duration::from_secs(u64::from(timeout.get()))).then_some(idle)
+    }
+}
