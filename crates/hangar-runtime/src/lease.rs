@@ -216,12 +216,11 @@ async fn housekeeping(inner: Weak<Inner>) {
                 let Ok(admin) = Arc::clone(&entry.admin).try_lock_owned() else { continue };
                 let seconds = idle.as_secs();
                 let kind = EventKind::IdleUnload { idle_seconds: seconds };
-                manager.inner.events.journal.record(&entry.config.name, kind);
                 tracing::info!(model = %entry.config.name, idle_s = seconds, "unloading an idle model");
                 let (m, e) = (manager.clone(), Arc::clone(&entry));
                 tokio::spawn(async move {
                     let _admin = admin;
-                    m.unload_entry(&e, UnloadCause::Idle).await;
+                    m.unload_entry(&e, UnloadCause::Idle(kind)).await;
                 });
             }
         }

@@ -222,17 +222,21 @@ impl Manager {
                 device: entry.config.device,
             };
             let plan = plan_load(&self.loaded_models(), &incoming, &self.inner.limits);
-            if plan.is_blocked() {
-                let held: Vec<String> = plan.blocked_by.iter().map(|n| n.to_string()).collect();
-                let message = format!(
-                    "slots_pinned: no room without evicting pinned or leased model(s): {}",
-                    held.join(", ")
-                );
-                entry.lock().blocked_by = held;
-                Err(message)
+            let blocked = if plan.is_blocked() {
+                Err(plan.blocked_by.iter().map(|n| n.to_string()).collect())
             } else {
-                self.execute(plan, &entry.config.name).await;
-                self.load_with_retry(&entry, &model, replicas).await
+                self.execute(plan, &entry.config.name).await
+            };
+            match blocked {
+                Ok(()) => self.load_with_retry(&entry, &model, replicas).await,
+                Err(held) => {
+                    let message = format!(
+                        "slots_pinned: no room without evicting pinned or leased model(s): {}",
+                        held.join(", ")
+                    );
+                    entry.lock().blocked_by = held;
+                    Err(message)
+                }
             }
         };
 
@@ -277,7 +281,8 @@ impl Manager {
         ) {
             Some(plan) if !plan.is_empty() => {
                 tracing::warn!(model = %entry.config.name, error = %first, "load failed; evicting every other model and retrying once");
-                self.execute(plan, &entry.config.name).await;
+                // A model leased meanwhile stays; the retry goes ahead without its room.
+                let _ = self.execute(plan, &entry.config.name).await;
                 self.load_replicas(entry, model, replicas).await.map_err(|second| {
                     format!("{first}; retry after evicting all other models failed: {second}")
                 })
@@ -454,17 +459,23 @@ impl Manager {
     }
 
     /// Unloads the plan's victims to make room for `incoming`.
-    async fn execute(&self, plan: EvictionPlan, incoming: &ModelName) {
+    ///
+    /// # Errors
+    /// The victims a lease took hold of after the plan was made (they stay loaded).
+    async fn execute(&self, plan: EvictionPlan, incoming: &ModelName) -> Result<(), Vec<String>> {
+        let mut held = Vec::new();
         for victim in plan.victims {
             let Ok(entry) = self.entry(victim.name.as_str()) else { continue };
             tracing::info!(model = %victim.name, reason = %victim.reason, wait = victim.wait_for_drain, "evicting");
             let reason = victim.reason.as_str().to_owned();
             let evicted = EventKind::Evicted { reason, for_model: incoming.to_string() };
-            self.inner.events.journal.record(&victim.name, evicted);
-            if self.unload_entry(&entry, UnloadCause::Eviction).await {
+            if self.unload_entry(&entry, UnloadCause::Eviction(evicted)).await {
                 Events::bump(&self.inner.events.evictions);
+            } else if entry.lock().lifecycle.state() == ModelState::Loaded {
+                held.push(victim.name.to_string());
             }
         }
+        if held.is_empty() { Ok(()) } else { Err(held) }
     }
 }
 

@@ -10,15 +10,18 @@ use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState};
 use crate::entry::ModelEntry;
 use crate::error::ManagerError;
 use crate::events::Events;
+use crate::journal::EventKind;
 use crate::manager::Manager;
 use crate::snapshot::{ModelSnapshot, snapshot_of};
 
 /// Why a model is being unloaded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum UnloadCause {
     Request,
-    Eviction,
-    Idle,
+    /// To make room; the journal event that says so.
+    Eviction(EventKind),
+    /// Idle past its timeout; the journal event that says so.
+    Idle(EventKind),
 }
 
 impl Manager {
@@ -85,13 +88,23 @@ impl Manager {
 
     /// The graceful unload: stop admissions, wait for pinned requests to be admitted,
     /// cancel queued requests, drain running ones, release the runtimes. Returns whether
-    /// this call unloaded the model (false when it was not loaded).
+    /// this call unloaded the model (false when it was not loaded, or when an eviction or
+    /// idle unload finds it held: pinned or leased, checked under the same lock as the
+    /// state change, so a lease taken meanwhile always wins).
     pub(crate) async fn unload_entry(&self, entry: &Arc<ModelEntry>, cause: UnloadCause) -> bool {
         let _resources = entry.resources.lock().await;
         let scheduler = {
             let mut slot = entry.lock();
             if slot.lifecycle.state() != ModelState::Loaded {
                 return false;
+            }
+            let held = entry.config.pinned || slot.leased();
+            match &cause {
+                UnloadCause::Request => {}
+                UnloadCause::Eviction(_) | UnloadCause::Idle(_) if held => return false,
+                UnloadCause::Eviction(announce) | UnloadCause::Idle(announce) => {
+                    self.inner.events.journal.record(&entry.config.name, announce.clone());
+                }
             }
             entry.apply(&mut slot, LifecycleEvent::StartUnload, None, &self.inner.events);
             slot.scheduler.clone()

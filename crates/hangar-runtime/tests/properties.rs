@@ -1,5 +1,6 @@
-//! Random interleavings of load / reload / unload / infer / crash under random limits,
-//! against the stub backend with a paused clock.
+//! Random interleavings of load / reload / unload / infer / crash / pause / continue /
+//! lease / release under random limits, with pinned models, against the stub backend with
+//! a paused clock.
 //!
 //! Invariants, checked after every step and at the end:
 //! 1. loaded models of each type never exceed that type's limit (checked on every state
@@ -11,7 +12,13 @@
 //!    hangs (each request task finishes within a bounded virtual time);
 //! 5. states only move along the transition table;
 //! 6. after an unload completes, no runtime is registered and nothing is in flight; after
-//!    the final unload-all, no runtime is alive at all.
+//!    the final unload-all, no runtime is alive at all;
+//! 7. a pinned model, or one with a lease its holder has not released, is never evicted
+//!    (no `evicted` event names it);
+//! 8. a paused model admits nothing: requests wait (or, under `abort`, end with
+//!    `generation_aborted`) and all of them end once every model continues — invariant 4
+//!    with pauses in the mix. (That a paused scheduler grants nothing is the scheduler's
+//!    own property test, hangar-lifecycle/tests/scheduler.rs.)
 
 mod common;
 
@@ -23,7 +30,7 @@ use async_trait_shim::*;
 use hangar_backend::stub::StubBackend;
 use hangar_config::{Device, ModelType};
 use hangar_lifecycle::{ModelState, TRANSITIONS};
-use hangar_runtime::{Backends, LoadOptions, Manager};
+use hangar_runtime::{Backends, EventKind, LoadOptions, Manager, PauseMode};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -117,6 +124,10 @@ enum Op {
     Infer(usize, u32),
     UnloadAll,
     Wait(u64),
+    Pause(usize, PauseMode),
+    Continue(usize),
+    Lease(usize),
+    Release(usize),
 }
 
 fn op(models: usize) -> impl Strategy<Value = Op> {
@@ -127,6 +138,11 @@ fn op(models: usize) -> impl Strategy<Value = Op> {
         5 => (0..models, 1u32..12).prop_map(|(m, t)| Op::Infer(m, t)),
         1 => Just(Op::UnloadAll),
         2 => (1u64..400).prop_map(Op::Wait),
+        1 => (0..models, prop_oneof![Just(PauseMode::Abort), Just(PauseMode::Retract), Just(PauseMode::InPlace)])
+            .prop_map(|(m, mode)| Op::Pause(m, mode)),
+        2 => (0..models).prop_map(Op::Continue),
+        1 => (0..models).prop_map(Op::Lease),
+        1 => (0..models).prop_map(Op::Release),
     ]
 }
 
@@ -137,6 +153,7 @@ struct ModelSpec {
     crash_after: Option<u64>,
     fail: bool,
     replicas: u32,
+    pinned: bool,
 }
 
 fn model_spec() -> impl Strategy<Value = ModelSpec> {
@@ -146,13 +163,15 @@ fn model_spec() -> impl Strategy<Value = ModelSpec> {
         prop::option::weighted(0.3, 1u64..6),
         prop::bool::weighted(0.1),
         1u32..3,
+        prop::bool::weighted(0.15),
     )
-        .prop_map(|(ty, npu, crash_after, fail, replicas)| ModelSpec {
+        .prop_map(|(ty, npu, crash_after, fail, replicas, pinned)| ModelSpec {
             ty,
             npu,
             crash_after,
             fail,
             replicas,
+            pinned,
         })
 }
 
@@ -175,6 +194,7 @@ fn config(specs: &[ModelSpec], limits: [u32; 3], auto_load: bool) -> serde_json:
                 "device": if s.npu { json!(["gpu", "npu"]) } else { json!("gpu") },
                 "replicas": s.replicas,
                 "target_inflight": 1,
+                "pinned": s.pinned,
                 "stub": stub,
             });
             (format!("m{i}"), model)
@@ -234,6 +254,22 @@ proptest! {
                 })
             };
 
+            // Invariant 7: models held by a lease the test has not released (or pinned).
+            let leased: Arc<std::sync::Mutex<Vec<(String, String)>>> = Arc::default();
+            let mut journal = m.follow_events(None).live;
+            let evictions = {
+                let (m, leased) = (m.clone(), Arc::clone(&leased));
+                tokio::spawn(async move {
+                    while let Ok(event) = journal.recv().await {
+                        if let EventKind::Evicted { .. } = event.kind {
+                            let pinned = m.model(&event.model).unwrap().pinned;
+                            let held = leased.lock().unwrap().iter().any(|(n, _)| *n == event.model);
+                            assert!(!pinned && !held, "held model {} evicted", event.model);
+                        }
+                    }
+                })
+            };
+
             let mut tasks = Vec::new();
             for op in ops {
                 match op {
@@ -247,6 +283,8 @@ proptest! {
                     }
                     Op::Unload(i) => {
                         let (m, n) = (m.clone(), names[i % names.len()].clone());
+                        // An explicit unload revokes the model's leases.
+                        leased.lock().unwrap().retain(|(h, _)| *h != n);
                         tasks.push(tokio::spawn(async move {
                             let r = m.unload(&n).await;
                             if let Ok(s) = &r && s.runtime_state == ModelState::Unloaded {
@@ -260,6 +298,34 @@ proptest! {
                         let (m, n) = (m.clone(), names[i % names.len()].clone());
                         tasks.push(tokio::spawn(async move { common::generate(&m, &n, tokens).await.map(drop).map_err(|e| e.code()) }));
                     }
+                    Op::Pause(i, mode) => {
+                        let r = m.pause(&names[i % names.len()], mode).await;
+                        assert!(r.is_ok() || r.as_ref().is_err_and(|e| matches!(e.code(), hangar_runtime::ErrorCode::StateConflict)), "{r:?}");
+                    }
+                    Op::Continue(i) => {
+                        m.resume(&names[i % names.len()]).await.unwrap();
+                    }
+                    Op::Lease(i) => {
+                        let (m, n, leased) = (m.clone(), names[i % names.len()].clone(), Arc::clone(&leased));
+                        tasks.push(tokio::spawn(async move {
+                            let lease = m.acquire_lease(&n, "job", 100_000).await.map_err(|e| e.code())?;
+                            leased.lock().unwrap().push((n, lease.id));
+                            Ok(())
+                        }));
+                    }
+                    Op::Release(i) => {
+                        let n = &names[i % names.len()];
+                        let ids: Vec<String> = {
+                            let mut held = leased.lock().unwrap();
+                            let ids = held.iter().filter(|(h, _)| h == n).map(|(_, id)| id.clone()).collect();
+                            held.retain(|(h, _)| h != n);
+                            ids
+                        };
+                        for id in ids {
+                            // Gone already when an explicit unload revoked it.
+                            let _ = m.release_lease(n, &id);
+                        }
+                    }
                     Op::UnloadAll => {
                         let m = m.clone();
                         tasks.push(tokio::spawn(async move { m.unload_all().await; Ok(()) }));
@@ -271,7 +337,11 @@ proptest! {
                 assert!(!violated.load(Ordering::SeqCst), "a runtime was unloaded under a running request");
             }
 
-            // Invariant 4: every operation ends, with a result or a typed error.
+            // Invariants 4 and 8: once every model continues, every operation ends, with a
+            // result or a typed error.
+            for n in &names {
+                m.resume(n).await.unwrap();
+            }
             for task in tasks {
                 let ended = tokio::time::timeout(Duration::from_secs(600), task).await;
                 let result = ended.expect("an operation hung").expect("an operation panicked");
@@ -285,6 +355,10 @@ proptest! {
             }
             assert_eq!(watched.inner.live_runtimes(), 0, "a runtime outlived unload-all");
             assert!(!violated.load(Ordering::SeqCst), "a runtime was unloaded under a running request");
+            evictions.abort();
+            if let Err(e) = evictions.await && e.is_panic() {
+                std::panic::resume_unwind(e.into_panic());
+            }
             watcher.abort();
             if let Err(e) = watcher.await && e.is_panic() {
                 std::panic::resume_unwind(e.into_panic());
