@@ -1,6 +1,6 @@
 //! Random interleavings of load / reload / unload / infer / crash / pause / continue /
-//! lease / release under random limits, with pinned models, against the stub backend with
-//! a paused clock.
+//! lease / release under random limits, with pinned models and idle timeouts (idle unloads
+//! happen as the virtual clock runs), against the stub backend with a paused clock.
 //!
 //! Invariants, checked after every step and at the end:
 //! 1. loaded models of each type never exceed that type's limit (checked on every state
@@ -14,7 +14,7 @@
 //! 6. after an unload completes, no runtime is registered and nothing is in flight; after
 //!    the final unload-all, no runtime is alive at all;
 //! 7. a pinned model, or one with a lease its holder has not released, is never evicted
-//!    (no `evicted` event names it);
+//!    nor unloaded for idleness (no `evicted` or `idle_unload` event names it);
 //! 8. a paused model admits nothing: requests wait (or, under `abort`, end with
 //!    `generation_aborted`) and all of them end once every model continues — invariant 4
 //!    with pauses in the mix. (That a paused scheduler grants nothing is the scheduler's
@@ -137,7 +137,7 @@ fn op(models: usize) -> impl Strategy<Value = Op> {
         2 => (0..models).prop_map(Op::Unload),
         5 => (0..models, 1u32..12).prop_map(|(m, t)| Op::Infer(m, t)),
         1 => Just(Op::UnloadAll),
-        2 => (1u64..400).prop_map(Op::Wait),
+        2 => (1u64..2500).prop_map(Op::Wait),
         1 => (0..models, prop_oneof![Just(PauseMode::Abort), Just(PauseMode::Retract), Just(PauseMode::InPlace)])
             .prop_map(|(m, mode)| Op::Pause(m, mode)),
         2 => (0..models).prop_map(Op::Continue),
@@ -154,6 +154,7 @@ struct ModelSpec {
     fail: bool,
     replicas: u32,
     pinned: bool,
+    idle_unload_seconds: Option<u32>,
 }
 
 fn model_spec() -> impl Strategy<Value = ModelSpec> {
@@ -164,14 +165,10 @@ fn model_spec() -> impl Strategy<Value = ModelSpec> {
         prop::bool::weighted(0.1),
         1u32..3,
         prop::bool::weighted(0.15),
+        prop::option::weighted(0.25, 1u32..3),
     )
-        .prop_map(|(ty, npu, crash_after, fail, replicas, pinned)| ModelSpec {
-            ty,
-            npu,
-            crash_after,
-            fail,
-            replicas,
-            pinned,
+        .prop_map(|(ty, npu, crash_after, fail, replicas, pinned, idle_unload_seconds)| {
+            ModelSpec { ty, npu, crash_after, fail, replicas, pinned, idle_unload_seconds }
         })
 }
 
@@ -195,6 +192,7 @@ fn config(specs: &[ModelSpec], limits: [u32; 3], auto_load: bool) -> serde_json:
                 "replicas": s.replicas,
                 "target_inflight": 1,
                 "pinned": s.pinned,
+                "idle_unload_seconds": s.idle_unload_seconds,
                 "stub": stub,
             });
             (format!("m{i}"), model)
@@ -260,8 +258,13 @@ proptest! {
             let evictions = {
                 let (m, leased) = (m.clone(), Arc::clone(&leased));
                 tokio::spawn(async move {
-                    while let Ok(event) = journal.recv().await {
-                        if let EventKind::Evicted { .. } = event.kind {
+                    loop {
+                        let event = match journal.recv().await {
+                            Ok(event) => event,
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                            Err(_) => break,
+                        };
+                        if let EventKind::Evicted { .. } | EventKind::IdleUnload { .. } = event.kind {
                             let pinned = m.model(&event.model).unwrap().pinned;
                             let held = leased.lock().unwrap().iter().any(|(n, _)| *n == event.model);
                             assert!(!pinned && !held, "held model {} evicted", event.model);
