@@ -51,13 +51,15 @@ enum May {
 
 /// Every crate of the design's layering (design.md, "Layers") and what it may depend on.
 /// Crates that do not exist yet are listed too, so they are checked from their first commit.
-const LAYERS: [(&str, May); 12] = [
+const LAYERS: [(&str, May); 13] = [
     ("hangar-config", May::Use(&[])),
     ("hangar-eviction", May::Use(&["hangar-config"])),
     ("hangar-lifecycle", May::Use(&["hangar-config"])),
     ("hangar-backend", May::Use(&["hangar-config"])),
     // GPU telemetry knows nothing of models; at most of the config vocabulary.
     ("hangar-gpu", May::Use(&["hangar-config"])),
+    // Weight-file digests know nothing of models or engines: a leaf.
+    ("hangar-weights", May::Use(&[])),
     // Adapters: the backend contract and the config, nothing above them.
     ("hangar-backend-llamacpp", May::Use(&["hangar-backend", "hangar-config"])),
     ("hangar-backend-process", May::Use(&["hangar-backend", "hangar-config"])),
@@ -70,6 +72,7 @@ const LAYERS: [(&str, May); 12] = [
             "hangar-eviction",
             "hangar-backend",
             "hangar-gpu",
+            "hangar-weights",
         ]),
     ),
     (
