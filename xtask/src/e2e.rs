@@ -136,6 +136,10 @@ fn schemathesis(
     cmd.arg("--config-file").arg(root.join("xtask/e2e/schemathesis.toml"));
     cmd.arg("run").arg(format!("{base}/openapi.json"));
     cmd.args(["--checks", "all"]);
+    // ST302: the only route that creates a resource is a lease, and an unload the stateful
+    // phase runs in between revokes it by design (404 lease_not_found is the documented
+    // answer). The config file cannot turn a check off against `--checks all`.
+    cmd.args(["--exclude-checks", "ensure_resource_availability"]);
     cmd.args(["--phases", "examples,coverage,fuzzing,stateful"]);
     cmd.args(["--seed", &SCHEMATHESIS_SEED.to_string()]);
     // A stored example database would make the next run differ from this one.
