@@ -126,12 +126,16 @@ struct State {
 impl Journal {
     pub(crate) fn new() -> Self {
         let state = State { next_id: 1, events: VecDeque::with_capacity(EVENT_CAPACITY) };
-        Self { epoch: unix_ms(), state: Mutex::new(state), live: broadcast::Sender::new(256) }
+        Self {
+            epoch: unix_ms(SystemTime::now()),
+            state: Mutex::new(state),
+            live: broadcast::Sender::new(256),
+        }
     }
 
     /// Journals `kind` for `model` and sends it to followers.
     pub(crate) fn record(&self, model: &ModelName, kind: EventKind) {
-        let unix_ms = unix_ms();
+        let unix_ms = unix_ms(SystemTime::now());
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let event = ManagerEvent { id: state.next_id, unix_ms, model: model.to_string(), kind };
         state.next_id += 1;
@@ -184,10 +188,9 @@ impl Journal {
 }
 
 /// Now, in Unix milliseconds.
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+/// Unix milliseconds of `at` (0 before the epoch).
+pub(crate) fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

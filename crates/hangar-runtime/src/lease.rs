@@ -25,9 +25,8 @@ use tokio::time::Instant;
 
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
-use crate::journal::EventKind;
+use crate::journal::{EventKind, unix_ms};
 use crate::manager::{Inner, LoadOptions, Manager};
-use crate::pause::unix_ms;
 use crate::unload::UnloadCause;
 
 /// Longest lease: a week.
@@ -68,15 +67,20 @@ pub enum LeaseChange {
     Released,
     /// Its time ran out.
     Expired,
-    /// Dropped by an explicit unload (or a crash) of the model.
+    /// Dropped by an explicit unload of the model.
     Revoked,
 }
 
 impl Slot {
+    /// The leases that have not expired (housekeeping drops the others within a second).
+    pub(crate) fn live_leases(&self) -> impl Iterator<Item = &Lease> {
+        let now = Instant::now();
+        self.leases.iter().filter(move |h| h.deadline > now).map(|h| &h.lease)
+    }
+
     /// Whether a live lease holds the model.
     pub(crate) fn leased(&self) -> bool {
-        let now = Instant::now();
-        self.leases.iter().any(|h| h.deadline > now)
+        self.live_leases().next().is_some()
     }
 }
 

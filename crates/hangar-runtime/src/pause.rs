@@ -25,7 +25,7 @@ use tokio::sync::watch;
 
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
-use crate::journal::EventKind;
+use crate::journal::{EventKind, unix_ms};
 use crate::manager::Manager;
 use crate::snapshot::{ModelSnapshot, snapshot_of};
 
@@ -260,9 +260,4 @@ pub(crate) fn not_loaded(state: ModelState, what: &str) -> ManagerError {
         state,
         message: format!("the model is {state}; {what} needs it loaded"),
     }
-}
-
-/// Unix milliseconds of `at`.
-pub(crate) fn unix_ms(at: SystemTime) -> u64 {
-    at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

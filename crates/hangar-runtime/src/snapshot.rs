@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::entry::{ModelEntry, Slot};
+use crate::journal::unix_ms;
 use crate::pause::PauseInfo;
 
 /// Where a VRAM estimate comes from.
@@ -177,9 +178,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         effective_target_inflight: effective_target,
         last_error: slot.lifecycle.last_error().map(str::to_owned),
         load_progress: if state == ModelState::Loading { slot.load_progress } else { None },
-        last_use_unix_ms: slot.last_use.and_then(|(_, wall)| {
-            wall.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as u64)
-        }),
+        last_use_unix_ms: slot.last_use.map(|(_, wall)| unix_ms(wall)),
         vram_estimate_mib: entry.artifact_mib.map(|mib| mib * u64::from(replicas)),
         vram_estimate_replica_count: replicas,
         vram_estimate_source: if entry.artifact_mib.is_some() {
@@ -200,10 +199,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
             _ => None,
         },
         pinned: config.pinned,
-        leases: {
-            let now = tokio::time::Instant::now();
-            slot.leases.iter().filter(|h| h.deadline > now).map(|h| h.lease.clone()).collect()
-        },
+        leases: slot.live_leases().cloned().collect(),
         idle_unload_seconds: entry.idle_timeout.map(NonZeroU32::get),
     }
 }

@@ -52,6 +52,8 @@ const INFERENCE: &[ErrorCode] = &[
     AdminBusy,
     // An operator paused the model with mode abort.
     GenerationAborted,
+    // An auto-load that could only proceed by evicting pinned or leased models.
+    SlotsPinned,
 ];
 
 /// Errors of pause and continue.
@@ -71,25 +73,9 @@ const UPDATE: &[ErrorCode] = &[
 /// Errors of the weights checker.
 const CHECKER: &[ErrorCode] = &[UnknownModel, WeightsUnreadable, NotImplemented, AdminBusy];
 
-/// What a root path adds when it must pick the model itself.
-const SGLANG_PAUSE: &[ErrorCode] = &[
-    InvalidRequest,
-    UnknownModel,
-    ModelNotLoaded,
-    ModelLoading,
-    ModelUnloading,
-    ModelFailed,
-    AdminBusy,
-];
-const SGLANG_UPDATE: &[ErrorCode] = &[
-    InvalidRequest,
-    UnknownModel,
-    StateConflict,
-    InvalidLoadRequest,
-    RequestsActive,
-    LoadFailed,
-    AdminBusy,
-];
+/// SGLang's root paths add `invalid_request` (no `model` named, several loaded). Its weight
+/// update shares [`UPDATE`], which has it already (a body naming another model).
+const SGLANG_PAUSE: &[ErrorCode] = &[InvalidRequest, UnknownModel, StateConflict, AdminBusy];
 const SGLANG_CHECKER: &[ErrorCode] =
     &[InvalidRequest, UnknownModel, WeightsUnreadable, NotImplemented, AdminBusy];
 
@@ -273,7 +259,7 @@ pub(crate) fn all() -> Vec<Route> {
         )
         .body::<admin::UpdateWeightsBody>(false)
         .ok::<sglang::ControlResult>()
-        .errors(SGLANG_UPDATE),
+        .errors(UPDATE),
         Route::new(post.clone(), "/weights_checker", WeightControl, plain!(sglang::weights_checker_post))
             .admin()
             .doc(
@@ -446,6 +432,7 @@ pub(crate) fn all() -> Vec<Route> {
                 InvalidRequest,
                 InvalidLoadRequest,
                 LoadFailed,
+                SlotsPinned,
                 StateConflict,
                 AdminBusy,
             ]),

@@ -12,11 +12,10 @@ use hangar_runtime::{ModelSnapshot, PauseMode, WeightsAction, WeightsReport};
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use crate::admin::UpdateWeightsBody;
 use crate::body::{Response, json_response, parse_json};
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, ErrorBody, ErrorCode};
 use crate::router::Ctx;
 
 /// `?model=` of the GET forms.
@@ -124,10 +123,18 @@ where
     call.await.unwrap_or_else(failure)
 }
 
+/// A failed control call: SGLang's fields next to the standard error envelope.
+#[derive(Serialize)]
+struct Failure {
+    success: bool,
+    message: String,
+    #[serde(flatten)]
+    envelope: ErrorBody,
+}
+
 fn failure(error: ApiError) -> Response {
-    let mut body = serde_json::to_value(error.to_body()).unwrap_or_else(|_| json!({}));
-    body["success"] = Value::Bool(false);
-    body["message"] = Value::String(error.message.clone());
+    let body =
+        Failure { success: false, message: error.message.clone(), envelope: error.to_body() };
     json_response(error.status(), &body)
 }
 
