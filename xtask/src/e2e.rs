@@ -31,9 +31,13 @@ use anyhow::{Context, Result, bail};
 use crate::{cargo, deps, llama_server, run as run_checked};
 
 /// The client scripts, in the order they run.
-const SCRIPTS: [&str; 3] = ["openai_client.py", "triton_client.py", "validate_openapi.py"];
+const SCRIPTS: [&str; 4] =
+    ["openai_client.py", "triton_client.py", "triton_grpc.py", "validate_openapi.py"];
+/// The script run again against the server with an admin key (`HANGAR_ADMIN_KEY` set).
+const KEYED_SCRIPT: &str = "triton_grpc.py";
 /// What the scripts import; when all import, nothing is installed.
-const IMPORTS: &str = "import openai, tritonclient.http, openapi_spec_validator, schemathesis";
+const IMPORTS: &str =
+    "import openai, tritonclient.http, tritonclient.grpc, openapi_spec_validator, schemathesis";
 const LISTENING: &str = "hangard listening on ";
 /// Schemathesis's seed: the same cases on every run.
 const SCHEMATHESIS_SEED: u64 = 20_240_611;
@@ -60,7 +64,8 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     let binary = target.join("debug").join("hangard");
 
     let log_path = target.join("e2e-hangard.log");
-    let mut server = DemoServer::start(root, &binary, &log_path, &[])?;
+    let grpc = free_port()?.to_string();
+    let mut server = DemoServer::start(root, &binary, &log_path, &["--grpc-port", &grpc])?;
     eprintln!("hangard listening on {} (log: {})", server.base, log_path.display());
     server.wait_ready(Duration::from_secs(60))?;
 
@@ -68,15 +73,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     let reports = target.join("e2e-schemathesis");
     let mut results: Vec<Check> = Vec::new();
     for script in SCRIPTS {
-        let started = Instant::now();
-        eprintln!("$ {} xtask/e2e/{script}", python.display());
-        let status = Command::new(&python)
-            .arg(root.join("xtask/e2e").join(script))
-            .env("HANGAR_URL", &server.base)
-            .current_dir(root)
-            .status()
-            .with_context(|| format!("cannot run {script}"))?;
-        results.push((script.to_owned(), status.success(), status.to_string(), started.elapsed()));
+        results.push(run_script(root, &python, script, &server.base, &grpc, None)?);
     }
     let open_reports = reports.join("no-admin-key");
     results.push(run_schemathesis(
@@ -88,13 +85,16 @@ pub(crate) fn run(root: &Path) -> Result<()> {
 
     let key = random_key()?;
     let key_log_path = target.join("e2e-hangard-admin-key.log");
-    let mut server = DemoServer::start(root, &binary, &key_log_path, &["--admin-api-key", &key])?;
+    let grpc = free_port()?.to_string();
+    let args = ["--admin-api-key", &key, "--grpc-port", &grpc];
+    let mut server = DemoServer::start(root, &binary, &key_log_path, &args)?;
     eprintln!(
         "hangard with an admin key listening on {} (log: {})",
         server.base,
         key_log_path.display()
     );
     server.wait_ready(Duration::from_secs(60))?;
+    results.push(run_script(root, &python, KEYED_SCRIPT, &server.base, &grpc, Some(&key))?);
     let key_reports = reports.join("admin-key");
     results.push(run_schemathesis(
         "schemathesis, with the admin key",
@@ -119,6 +119,33 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     }
     eprintln!("all {} e2e checks passed", results.len());
     Ok(())
+}
+
+/// Runs `xtask/e2e/<script>` against the server at `base` (gRPC on `grpc_port`), with
+/// `HANGAR_ADMIN_KEY` when `key` is given; a row of the report.
+fn run_script(
+    root: &Path,
+    python: &Path,
+    script: &str,
+    base: &str,
+    grpc_port: &str,
+    key: Option<&str>,
+) -> Result<Check> {
+    let started = Instant::now();
+    let shown_key = if key.is_some() { "HANGAR_ADMIN_KEY=… " } else { "" };
+    eprintln!("$ {shown_key}{} xtask/e2e/{script}", python.display());
+    let mut cmd = Command::new(python);
+    cmd.arg(root.join("xtask/e2e").join(script))
+        .env("HANGAR_URL", base)
+        .env("HANGAR_GRPC_URL", format!("127.0.0.1:{grpc_port}"))
+        .current_dir(root);
+    if let Some(key) = key {
+        cmd.env("HANGAR_ADMIN_KEY", key);
+    }
+    let status = cmd.status().with_context(|| format!("cannot run {script}"))?;
+    let name =
+        if key.is_some() { format!("{script}, with the admin key") } else { script.to_owned() };
+    Ok((name, status.success(), status.to_string(), started.elapsed()))
 }
 
 /// The `st run` command line of one schemathesis run against `base` (the key, when given,
@@ -303,6 +330,8 @@ pub(crate) fn spawn_serve(
         .current_dir(cwd)
         .env_remove("HANGAR_ADMIN_KEY")
         .env_remove("HANGAR_CONFIG")
+        // No gRPC listener unless the args ask for one (`--grpc-port` wins).
+        .env("HANGAR_GRPC_PORT", "0")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
@@ -396,4 +425,10 @@ impl Drop for DemoServer {
             let _ = self.child.wait();
         }
     }
+}
+
+/// A loopback port nobody listens on now.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot bind a port")?;
+    Ok(listener.local_addr()?.port())
 }

@@ -35,6 +35,10 @@ pub(crate) struct ServeArgs {
     /// Port to listen on (overrides `port`); 0 picks a free port.
     #[arg(long)]
     port: Option<u16>,
+    /// Port of the KServe v2 / Triton gRPC listener on the same host (overrides
+    /// `grpc_port`, default 8001); 0 turns it off.
+    #[arg(long, env = "HANGAR_GRPC_PORT")]
+    grpc_port: Option<u16>,
     /// Loaded-model slots per type (overrides `max_loaded_models`); missing types get 1.
     #[arg(long, num_args = 1..=3, value_names = ["LLMS", "EMBEDDINGS", "RERANKINGS"])]
     max_loaded_models: Option<Vec<u32>>,
@@ -125,6 +129,9 @@ fn effective_config(args: &ServeArgs) -> Result<Config> {
     }
     if let Some(port) = args.port {
         config.port = port;
+    }
+    if let Some(port) = args.grpc_port {
+        config.grpc_port = port;
     }
     if let Some(counts) = &args.max_loaded_models {
         config.max_loaded_models = MaxLoadedModels::from_counts(counts)
@@ -287,6 +294,7 @@ async fn serve(mut config: Config) -> Result<ExitCode> {
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
     let addr = listener.local_addr().context("cannot read the bound address")?;
+    let grpc = grpc_listener(&config).await?;
     announce(addr)?;
     tracing::info!(%addr, models = model_count, auto_load = config.auto_load, "listening");
     if !addr.ip().is_loopback() && config.admin_api_key.is_none() {
@@ -299,24 +307,40 @@ async fn serve(mut config: Config) -> Result<ExitCode> {
     }
 
     let loading = tokio::spawn(load_enabled(manager.clone()));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(hangar_server::serve(listener, service, async {
-        let _ = stopped.await;
-    }));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    let mut server =
+        tokio::spawn(hangar_server::serve(listener, service.clone(), until_stop(stopped.clone())));
+    let mut grpc = grpc.map(|listener| {
+        tokio::spawn(hangar_server::grpc::serve(listener, service, until_stop(stopped)))
+    });
     tokio::select! {
         ended = &mut server => {
             ended.context("the server task panicked")?.context("the server stopped")?;
             anyhow::bail!("the server stopped without a shutdown signal");
         }
+        ended = ended(&mut grpc) => {
+            ended.context("the gRPC server task panicked")?.context("the gRPC server stopped")?;
+            anyhow::bail!("the gRPC server stopped without a shutdown signal");
+        }
         name = signals.next() => {
             tracing::info!(signal = name, "shutting down: no new connections, draining in-flight requests");
         }
     }
-    let _ = stop.send(());
-    tokio::select! {
-        ended = &mut server => {
-            ended.context("the server task panicked")?.context("the server failed while draining")?;
+    let _ = stop.send(true);
+    let drained = async {
+        let http = server.await.context("the server task panicked")?;
+        http.context("the server failed while draining")?;
+        if grpc.is_some() {
+            let grpc = ended(&mut grpc).await.context("the gRPC server task panicked")?;
+            grpc.context("the gRPC server failed while draining")?;
         }
+        anyhow::Ok(())
+    };
+    tokio::select! {
+        drained = drained => drained?,
         name = signals.next() => {
             tracing::warn!(signal = name, "second signal: exiting without waiting for in-flight requests");
             return Ok(ExitCode::FAILURE);
@@ -327,6 +351,36 @@ async fn serve(mut config: Config) -> Result<ExitCode> {
     let unloaded = manager.unload_all().await;
     tracing::info!(models = unloaded.len(), "stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The gRPC listener on the HTTP host, unless `grpc_port` is 0. Announced on stdout before
+/// the HTTP line, so it is bound once that line is out.
+async fn grpc_listener(config: &Config) -> Result<Option<TcpListener>> {
+    if config.grpc_port == 0 {
+        return Ok(None);
+    }
+    let listener =
+        TcpListener::bind((config.host.as_str(), config.grpc_port)).await.with_context(|| {
+            format!(
+                "cannot listen for gRPC on {}:{} (--grpc-port 0 turns gRPC off)",
+                config.host, config.grpc_port
+            )
+        })?;
+    let addr = listener.local_addr().context("cannot read the bound gRPC address")?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "hangard grpc listening on {addr}")?;
+    tracing::info!(%addr, "gRPC (KServe v2 / Triton) listening");
+    Ok(Some(listener))
+}
+
+/// The end of a task that may not exist (never, then).
+async fn ended<T>(
+    task: &mut Option<tokio::task::JoinHandle<T>>,
+) -> Result<T, tokio::task::JoinError> {
+    match task {
+        Some(task) => task.await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The one stdout line integration tests and scripts wait for.

@@ -691,6 +691,47 @@ impl Drop for Remote {
     }
 }
 
+#[tokio::test]
+async fn a_weight_update_swaps_the_child_and_a_failed_one_keeps_the_old_serving() {
+    let server = Server::start(&config(json!({ "chat": chat_model(json!({})) })), &[]);
+    let first = load_ok(&server, "chat", json!({})).await;
+    let content =
+        |body: Value| body["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+    let original = content(chat_ok(&server, "chat", 16).await);
+
+    // The same weights with the final norm zeroed: every logit equal, another greedy answer.
+    let changed = temp_dir("llama-server-weights").join("tiny-llama.gguf");
+    let source = fixture("tiny-llama.gguf");
+    let mut bytes = std::fs::read(&source).unwrap();
+    let located = hangar_weights::locate_tensors(Path::new(&source)).unwrap();
+    let norm = located.iter().find(|t| t.name == "output_norm.weight").expect("output_norm");
+    bytes[norm.range.start as usize..norm.range.end as usize].fill(0);
+    std::fs::write(&changed, bytes).unwrap();
+
+    let update = json!({ "model_path": changed, "weight_version": "step-1" });
+    let (status, updated) =
+        post(&server, "/v1/admin/models/chat/update-weights-from-disk", update).await;
+    assert_eq!(status, 200, "{updated}");
+    assert_eq!(
+        (updated["weight_version"].as_str(), updated["weights_path"].as_str()),
+        (Some("step-1"), changed.to_str())
+    );
+    let second = pid_of(&updated);
+    assert_ne!(second, first, "a new child runs the new weights");
+    wait_gone(first, Duration::from_secs(10), "the child of the old weights").await;
+    let after = content(chat_ok(&server, "chat", 16).await);
+    assert_ne!(after, original, "the new weights answer");
+
+    // Weights that do not load: 400 load_failed, the step-1 child keeps serving.
+    let bad = json!({ "model_path": "/nonexistent/w.gguf", "weight_version": "step-2" });
+    let (status, body) = post(&server, "/v1/admin/models/chat/update-weights-from-disk", bad).await;
+    assert_eq!((status, code(&body)), (400, "load_failed"), "{body}");
+    let r = row(&server, "chat").await;
+    assert_eq!((pid_of(&r), r["weight_version"].as_str()), (second, Some("step-1")), "{r}");
+    assert_eq!(content(chat_ok(&server, "chat", 16).await), after);
+    assert_eq!(llama_server_children(server.pid()), [second], "no child of the failed update");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn openai_remote_forwards_to_a_real_llama_server() {
     let remote = Remote::start("secret123").await;

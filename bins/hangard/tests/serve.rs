@@ -568,3 +568,25 @@ fn ps_load_and_unload_drive_a_running_server() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach"), "nothing listens");
 }
+
+#[tokio::test]
+async fn the_grpc_listener_serves_beside_http_and_drains_with_it() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let settings = json!({ "models": { "chat": { "backend": "stub" } } });
+    let mut server = Server::start(&settings, &["--grpc-port", &port.to_string()]);
+    // Bound before the HTTP line is out: a gRPC client connects at once.
+    use hangar_server::grpc::proto::{
+        self, grpc_inference_service_client::GrpcInferenceServiceClient,
+    };
+    let mut client =
+        GrpcInferenceServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
+    let live = client.server_live(proto::ServerLiveRequest {}).await.unwrap().into_inner();
+    assert!(live.live);
+    let index = client.repository_index(proto::RepositoryIndexRequest::default()).await.unwrap();
+    assert_eq!(index.into_inner().models[0].state, "UNAVAILABLE");
+    // The client keeps its connection open: SIGTERM still ends the server promptly.
+    assert!(server.logs().contains("gRPC (KServe v2 / Triton) listening"), "{}", server.logs());
+    server.terminate();
+    let status = server.wait(Duration::from_secs(10));
+    assert!(status.success(), "{status}\n{}", server.logs());
+}

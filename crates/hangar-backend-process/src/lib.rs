@@ -12,11 +12,13 @@
 //!   SIGTERM to the group and SIGKILL after a grace period;
 //! - [`RemoteBackend`]: `openai_remote`, a configured OpenAI-compatible base URL with its API
 //!   key (from config or the environment variable it names), checked at load;
-//! - one forwarding client per runtime (pooled connections): request bodies pass through as
+//! - one forwarding client per runtime (pooled keep-alive connections, each driven by the
+//!   task that forwards a request): request bodies pass through as
 //!   sent, answers come back chunk by chunk, a client that goes away cancels the upstream
 //!   request, engine errors keep their message.
 
 pub mod launch;
+mod pool;
 mod runtime;
 mod spawn;
 mod supervisor;

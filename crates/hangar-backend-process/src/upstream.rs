@@ -2,37 +2,36 @@
 //! remote): the body goes up as sent (rewritten only for `model` and `thinking`), the answer
 //! comes back chunk by chunk; a dropped receiver cancels the upstream request.
 //!
-//! The client is hyper's own pooled client (`hyper-util`), not a convenience wrapper: on a
-//! forwarded request a wrapper's URL parsing, redirect and retry layers cost more than the
-//! HTTP exchange itself. Every route's URI is parsed once. `https://` remotes go through
-//! rustls with the system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` replace them).
+//! The client is hyper's low-level HTTP/1.1 connection in a pool of our own ([`Pool`]: the
+//! task that forwards a request drives its connection), not a convenience wrapper: on a
+//! forwarded request a wrapper's URL parsing, redirect and retry layers, and a connection
+//! task of its own, cost more than the HTTP exchange itself. Every route's URI is parsed
+//! once.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use hangar_backend::{ForwardRequest, ForwardResponse, ForwardRoute, RuntimeError, ThinkingMode};
-use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue};
 use http::{Method, Request, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::Full;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
+
+use crate::pool::{Answer, Pool};
 
 /// Chunks buffered between the upstream connection and the client.
 const CHUNKS: usize = 32;
 /// Longest error body read from upstream.
 const ERROR_BODY: usize = 16 * 1024;
-type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// One upstream server.
 #[derive(Clone)]
 pub(crate) struct Upstream {
-    client: HttpClient,
+    pool: Arc<Pool>,
+    /// The `Host` header of every request.
+    host: HeaderValue,
     /// `http://host:port/v1`.
     pub(crate) base: String,
     /// Each route's URI, parsed once.
@@ -61,11 +60,9 @@ impl Upstream {
         rename: Option<String>,
     ) -> Result<Self, String> {
         let routes = Routes::new(&base)?;
-        let https = match routes.chat.scheme_str() {
-            Some("https") => true,
-            Some("http") => false,
-            _ => return Err(format!("`{base}` is not an http:// or https:// URL")),
-        };
+        if !matches!(routes.absolute.scheme_str(), Some("https" | "http")) {
+            return Err(format!("`{base}` is not an http:// or https:// URL"));
+        }
         let auth = match api_key {
             Some(key) => {
                 let mut value = HeaderValue::try_from(format!("Bearer {key}"))
@@ -75,28 +72,35 @@ impl Upstream {
             }
             None => None,
         };
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_secs(5)));
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config(https))
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
-        Ok(Self { client, base, routes, auth, rename })
+        let authority =
+            routes.absolute.authority().ok_or_else(|| format!("`{base}` names no host"))?;
+        let host = HeaderValue::from_str(authority.as_str())
+            .map_err(|_| format!("`{base}` names no usable host"))?;
+        let target = Uri::builder()
+            .scheme(routes.absolute.scheme_str().unwrap_or("http"))
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| format!("`{base}` is not a valid URL: {e}"))?;
+        let pool = Pool::new(target);
+        Ok(Self { pool, host, base, routes, auth, rename })
     }
 
     /// `GET url` with the key; the status, or why there was none.
     pub(crate) async fn probe(&self, url: &str, timeout: Duration) -> Result<u16, String> {
         let uri = url.parse::<Uri>().map_err(|e| format!("`{url}` is not a valid URL: {e}"))?;
-        let request = self.request(Method::GET, uri, Bytes::new());
-        match tokio::time::timeout(timeout, self.client.request(request)).await {
-            Ok(Ok(response)) => Ok(response.status().as_u16()),
-            Ok(Err(e)) => Err(error_chain(&e)),
+        let request = self.request(Method::GET, origin_form(&uri), Bytes::new());
+        let exchange = async {
+            let mut answer = self.pool.send(request).await?;
+            // Read the body to its end, so the connection can be used again.
+            while let Some(chunk) = answer.next_chunk().await {
+                chunk?;
+            }
+            Ok::<_, crate::pool::Failure>(answer.head.status().as_u16())
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(status)) => Ok(status),
+            Ok(Err(e)) => Err(error_chain(&*e)),
             Err(_) => Err(format!("no answer within {} s", timeout.as_secs_f64())),
         }
     }
@@ -112,20 +116,19 @@ impl Upstream {
         request: ForwardRequest,
         explain: impl Explain + Clone,
     ) -> Result<ForwardResponse, RuntimeError> {
-        let uri = self.routes.get(request.route).clone();
+        let uri = self.routes.get(request.route);
         let body = rewrite(request.body, self.rename.as_deref(), request.thinking);
         let upstream = self.request(Method::POST, uri, body);
-        let response = match self.client.request(upstream).await {
-            Ok(response) => response,
-            Err(e) => return Err(explain.explain(error_chain(&e)).await),
+        let mut body = match self.pool.send(upstream).await {
+            Ok(answer) => answer,
+            Err(e) => return Err(explain.explain(error_chain(&*e)).await),
         };
-        let status = response.status().as_u16();
+        let status = body.head.status().as_u16();
         let content_type =
-            response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        let mut body = response.into_body();
+            body.head.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
         if !(200..300).contains(&status) {
             let mut text = Vec::new();
-            while let Some(Ok(chunk)) = next_chunk(&mut body).await {
+            while let Some(Ok(chunk)) = body.next_chunk().await {
                 text.extend_from_slice(&chunk);
                 if text.len() > ERROR_BODY {
                     break;
@@ -137,18 +140,19 @@ impl Upstream {
         if !streamed {
             // A JSON answer is read here, whole: no task and no channel hop per chunk.
             let (tx, rx) = mpsc::channel(1);
-            let whole = match body.collect().await {
-                Ok(collected) => Ok(collected.to_bytes()),
+            let whole = match read_whole(&mut body).await {
+                Ok(bytes) => Ok(bytes),
                 Err(e) => Err(explain.explain(error_chain(&e)).await),
             };
             let _ = tx.try_send(whole);
             return Ok(ForwardResponse { status, content_type, body: rx });
         }
         let (tx, rx) = mpsc::channel(CHUNKS);
-        tokio::spawn(async move {
+        // This task drives the connection and its body, which wake each other.
+        tokio::spawn(hangar_backend::Coalesced::new(async move {
             loop {
                 let chunk = tokio::select! {
-                    chunk = next_chunk(&mut body) => chunk,
+                    chunk = body.next_chunk() => chunk,
                     // The client went away: dropping `body` closes the connection, which
                     // cancels the request upstream.
                     () = tx.closed() => return,
@@ -167,7 +171,7 @@ impl Upstream {
                     }
                 }
             }
-        });
+        }));
         Ok(ForwardResponse { status, content_type, body: rx })
     }
 
@@ -178,6 +182,7 @@ impl Upstream {
         *request.method_mut() = method;
         *request.uri_mut() = uri;
         let headers = request.headers_mut();
+        headers.insert(HOST, self.host.clone());
         if post {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
@@ -188,55 +193,34 @@ impl Upstream {
     }
 }
 
-/// The next data chunk of `body` (trailers and other frames skipped); `None` at its end.
-async fn next_chunk(body: &mut Incoming) -> Option<Result<Bytes, hyper::Error>> {
-    loop {
-        match body.frame().await? {
-            Ok(frame) => {
-                if let Ok(data) = frame.into_data() {
-                    return Some(Ok(data));
-                }
-            }
-            Err(e) => return Some(Err(e)),
-        }
-    }
-}
-
-/// The TLS settings of an upstream: for `https://`, the system's root certificates (or those
-/// of `SSL_CERT_FILE` / `SSL_CERT_DIR`), read once, on the first `https://` upstream; `http://`
-/// upstreams (every child) get settings without roots and never read the system's.
-fn tls_config(https: bool) -> rustls::ClientConfig {
-    static SYSTEM: OnceLock<rustls::ClientConfig> = OnceLock::new();
-    static NONE: OnceLock<rustls::ClientConfig> = OnceLock::new();
-    let config = |roots: rustls::RootCertStore| {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map(|b| b.with_root_certificates(roots).with_no_client_auth())
-            .expect("ring supports the default TLS versions")
+/// The whole body of `answer` (one chunk, the usual case for a JSON answer, is not copied).
+async fn read_whole(answer: &mut Answer) -> Result<Bytes, hyper::Error> {
+    let Some(first) = answer.next_chunk().await.transpose()? else {
+        return Ok(Bytes::new());
     };
-    if !https {
-        return NONE.get_or_init(|| config(rustls::RootCertStore::empty())).clone();
+    let Some(second) = answer.next_chunk().await.transpose()? else {
+        return Ok(first);
+    };
+    let mut whole = Vec::with_capacity(first.len() + second.len());
+    whole.extend_from_slice(&first);
+    whole.extend_from_slice(&second);
+    while let Some(chunk) = answer.next_chunk().await.transpose()? {
+        whole.extend_from_slice(&chunk);
     }
-    SYSTEM
-        .get_or_init(|| {
-            let mut roots = rustls::RootCertStore::empty();
-            let found = rustls_native_certs::load_native_certs();
-            for error in &found.errors {
-                tracing::warn!("cannot read a root certificate: {error}");
-            }
-            let (added, ignored) = roots.add_parsable_certificates(found.certs);
-            if added == 0 {
-                tracing::warn!(ignored, "no root certificates found: https:// upstreams will fail");
-            }
-            config(roots)
-        })
-        .clone()
+    Ok(Bytes::from(whole))
 }
 
-/// The URIs of the forwarded routes below an OpenAI base URL (which ends in `/v1`).
+/// `uri`'s path and query alone: what an HTTP/1.1 request line carries to an origin server.
+fn origin_form(uri: &Uri) -> Uri {
+    uri.path_and_query().map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()))
+}
+
+/// The URIs of the forwarded routes below an OpenAI base URL (which ends in `/v1`), in
+/// origin form (path only: the request line of HTTP/1.1 to an origin server).
 #[derive(Clone)]
 struct Routes {
+    /// The chat route's absolute URI: scheme and authority of the upstream.
+    absolute: Uri,
     chat: Uri,
     completions: Uri,
     embeddings: Uri,
@@ -246,11 +230,13 @@ struct Routes {
 
 impl Routes {
     fn new(base: &str) -> Result<Self, String> {
-        let parse = |path: &str| {
+        let absolute = |path: &str| {
             let url = format!("{base}{path}");
             url.parse::<Uri>().map_err(|e| format!("`{url}` is not a valid URL: {e}"))
         };
+        let parse = |path: &str| absolute(path).map(|uri| origin_form(&uri));
         Ok(Self {
+            absolute: absolute("/chat/completions")?,
             chat: parse("/chat/completions")?,
             completions: parse("/completions")?,
             embeddings: parse("/embeddings")?,
@@ -259,7 +245,8 @@ impl Routes {
         })
     }
 
-    fn get(&self, route: ForwardRoute) -> &Uri {
+    /// The route's URI in origin form.
+    fn get(&self, route: ForwardRoute) -> Uri {
         match route {
             ForwardRoute::ChatCompletions => &self.chat,
             ForwardRoute::Completions => &self.completions,
@@ -267,6 +254,7 @@ impl Routes {
             ForwardRoute::Rerank => &self.rerank,
             ForwardRoute::Responses => &self.responses,
         }
+        .clone()
     }
 }
 

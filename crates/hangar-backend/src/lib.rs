@@ -14,11 +14,14 @@
 //! - [`ForwardRequest`] / [`ForwardResponse`]: pass-through of OpenAI-compatible requests to
 //!   engines that serve that API themselves, and [`ModelLogs`], the followable log of a
 //!   model's engine;
+//! - [`Coalesced`], the future adapter forwarding paths run their tasks in (a task's own
+//!   wake-ups while it runs become another poll, not a reschedule that wakes a thread);
 //! - the [`stub`] backend: deterministic text, simulated load and token latency, injected
 //!   failures and crashes, all from a model's `stub` config section.
 //!
 //! It knows nothing of HTTP, scheduling or eviction.
 
+mod coalesce;
 mod constraints;
 mod error;
 mod forward;
@@ -33,6 +36,7 @@ use async_trait::async_trait;
 use hangar_config::{BackendKind, ModelConfig};
 use tokio::sync::mpsc;
 
+pub use coalesce::Coalesced;
 pub use constraints::{LoadRecommendations, load_recommendations};
 pub use error::{LoadError, LoadErrorCode, RuntimeError, RuntimeErrorCode};
 pub use forward::{ForwardRequest, ForwardResponse, ForwardRoute};

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::num::{NonZeroU32, NonZeroU64};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -69,6 +70,9 @@ pub(crate) struct SettingsFields {
     pub(crate) host: Option<String>,
     /// Port the HTTP server listens on. Default 8080.
     pub(crate) port: Option<u16>,
+    /// Port of the KServe v2 / Triton gRPC listener, on the same host. Default 8001 (as
+    /// Triton); 0 turns it off.
+    pub(crate) grpc_port: Option<u16>,
     /// Loaded-model slots per model type; a missing type gets 1.
     pub(crate) max_loaded_models: Option<MaxLoadedModelsFields>,
     /// Whether a request for an unloaded model loads it (per-model `auto_load` overrides).
@@ -90,6 +94,8 @@ pub(crate) struct SettingsFields {
     pub(crate) idle_unload_seconds: Option<u32>,
     /// Largest accepted request body in bytes. Default 8 MiB.
     pub(crate) max_request_body_bytes: Option<u64>,
+    /// When a model that keeps failing to load or crashing stops being loaded on demand.
+    pub(crate) quarantine: Option<QuarantineFields>,
     /// The configured models, by name. A model set to `null` (e.g. in `local.json`) is
     /// removed.
     pub(crate) models: Option<Map<String, Value>>,
@@ -108,6 +114,89 @@ impl Section for SettingsFields {
         p.at_least("max_queue_depth", self.max_queue_depth, 1);
         p.at_least("idle_unload_seconds", self.idle_unload_seconds, 1);
         p.at_least("max_request_body_bytes", self.max_request_body_bytes, 1);
+        if let Some(max) = &self.max_loaded_models {
+            max.check(&mut p.nested("max_loaded_models"));
+        }
+        if let Some(q) = &self.quarantine {
+            q.check(&mut p.nested("quarantine"));
+        }
+    }
+}
+
+/// `quarantine` as written.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct QuarantineFields {
+    /// Failed loads and crashes within `window_seconds` that quarantine a model. Default 3.
+    failures: Option<u32>,
+    /// Seconds over which failures are counted. Default 600.
+    window_seconds: Option<u32>,
+    /// Length of a first quarantine in seconds; each further one before the model has
+    /// gone a whole window without failing doubles it. Default 30.
+    backoff_seconds: Option<u32>,
+    /// Longest quarantine in seconds. Default 3600.
+    max_backoff_seconds: Option<u32>,
+}
+
+impl Section for QuarantineFields {
+    const BACKENDS: &'static [BackendKind] = &[];
+
+    fn check(&self, p: &mut Problems<'_>) {
+        p.at_least("failures", self.failures, 1);
+        p.at_least("window_seconds", self.window_seconds, 1);
+        p.at_least("backoff_seconds", self.backoff_seconds, 1);
+        p.at_least("max_backoff_seconds", self.max_backoff_seconds, 1);
+        if let (Some(max), Some(first)) = (self.max_backoff_seconds, self.backoff_seconds)
+            && max < first
+        {
+            p.push("max_backoff_seconds", format!("must be >= backoff_seconds ({first})"));
+        }
+    }
+}
+
+/// When a model is quarantined: after `failures` failed loads or crashes within `window`,
+/// requests and auto-loads are refused for `backoff`, doubling up to `max_backoff` while
+/// it keeps failing. An explicit load lifts a quarantine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuarantinePolicy {
+    /// Failures within the window that quarantine the model.
+    pub failures: NonZeroU32,
+    /// How far back failures are counted.
+    pub window: Duration,
+    /// The first quarantine's length.
+    pub backoff: Duration,
+    /// The longest quarantine.
+    pub max_backoff: Duration,
+}
+
+/// Default `quarantine.failures`.
+pub const DEFAULT_QUARANTINE_FAILURES: u32 = 3;
+/// Default `quarantine.window_seconds`.
+pub const DEFAULT_QUARANTINE_WINDOW_S: u64 = 600;
+/// Default `quarantine.backoff_seconds`.
+pub const DEFAULT_QUARANTINE_BACKOFF_S: u64 = 30;
+/// Default `quarantine.max_backoff_seconds`.
+pub const DEFAULT_QUARANTINE_MAX_BACKOFF_S: u64 = 3600;
+
+impl Default for QuarantinePolicy {
+    fn default() -> Self {
+        Self::from(QuarantineFields::default())
+    }
+}
+
+impl From<QuarantineFields> for QuarantinePolicy {
+    fn from(f: QuarantineFields) -> Self {
+        let secs = |v: Option<u32>, default: u64| Duration::from_secs(v.map_or(default, u64::from));
+        let backoff = secs(f.backoff_seconds, DEFAULT_QUARANTINE_BACKOFF_S);
+        Self {
+            failures: f
+                .failures
+                .and_then(NonZeroU32::new)
+                .unwrap_or(NonZeroU32::new(DEFAULT_QUARANTINE_FAILURES).unwrap_or(NonZeroU32::MIN)),
+            window: secs(f.window_seconds, DEFAULT_QUARANTINE_WINDOW_S),
+            backoff,
+            max_backoff: secs(f.max_backoff_seconds, DEFAULT_QUARANTINE_MAX_BACKOFF_S).max(backoff),
+        }
     }
 }
 
@@ -188,6 +277,8 @@ pub struct Config {
     pub host: String,
     /// Port the HTTP server listens on.
     pub port: u16,
+    /// Port of the gRPC listener; 0: none.
+    pub grpc_port: u16,
     /// Loaded-model slots per model type.
     pub max_loaded_models: MaxLoadedModels,
     /// Whether requests for unloaded models load them (models may override).
@@ -204,6 +295,8 @@ pub struct Config {
     pub idle_unload_seconds: Option<NonZeroU32>,
     /// Largest accepted request body in bytes.
     pub max_request_body_bytes: NonZeroU64,
+    /// When models that keep failing are quarantined.
+    pub quarantine: QuarantinePolicy,
     /// Every configured model, in config order.
     pub models: Vec<ModelConfig>,
 }
@@ -212,6 +305,8 @@ pub struct Config {
 pub const DEFAULT_ADMIN_LOCK_TIMEOUT_S: u64 = 300;
 /// Default HTTP port.
 pub const DEFAULT_PORT: u16 = 8080;
+/// Default gRPC port (Triton's).
+pub const DEFAULT_GRPC_PORT: u16 = 8001;
 /// Default per-model queue bound.
 pub const DEFAULT_MAX_QUEUE_DEPTH: u32 = 64;
 /// Default request body limit (8 MiB).
@@ -239,6 +334,7 @@ impl Config {
             &[
                 ("models", |_, _, _| {}),
                 ("max_loaded_models", check_nested::<MaxLoadedModelsFields>),
+                ("quarantine", check_nested::<QuarantineFields>),
             ],
             &mut errors,
         );
@@ -278,6 +374,7 @@ impl Config {
         Self {
             host: s.host.unwrap_or_else(|| "127.0.0.1".into()),
             port: s.port.unwrap_or(DEFAULT_PORT),
+            grpc_port: s.grpc_port.unwrap_or(DEFAULT_GRPC_PORT),
             max_loaded_models: MaxLoadedModels {
                 llm: limit(max.llm),
                 embedding: limit(max.embedding),
@@ -297,6 +394,7 @@ impl Config {
                 NonZeroU64::new(DEFAULT_MAX_REQUEST_BODY_BYTES).unwrap_or(NonZeroU64::MIN),
             ),
             idle_unload_seconds: s.idle_unload_seconds.and_then(NonZeroU32::new),
+            quarantine: s.quarantine.unwrap_or_default().into(),
             models,
         }
     }
@@ -317,6 +415,7 @@ impl Config {
         serde_json::json!({
             "host": self.host,
             "port": self.port,
+            "grpc_port": self.grpc_port,
             "max_loaded_models": self.max_loaded_models,
             "auto_load": self.auto_load,
             "admin_api_key": self.admin_api_key,
@@ -325,6 +424,12 @@ impl Config {
             "max_queue_depth": self.max_queue_depth,
             "idle_unload_seconds": self.idle_unload_seconds,
             "max_request_body_bytes": self.max_request_body_bytes,
+            "quarantine": {
+                "failures": self.quarantine.failures,
+                "window_seconds": self.quarantine.window.as_secs(),
+                "backoff_seconds": self.quarantine.backoff.as_secs(),
+                "max_backoff_seconds": self.quarantine.max_backoff.as_secs(),
+            },
             "models": models,
         })
     }

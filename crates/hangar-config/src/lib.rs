@@ -45,8 +45,10 @@ mod sections;
 mod validate;
 
 pub use config::{
-    Config, ConfigError, DEFAULT_ADMIN_LOCK_TIMEOUT_S, DEFAULT_MAX_QUEUE_DEPTH,
-    DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, MaxLoadedModels,
+    Config, ConfigError, DEFAULT_ADMIN_LOCK_TIMEOUT_S, DEFAULT_GRPC_PORT, DEFAULT_MAX_QUEUE_DEPTH,
+    DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, DEFAULT_QUARANTINE_BACKOFF_S,
+    DEFAULT_QUARANTINE_FAILURES, DEFAULT_QUARANTINE_MAX_BACKOFF_S, DEFAULT_QUARANTINE_WINDOW_S,
+    MaxLoadedModels, QuarantinePolicy,
 };
 pub use constraint::{ConstraintKind, LoadConstraint, LoadConstraints};
 pub use kinds::{BackendKind, Device, GgmlType, ModelType, PromptFormat, SpecType, Switch};

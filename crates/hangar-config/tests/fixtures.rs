@@ -129,3 +129,34 @@ fn null_model_entry_removes_a_shipped_model() {
     let names: Vec<_> = config.models.iter().map(|m| m.name.to_string()).collect();
     assert_eq!(names, ["a"]);
 }
+
+#[test]
+fn quarantine_defaults_and_bad_values() {
+    let config = Config::from_value(&json!({})).unwrap();
+    assert_eq!(config.quarantine, hangar_config::QuarantinePolicy::default());
+    assert_eq!(config.quarantine.failures.get(), hangar_config::DEFAULT_QUARANTINE_FAILURES);
+
+    let set =
+        json!({ "quarantine": { "failures": 2, "window_seconds": 60, "backoff_seconds": 5 } });
+    let q = Config::from_value(&set).unwrap().quarantine;
+    assert_eq!((q.failures.get(), q.window.as_secs(), q.backoff.as_secs()), (2, 60, 5));
+    let max = hangar_config::DEFAULT_QUARANTINE_MAX_BACKOFF_S;
+    assert_eq!(q.max_backoff.as_secs(), max);
+    let shown = Config::from_value(&set).unwrap().to_effective_json();
+    assert_eq!(shown["quarantine"]["backoff_seconds"], 5);
+
+    for (bad, path) in [
+        (json!({ "quarantine": { "failures": 0 } }), "quarantine.failures"),
+        (json!({ "quarantine": { "fails": 2 } }), "quarantine.fails"),
+        (
+            json!({ "quarantine": { "backoff_seconds": 60, "max_backoff_seconds": 10 } }),
+            "quarantine.max_backoff_seconds",
+        ),
+        (json!({ "max_loaded_models": { "llm": 0 } }), "max_loaded_models.llm"),
+    ] {
+        let Err(hangar_config::ConfigError::Invalid(errors)) = Config::from_value(&bad) else {
+            panic!("accepted {bad}");
+        };
+        assert!(errors.iter().any(|e| e.path == path), "{bad}: {errors:?}");
+    }
+}

@@ -151,6 +151,11 @@ impl<R: ?Sized + Send + Sync + 'static> Scheduler<R> {
         rx.await.unwrap_or(Err(AdmissionError::ModelUnloading))
     }
 
+    /// Whether `other` is this scheduler (a clone of it), not another one of the model.
+    pub fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Stops granting slots: new requests and freed slots wait in the queue; running
     /// requests are not touched. Idempotent.
     pub fn pause(&self) {

@@ -216,10 +216,15 @@ proptest! {
             // Resume and release everything: every pending acquire must now end.
             s.resume();
             held.clear();
-            for (_, h) in pending {
-                // Permits obtained now are dropped at once so the rest can proceed.
-                let done = tokio::time::timeout(Duration::from_secs(1), h)
-                .await;
+            // Each permit obtained now is dropped as soon as it is granted, so the rest can
+            // proceed — in whatever order the scheduler grants them (a request put at the
+            // head of the queue goes before one that asked earlier).
+            let ends: Vec<_> = pending
+                .into_iter()
+                .map(|(_, h)| tokio::spawn(async move { drop(h.await) }))
+                .collect();
+            for end in ends {
+                let done = tokio::time::timeout(Duration::from_secs(1), end).await;
                 assert!(done.is_ok(), "an acquire hung");
             }
             let stats = s.stats();

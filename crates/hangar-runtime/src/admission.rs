@@ -15,8 +15,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
-use crate::manager::{LoadOptions, Manager};
-use crate::pause::{Action, Interrupt, aborted, next_action, on_grant};
+use crate::manager::Manager;
+use crate::pause::{Action, Interrupt, aborted, in_service, next_action, on_grant};
 
 /// What a request asks of a model. [`Manager::admit`] checks it against the model's type
 /// and capabilities before anything else, so a request the model cannot serve is refused
@@ -67,7 +67,8 @@ impl Work {
 /// An admitted request: holds one in-flight slot on one replica until dropped. Runs the
 /// request on that replica; a runtime that crashed marks the model failed. It watches the
 /// model's pauses: an `abort` ends it with `generation_aborted`, a `retract` puts a running
-/// generation back at the head of the queue and resumes it afterwards.
+/// generation back at the head of the queue and resumes it afterwards. (A request still on a
+/// reload's previous runtimes runs to its end: pauses are for the runtimes in service.)
 pub struct RequestGuard {
     /// The slot; `None` only while a retracted generation waits for a new one.
     permit: Mutex<Option<Permit<dyn Runtime>>>,
@@ -142,6 +143,7 @@ impl RequestGuard {
                     }
                     action = next_action(&mut interrupts) => match action {
                         Action::Retract if !resumable => {}
+                        _ if !self.in_service() => {}
                         action => break action,
                     },
                 }
@@ -202,10 +204,18 @@ impl RequestGuard {
     pub async fn aborted(&self) -> ManagerError {
         let mut interrupts = self.interrupts.clone();
         loop {
-            if let Action::Abort(reason) = next_action(&mut interrupts).await {
+            if let Action::Abort(reason) = next_action(&mut interrupts).await
+                && self.in_service()
+            {
                 return aborted(&reason);
             }
         }
+    }
+
+    /// Whether the request runs on the runtimes in service, whose pauses it obeys; a
+    /// request still running on a reload's previous runtimes runs to its end.
+    fn in_service(&self) -> bool {
+        in_service(&self.entry.lock(), &self.scheduler)
     }
 
     /// Reports a crash noticed while reading a forwarded answer's body.
@@ -262,7 +272,7 @@ async fn grant(
         let permit =
             if front { scheduler.acquire_front().await? } else { scheduler.acquire().await? };
         interrupts.borrow_and_update();
-        match on_grant(&entry.lock()) {
+        match on_grant(&entry.lock(), scheduler) {
             None => return Ok(permit),
             Some(Action::Abort(reason)) => return Err(aborted(&reason)),
             Some(Action::Retract) => front = true,
@@ -332,14 +342,14 @@ impl Manager {
                     slot.scheduler.clone().map(|s| (s, slot.generation))
                 }
                 ModelState::Unloaded | ModelState::Failed | ModelState::Loading if auto => None,
-                _ => return Err(refusal(&slot).into()),
+                _ => return Err(refusal(&entry, &slot)),
             }
         };
         let (scheduler, generation, pin) = match ready {
             Some((s, g)) => (s, g, None),
             None => {
                 let pin = Pin::new(&entry);
-                match self.load(name, LoadOptions::default()).await {
+                match self.load_on_demand(name).await {
                     Ok(_) => {}
                     Err(ManagerError::LoadFailed { snapshot, .. }) => {
                         let last_error = snapshot.last_error.unwrap_or_default();
@@ -357,7 +367,7 @@ impl Manager {
                     || (state == ModelState::Unloading
                         && slot.scheduler.as_ref().is_some_and(|s| !s.stats().closed));
                 if !open {
-                    return Err(refusal(&slot).into());
+                    return Err(refusal(&entry, &slot));
                 }
                 ModelEntry::touch(&mut slot);
                 let scheduler = slot.scheduler.clone().ok_or(AdmissionError::ModelNotLoaded)?;
@@ -416,11 +426,16 @@ impl Manager {
     }
 }
 
-/// The admission error of a model that is not serving.
-fn refusal(slot: &Slot) -> AdmissionError {
+/// The admission error of a model that is not serving: `model_quarantined` while it is
+/// quarantined, else the one its state says.
+fn refusal(entry: &ModelEntry, slot: &Slot) -> ManagerError {
+    if let Some(quarantined) = crate::quarantine::quarantined(entry, slot) {
+        return quarantined;
+    }
     admit(slot.lifecycle.state(), slot.lifecycle.last_error())
         .err()
         .unwrap_or(AdmissionError::ModelNotLoaded)
+        .into()
 }
 
 /// Whether the model can do `work` at all: its type, its thinking modes, multi-turn.

@@ -69,6 +69,8 @@ pub(crate) struct Slot {
     pub(crate) leases: Vec<crate::lease::Held>,
     /// The held models that blocked the last load (`slots_pinned`); cleared at each load.
     pub(crate) blocked_by: Vec<String>,
+    /// Recent failed loads and crashes, and the quarantine they led to.
+    pub(crate) failures: crate::quarantine::FailureLog,
 }
 
 impl ModelEntry {
@@ -100,6 +102,7 @@ impl ModelEntry {
                 weights_snapshot: None,
                 leases: Vec::new(),
                 blocked_by: Vec::new(),
+                failures: Default::default(),
             }),
             config,
             position,

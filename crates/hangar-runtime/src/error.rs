@@ -152,6 +152,20 @@ pub enum ManagerError {
         /// What is refused, and what to do instead.
         message: String,
     },
+    /// The model failed too often and is quarantined: requests, auto-loads and lease loads
+    /// are refused until it ends; an explicit load lifts it.
+    #[error(
+        "model '{model}' is quarantined after {} failed loads or crashes (last: {last_error}); retry after {} s, or load it explicitly",
+        quarantine.failures, quarantine.retry_after_s
+    )]
+    Quarantined {
+        /// The model.
+        model: String,
+        /// The quarantine.
+        quarantine: crate::QuarantineInfo,
+        /// Its last failure's message.
+        last_error: String,
+    },
 }
 
 /// "load failed: <reason>", without doubling the prefix the backend's reason may carry.
@@ -248,6 +262,8 @@ pub enum ErrorCode {
     LeaseNotFound,
     /// A load would need held (pinned or leased) models evicted.
     SlotsPinned,
+    /// The model failed too often; refused until its quarantine ends or an explicit load.
+    ModelQuarantined,
 }
 
 impl ErrorCode {
@@ -286,6 +302,7 @@ impl ManagerError {
             Self::ModelRequired { .. } => ErrorCode::InvalidRequest,
             Self::LeaseNotFound { .. } => ErrorCode::LeaseNotFound,
             Self::SlotsPinned { .. } => ErrorCode::SlotsPinned,
+            Self::Quarantined { .. } => ErrorCode::ModelQuarantined,
             Self::Runtime(e) => match e.code() {
                 R::BackendCrashed => ErrorCode::BackendCrashed,
                 R::Cancelled => ErrorCode::Cancelled,

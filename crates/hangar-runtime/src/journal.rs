@@ -93,6 +93,14 @@ pub enum EventKind {
         #[serde(skip_serializing_if = "Option::is_none")]
         weight_version: Option<String>,
     },
+    /// The model failed too often and is refused until `until_unix_ms`.
+    Quarantined {
+        /// The quarantine.
+        #[serde(flatten)]
+        quarantine: crate::QuarantineInfo,
+    },
+    /// An explicit load lifted the model's quarantine.
+    QuarantineLifted,
 }
 
 /// What a follower gets: the journaled events after the id it gave, whether some were

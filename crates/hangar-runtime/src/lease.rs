@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::journal::{EventKind, unix_ms};
-use crate::manager::{Inner, LoadOptions, Manager};
+use crate::manager::{Inner, Manager};
 use crate::unload::UnloadCause;
 
 /// Longest lease: a week.
@@ -129,7 +129,7 @@ impl Manager {
         // Held before the load, so no eviction planned meanwhile can take the model.
         let held = Held { lease: lease.clone(), deadline: Instant::now() + ttl };
         entry.lock().leases.push(held);
-        if let Err(e) = self.load(name, LoadOptions::default()).await {
+        if let Err(e) = self.load_on_demand(name).await {
             entry.lock().leases.retain(|h| h.lease.id != lease.id);
             return Err(e);
         }

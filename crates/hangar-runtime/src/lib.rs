@@ -17,7 +17,9 @@
 //! - auto-load (global `auto_load`, overridable per model) that pins the model so the
 //!   triggering request runs before the model can be evicted;
 //! - graceful unload and unload-all; crash handling (a crashed runtime moves its model to
-//!   `failed` with the reason, its queued requests get `model_failed`);
+//!   `failed` with the reason, its queued requests get `model_failed`); crash quarantine (a
+//!   model that keeps failing is refused with `model_quarantined` until its backoff ends or
+//!   an explicit load);
 //! - [`ModelSnapshot`], one value per model carrying every field of the admin API's row.
 //!
 //! ```
@@ -44,6 +46,7 @@ mod lease;
 mod load;
 mod manager;
 mod pause;
+mod quarantine;
 mod snapshot;
 mod unload;
 mod weights;
@@ -55,5 +58,6 @@ pub use journal::{EVENT_CAPACITY, EventKind, Follow, ManagerEvent};
 pub use lease::{Lease, LeaseChange, MAX_LEASE_SECONDS};
 pub use manager::{Backends, LoadOptions, Manager};
 pub use pause::{PauseCause, PauseInfo, PauseMode};
+pub use quarantine::{Failure, FailureKind, QuarantineInfo, RECENT_FAILURES};
 pub use snapshot::{ModelFilter, ModelSnapshot, ModelStatus, VramEstimateSource};
 pub use weights::{WeightUpdate, WeightsAction, WeightsReport};

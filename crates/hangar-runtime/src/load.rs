@@ -24,6 +24,7 @@ use crate::error::{ManagerError, load_failed_message};
 use crate::events::Events;
 use crate::journal::EventKind;
 use crate::manager::{LoadOptions, Manager};
+use crate::quarantine::FailureKind;
 use crate::snapshot::{ModelSnapshot, snapshot_of};
 use crate::unload::UnloadCause;
 
@@ -60,7 +61,8 @@ impl Manager {
     /// loaded or failed (the admin API's rule).
     ///
     /// A load without options of a model already loaded (or loading) answers with its
-    /// current state (waiting for a load in progress). Options for a model that is loaded
+    /// current state (waiting for a load in progress). An explicit load lifts the model's
+    /// quarantine. Options for a model that is loaded
     /// or loading are refused: replicas and overrides change only while it is unloaded or
     /// failed (or through [`Manager::reload`]). A model whose backend is not compiled in
     /// fails at once, before anything is evicted.
@@ -74,7 +76,7 @@ impl Manager {
         name: &str,
         options: LoadOptions,
     ) -> Result<ModelSnapshot, ManagerError> {
-        self.load_with(name, options, false).await
+        self.load_with(name, options, false, Trigger::Explicit).await
     }
 
     /// Like [`Manager::load`], but idempotent for options too (the multi-model API's rule):
@@ -88,7 +90,13 @@ impl Manager {
         name: &str,
         options: LoadOptions,
     ) -> Result<ModelSnapshot, ManagerError> {
-        self.load_with(name, options, true).await
+        self.load_with(name, options, true, Trigger::Explicit).await
+    }
+
+    /// A load on demand (a request's auto-load, a lease): refused with
+    /// [`ManagerError::Quarantined`] while the model is quarantined.
+    pub(crate) async fn load_on_demand(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
+        self.load_with(name, LoadOptions::default(), false, Trigger::OnDemand).await
     }
 
     async fn load_with(
@@ -96,6 +104,7 @@ impl Manager {
         name: &str,
         options: LoadOptions,
         same_is_ok: bool,
+        trigger: Trigger,
     ) -> Result<ModelSnapshot, ManagerError> {
         let entry = self.entry(name)?;
         let prepared =
@@ -105,12 +114,31 @@ impl Manager {
         if let Next::Answer(answer) = next_step(&entry, prepared.as_ref(), same_is_ok)? {
             return Ok(*answer);
         }
-        let admin = self.admin_lock(&entry).await?;
+        // A model that becomes loaded while this waits for the lock is answered at once:
+        // the lock's holder may be a reload waiting in the load queue, whose holder may be
+        // evicting this very model and waiting for the request this load is for (its pin).
+        let admin = tokio::select! {
+            admin = self.admin_lock(&entry) => admin?,
+            () = entry.wait_until(|s| s.lifecycle.state() == ModelState::Loaded) => {
+                return match next_step(&entry, prepared.as_ref(), same_is_ok)? {
+                    Next::Answer(answer) => Ok(*answer),
+                    // Not loaded any more: what the state says now.
+                    Next::Wait | Next::Start => Err(ManagerError::Conflict {
+                        state: entry.lock().lifecycle.state(),
+                        message: "the model changed state while this load waited".into(),
+                    }),
+                };
+            }
+        };
         let start = match next_step(&entry, prepared.as_ref(), same_is_ok)? {
             Next::Answer(answer) => return Ok(*answer),
             Next::Wait => false,
             Next::Start => {
                 let mut slot = entry.lock();
+                match trigger {
+                    Trigger::OnDemand => self.check_quarantine(&entry, &slot)?,
+                    Trigger::Explicit => self.lift_quarantine(&entry, &mut slot),
+                }
                 let p = prepared.unwrap_or_else(|| Prepared::configured(&entry.config));
                 slot.effective = p.effective;
                 slot.load_override = p.load_override;
@@ -253,8 +281,12 @@ impl Manager {
             Err(message) => {
                 slot.loaded_replicas = 0;
                 let event = LifecycleEvent::LoadFailed;
-                entry.apply(&mut slot, event, Some(message), &self.inner.events);
+                entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
                 Events::bump(&self.inner.events.load_failures);
+                // Held models in the way are not the model's failure.
+                if slot.blocked_by.is_empty() {
+                    self.record_failure(&entry, &mut slot, FailureKind::LoadFailed, &message);
+                }
             }
         }
         drop(slot);
@@ -477,6 +509,15 @@ impl Manager {
         }
         if held.is_empty() { Ok(()) } else { Err(held) }
     }
+}
+
+/// Who asked for a load.
+#[derive(Clone, Copy)]
+enum Trigger {
+    /// An operator's load (admin, multi-model, KServe, reload): lifts a quarantine.
+    Explicit,
+    /// A request's auto-load or a lease: refused while quarantined.
+    OnDemand,
 }
 
 /// What a load does given the model's state.

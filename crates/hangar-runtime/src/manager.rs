@@ -88,6 +88,8 @@ pub(crate) struct Inner {
     pub(crate) next_lease: std::sync::atomic::AtomicU64,
     /// Set once the housekeeping task runs.
     pub(crate) housekeeping: std::sync::OnceLock<()>,
+    /// When a model that keeps failing is quarantined.
+    pub(crate) quarantine: hangar_config::QuarantinePolicy,
 }
 
 impl Manager {
@@ -130,6 +132,7 @@ impl Manager {
                     || config.models.iter().any(|m| m.idle_unload_seconds.is_some()),
                 next_lease: std::sync::atomic::AtomicU64::new(1),
                 housekeeping: std::sync::OnceLock::new(),
+                quarantine: config.quarantine,
             }),
         }
     }

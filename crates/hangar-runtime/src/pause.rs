@@ -18,7 +18,8 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use hangar_lifecycle::{AdmissionError, ModelState};
+use hangar_backend::Runtime;
+use hangar_lifecycle::{AdmissionError, ModelState, Scheduler};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -144,15 +145,24 @@ pub(crate) fn aborted(reason: &str) -> ManagerError {
     AdmissionError::GenerationAborted { reason: reason.to_owned() }.into()
 }
 
-/// What a request that was just granted a slot must do, given the model's pause: a slot
-/// granted before a pause began is only visible as a pause in the slot (its interrupt may
-/// have been sent before the request subscribed).
-pub(crate) fn on_grant(slot: &Slot) -> Option<Action> {
+/// What a request that was just granted a slot by `scheduler` must do, given the model's
+/// pause: a slot granted before a pause began is only visible as a pause in the slot (its
+/// interrupt may have been sent before the request subscribed). A pause is for the runtimes
+/// in service: a request on a reload's previous runtimes (another scheduler) runs on.
+pub(crate) fn on_grant(slot: &Slot, scheduler: &Scheduler<dyn Runtime>) -> Option<Action> {
+    if !in_service(slot, scheduler) {
+        return None;
+    }
     slot.pause.as_ref().and_then(|p| match p.info.mode {
         PauseMode::Abort => Some(Action::Abort(Arc::clone(&p.reason))),
         PauseMode::Retract => Some(Action::Retract),
         PauseMode::InPlace => None,
     })
+}
+
+/// Whether `scheduler` serves the model now (and is not a reload's previous one, draining).
+pub(crate) fn in_service(slot: &Slot, scheduler: &Scheduler<dyn Runtime>) -> bool {
+    slot.scheduler.as_ref().is_some_and(|s| s.same(scheduler))
 }
 
 /// A model's pause with the reason an abort gives.

@@ -103,6 +103,11 @@ pub struct ModelSnapshot {
     /// Seconds without work before the model is unloaded (its own or the global setting);
     /// `None`: never.
     pub idle_unload_seconds: Option<u32>,
+    /// Recent failed loads and crashes, oldest first (at most
+    /// [`RECENT_FAILURES`](crate::RECENT_FAILURES)).
+    pub failures: Vec<crate::Failure>,
+    /// The quarantine in effect, if any.
+    pub quarantine: Option<crate::QuarantineInfo>,
 }
 
 impl ModelSnapshot {
@@ -201,5 +206,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         pinned: config.pinned,
         leases: slot.live_leases().cloned().collect(),
         idle_unload_seconds: entry.idle_timeout.map(NonZeroU32::get),
+        failures: slot.failures.recent(),
+        quarantine: slot.failures.active(),
     }
 }

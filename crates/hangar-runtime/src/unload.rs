@@ -66,13 +66,16 @@ impl Manager {
     }
 
     /// Unloads every loaded model (concurrently) and returns the names of the models this
-    /// call unloaded.
+    /// call unloaded. Like an explicit unload, it revokes their leases.
     pub async fn unload_all(&self) -> Vec<String> {
         let mut tasks = tokio::task::JoinSet::new();
         for entry in &self.inner.order {
             let (this, entry) = (self.clone(), Arc::clone(entry));
             tasks.spawn(async move {
                 let unloaded = this.unload_entry(&entry, UnloadCause::Request).await;
+                if unloaded {
+                    this.revoke_leases(&entry);
+                }
                 unloaded.then(|| entry.config.name.to_string())
             });
         }
@@ -86,8 +89,8 @@ impl Manager {
         unloaded
     }
 
-    /// The graceful unload: stop admissions, wait for pinned requests to be admitted,
-    /// cancel queued requests, drain running ones, release the runtimes. Returns whether
+    /// The graceful unload: stop admissions, wait for pinned requests to be admitted (not
+    /// on a paused model), cancel queued requests, drain running ones, release the runtimes. Returns whether
     /// this call unloaded the model (false when it was not loaded, or when an eviction or
     /// idle unload finds it held: pinned or leased, checked under the same lock as the
     /// state change, so a lease taken meanwhile always wins).
@@ -111,7 +114,10 @@ impl Manager {
         };
         entry.notify();
         tracing::info!(model = %entry.config.name, ?cause, "unloading");
-        entry.wait_until(|s| s.pins == 0).await;
+        // Requests that triggered the load are admitted first, unless the model is paused:
+        // a paused model admits nothing, so they are refused with the rest of its queue
+        // (waiting for them would hold the load queue until someone resumes the model).
+        entry.wait_until(|s| s.pins == 0 || s.pause.is_some()).await;
         if let Some(scheduler) = &scheduler {
             scheduler.close(AdmissionError::ModelUnloading);
             scheduler.drained().await;
@@ -146,6 +152,8 @@ impl Manager {
             let message = format!("backend crashed: {reason}");
             let event = LifecycleEvent::Crashed;
             entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
+            let crashed = crate::FailureKind::Crashed;
+            self.record_failure(entry, &mut slot, crashed, &message);
             slot.loaded_replicas = 0;
             slot.pause = None;
             slot.weight_version = None;

@@ -55,11 +55,9 @@ pub struct WeightsReport {
     /// The action that ran.
     pub action: WeightsAction,
     /// The digests of the weights as they are on disk now.
-    #[schemars(with = "serde_json::Value")]
     pub digest: WeightsDigest,
     /// For `compare`: the differences from the snapshot.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Option<serde_json::Value>")]
     pub comparison: Option<Comparison>,
     /// How long reading and hashing took, milliseconds.
     pub elapsed_ms: u64,

@@ -376,3 +376,102 @@ async fn load_progress_is_visible_while_loading() {
     loading.await.unwrap().unwrap();
     assert_eq!(m.model("a").unwrap().load_progress, None);
 }
+
+/// Found by the property test: a request waiting for its model's load (holding it against
+/// eviction) also waited for the model's admin lock, which a reload held while it waited in
+/// the load queue, whose holder was evicting that model for the request to be admitted.
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_for_a_load_is_admitted_while_a_reload_waits_for_the_queue() {
+    let (m, _) = manager(json!({
+        "auto_load": true,
+        "max_loaded_models": { "llm": 2 },
+        "models": {
+            "broken": chat(json!({ "stub": { "fail_load": "simulated OOM" } })),
+            "b": chat(json!({})),
+        },
+    }));
+    let load = tokio::spawn({
+        let m = m.clone();
+        async move { m.load("b", LoadOptions::default()).await.map(drop) }
+    });
+    settle().await;
+    let reload = tokio::spawn({
+        let m = m.clone();
+        async move { m.reload("b", LoadOptions::default()).await.map(drop) }
+    });
+    settle().await;
+    let on_b = spawn_generate(&m, "b", 2);
+    settle().await;
+    // Its failed load retries after evicting every other model: `b`, pinned by `on_b`.
+    let on_broken = spawn_generate(&m, "broken", 1);
+    let ended = tokio::time::timeout(Duration::from_secs(60), async {
+        (load.await, reload.await, on_b.await, on_broken.await)
+    })
+    .await
+    .expect("every operation ends");
+    ended.0.unwrap().unwrap();
+    assert_eq!(ended.2.unwrap().unwrap().split_whitespace().count(), 2, "b's request ran");
+    assert_eq!(ended.3.unwrap().unwrap_err().code(), ErrorCode::ModelFailed);
+    // The reload found `b` evicted by then, or reloaded it first: either way it answered.
+    let _ = ended.1.unwrap();
+    m.resume("broken").await.unwrap(); // its admin lock is free again
+}
+
+/// Found by the property test: an eviction waited for requests pinned to a paused model,
+/// which admits nothing, so the load queue stood still until someone resumed the model.
+#[tokio::test(start_paused = true)]
+async fn an_eviction_refuses_the_pinned_requests_of_a_paused_model_instead_of_waiting() {
+    let (m, _) = manager(json!({
+        "auto_load": true,
+        "max_loaded_models": { "llm": 1 },
+        "models": { "a": chat(json!({})), "b": chat(json!({})) },
+    }));
+    let first = spawn_generate(&m, "a", 50);
+    settle().await;
+    let second = spawn_generate(&m, "a", 50); // pinned, waiting behind `first`
+    tokio::time::sleep(Duration::from_millis(150)).await; // `a` loaded, `first` running
+    m.pause("a", hangar_runtime::PauseMode::Retract).await.unwrap();
+    let loaded = tokio::time::timeout(Duration::from_secs(60), m.load("b", LoadOptions::default()))
+        .await
+        .expect("the load does not wait for the paused model");
+    assert_eq!(loaded.unwrap().runtime_state, ModelState::Loaded);
+    for request in [first, second] {
+        assert_eq!(request.await.unwrap().unwrap_err().code(), ErrorCode::ModelUnloading);
+    }
+}
+
+/// Found by the property test: a pause made a request still running on a reload's previous
+/// runtimes retract into that runtimes' queue, which is not paused, and on being granted a
+/// slot see the model's pause and retract again, for ever (a busy loop, which stops the
+/// paused clock too: the scenario runs on a thread of its own, bounded in real time).
+#[test]
+fn a_pause_lets_a_request_on_a_reloads_previous_runtime_run_to_its_end() {
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(pause_during_a_reload());
+        let _ = done.send(());
+    });
+    let ended = ended.recv_timeout(Duration::from_secs(60));
+    assert!(ended.is_ok(), "the scenario spun or hung (or panicked: see above)");
+}
+
+async fn pause_during_a_reload() {
+    let (m, _) = manager(json!({ "models": { "a": chat(json!({})) } }));
+    m.load("a", LoadOptions::default()).await.unwrap();
+    let old = spawn_generate(&m, "a", 30);
+    settle().await;
+    m.reload("a", LoadOptions::default()).await.unwrap();
+    m.pause("a", hangar_runtime::PauseMode::Retract).await.unwrap();
+    let new = spawn_generate(&m, "a", 3);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(old.is_finished(), "the previous runtime's request ran to its end");
+    assert_eq!(old.await.unwrap().unwrap().split_whitespace().count(), 30);
+    assert!(!new.is_finished(), "the runtimes in service are paused");
+    m.resume("a").await.unwrap();
+    assert_eq!(new.await.unwrap().unwrap().split_whitespace().count(), 3);
+}

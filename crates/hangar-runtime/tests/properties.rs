@@ -19,9 +19,15 @@
 //!    `generation_aborted`) and all of them end once every model continues — invariant 4
 //!    with pauses in the mix. (That a paused scheduler grants nothing is the scheduler's
 //!    own property test, hangar-lifecycle/tests/scheduler.rs.)
+//! 9. quarantine (2 failures within 30 s, 1 s backoff doubling to 4 s), from the journal
+//!    alone: a model's second counted failure (failed loads and crashes since the last lift;
+//!    `slots_pinned` is not the model's failure) while no quarantine is in effect is followed
+//!    at once by its quarantine; while one is in effect the model starts no load unless an
+//!    explicit load lifted it first (auto-loads, leases and requests are refused).
 
 mod common;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -30,7 +36,7 @@ use async_trait_shim::*;
 use hangar_backend::stub::StubBackend;
 use hangar_config::{Device, ModelType};
 use hangar_lifecycle::{ModelState, TRANSITIONS};
-use hangar_runtime::{Backends, EventKind, LoadOptions, Manager, PauseMode};
+use hangar_runtime::{Backends, EventKind, LeaseChange, LoadOptions, Manager, PauseMode};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -162,7 +168,7 @@ fn model_spec() -> impl Strategy<Value = ModelSpec> {
         prop_oneof![Just(ModelType::Llm), Just(ModelType::Embedding), Just(ModelType::Reranking)],
         prop::bool::weighted(0.25),
         prop::option::weighted(0.3, 1u64..6),
-        prop::bool::weighted(0.1),
+        prop::bool::weighted(0.2),
         1u32..3,
         prop::bool::weighted(0.15),
         prop::option::weighted(0.25, 1u32..3),
@@ -201,9 +207,58 @@ fn config(specs: &[ModelSpec], limits: [u32; 3], auto_load: bool) -> serde_json:
     json!({
         "auto_load": auto_load,
         "max_queue_depth": 4,
+        "quarantine": { "failures": 2, "window_seconds": 30, "backoff_seconds": 1, "max_backoff_seconds": 4 },
         "max_loaded_models": { "llm": limits[0], "embedding": limits[1], "reranking": limits[2] },
         "models": models,
     })
+}
+
+/// What invariant 9 expects of one model, from its journal events.
+#[derive(Default)]
+struct Quarantine {
+    /// Counted failures within the window.
+    failures: Vec<tokio::time::Instant>,
+    /// When the quarantine in effect ends.
+    until: Option<tokio::time::Instant>,
+    /// The last event was a failure that must quarantine the model.
+    expect: bool,
+}
+
+impl Quarantine {
+    fn check(&mut self, event: &hangar_runtime::ManagerEvent) {
+        let now = tokio::time::Instant::now();
+        let active = self.until.is_some_and(|u| now < u);
+        if std::mem::take(&mut self.expect) {
+            assert!(
+                matches!(event.kind, EventKind::Quarantined { .. }),
+                "{} not quarantined: {event:?}",
+                event.model
+            );
+        }
+        match &event.kind {
+            EventKind::State { to: ModelState::Failed, error, .. }
+                if !error.as_deref().unwrap_or_default().starts_with("slots_pinned") =>
+            {
+                self.failures.push(now);
+                self.failures.retain(|t| now.duration_since(*t) <= Duration::from_secs(30));
+                self.expect = self.failures.len() >= 2 && !active;
+            }
+            EventKind::Quarantined { quarantine } => {
+                assert!(!active, "quarantined twice at once");
+                assert!((1..=4).contains(&quarantine.retry_after_s), "{quarantine:?}");
+                self.until = Some(now + Duration::from_secs(quarantine.retry_after_s));
+            }
+            EventKind::QuarantineLifted => {
+                assert!(active, "lifted a quarantine not in effect");
+                self.until = None;
+                self.failures.clear();
+            }
+            EventKind::State { to: ModelState::Loading, .. } => {
+                assert!(!active, "{} started loading while quarantined", event.model);
+            }
+            _ => {}
+        }
+    }
 }
 
 fn check_limits(m: &Manager, limits: [u32; 3]) {
@@ -218,7 +273,7 @@ fn check_limits(m: &Manager, limits: [u32; 3]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn control_plane_invariants_hold_under_random_interleavings(
@@ -254,20 +309,40 @@ proptest! {
 
             // Invariant 7: models held by a lease the test has not released (or pinned).
             let leased: Arc<std::sync::Mutex<Vec<(String, String)>>> = Arc::default();
+            // Lease ids the journal says were revoked or expired (possibly before their
+            // acquire returned: an unload during the lease's own load).
+            let ended: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
             let mut journal = m.follow_events(None).live;
             let evictions = {
-                let (m, leased) = (m.clone(), Arc::clone(&leased));
+                let (m, leased, ended) = (m.clone(), Arc::clone(&leased), Arc::clone(&ended));
                 tokio::spawn(async move {
+                    // Invariant 9's model of each model's quarantine. The paused clock only
+                    // moves once every task waits, so this reader sees each event at the
+                    // virtual instant it happened.
+                    let mut quarantine: HashMap<String, Quarantine> = HashMap::new();
+                    let mut blind = false;
                     loop {
                         let event = match journal.recv().await {
                             Ok(event) => event,
-                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                                blind = true; // events missed: the quarantine model is lost
+                                continue;
+                            }
                             Err(_) => break,
                         };
+                        // A lease an unload revoked (or one that ran out) no longer holds the
+                        // model; the journal has that event before any later eviction.
+                        if let EventKind::Lease { change: LeaseChange::Revoked | LeaseChange::Expired, id, .. } = &event.kind {
+                            leased.lock().unwrap().retain(|(_, held)| held != id);
+                            ended.lock().unwrap().push(id.clone());
+                        }
                         if let EventKind::Evicted { .. } | EventKind::IdleUnload { .. } = event.kind {
                             let pinned = m.model(&event.model).unwrap().pinned;
                             let held = leased.lock().unwrap().iter().any(|(n, _)| *n == event.model);
                             assert!(!pinned && !held, "held model {} evicted", event.model);
+                        }
+                        if !blind {
+                            quarantine.entry(event.model.clone()).or_default().check(&event);
                         }
                     }
                 })
@@ -309,10 +384,12 @@ proptest! {
                         m.resume(&names[i % names.len()]).await.unwrap();
                     }
                     Op::Lease(i) => {
-                        let (m, n, leased) = (m.clone(), names[i % names.len()].clone(), Arc::clone(&leased));
+                        let (m, n, leased, ended) = (m.clone(), names[i % names.len()].clone(), Arc::clone(&leased), Arc::clone(&ended));
                         tasks.push(tokio::spawn(async move {
                             let lease = m.acquire_lease(&n, "job", 100_000).await.map_err(|e| e.code())?;
-                            leased.lock().unwrap().push((n, lease.id));
+                            if !ended.lock().unwrap().contains(&lease.id) {
+                                leased.lock().unwrap().push((n, lease.id));
+                            }
                             Ok(())
                         }));
                     }
@@ -330,6 +407,7 @@ proptest! {
                         }
                     }
                     Op::UnloadAll => {
+                        // Unload-all revokes leases too: the journal reader drops them.
                         let m = m.clone();
                         tasks.push(tokio::spawn(async move { m.unload_all().await; Ok(()) }));
                     }

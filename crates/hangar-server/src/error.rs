@@ -108,6 +108,10 @@ pub enum ErrorCode {
     /// 409: the load could only proceed by evicting pinned or leased models (named in the
     /// message); nothing was evicted.
     SlotsPinned,
+    /// 503: the model failed to load or crashed too often and is quarantined; `retry_after`
+    /// (and the `Retry-After` header) says when a request may load it again. An explicit
+    /// load lifts the quarantine.
+    ModelQuarantined,
 }
 
 impl ErrorCode {
@@ -117,7 +121,7 @@ impl ErrorCode {
         match self {
             UnknownModel | NotFound | NothingToUnload | LeaseNotFound => StatusCode::NOT_FOUND,
             ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed | BackendUnavailable
-            | AdminBusy | GenerationAborted => StatusCode::SERVICE_UNAVAILABLE,
+            | AdminBusy | GenerationAborted | ModelQuarantined => StatusCode::SERVICE_UNAVAILABLE,
             QueueFull => StatusCode::TOO_MANY_REQUESTS,
             StateConflict | RequestsActive | SlotsPinned => StatusCode::CONFLICT,
             InvalidRequestBody | WeightsUnreadable => StatusCode::UNPROCESSABLE_ENTITY,
@@ -160,6 +164,9 @@ pub struct ApiError {
     pub field: Option<String>,
     /// With `state_conflict`: the model's state.
     pub runtime_state: Option<ModelState>,
+    /// With `model_quarantined`: seconds until the quarantine ends (also sent as the
+    /// `Retry-After` header).
+    pub retry_after: Option<u64>,
 }
 
 /// The error envelope of every non-2xx JSON answer (and of SSE error events).
@@ -185,6 +192,10 @@ pub struct ErrorObject {
     /// With `state_conflict`: the model's state that does not allow the operation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_state: Option<ModelState>,
+    /// With `model_quarantined`: seconds until the quarantine ends, as in the `Retry-After`
+    /// header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
 }
 
 /// The KServe v2 error envelope of the model-repository routes.
@@ -197,7 +208,14 @@ pub struct V2ErrorBody {
 impl ApiError {
     /// An error with no details.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), model: None, field: None, runtime_state: None }
+        Self {
+            code,
+            message: message.into(),
+            model: None,
+            field: None,
+            runtime_state: None,
+            retry_after: None,
+        }
     }
 
     /// Names the offending field.
@@ -230,18 +248,23 @@ impl ApiError {
                 model: self.model.clone(),
                 field: self.field.clone(),
                 runtime_state: self.runtime_state,
+                retry_after: self.retry_after,
             },
         }
     }
 
-    /// The `{"error": {"code", "message", …}}` response.
+    /// The `{"error": {"code", "message", …}}` response (with `Retry-After` when the error
+    /// has one).
     pub fn into_response(self) -> Response {
-        json_response(self.status(), &self.to_body())
+        let retry_after = self.retry_after;
+        with_retry_after(json_response(self.status(), &self.to_body()), retry_after)
     }
 
     /// The KServe v2 response, `{"error": "…"}`, with the same status.
     pub fn into_v2_response(self) -> Response {
-        json_response(self.status(), &V2ErrorBody { error: self.message })
+        let retry_after = self.retry_after;
+        let response = json_response(self.status(), &V2ErrorBody { error: self.message });
+        with_retry_after(response, retry_after)
     }
 }
 
@@ -255,10 +278,20 @@ impl From<ManagerError> for ApiError {
             ManagerError::InvalidLoadSchema { field, .. } => api.field = Some(field),
             ManagerError::InvalidLoadRequest { field, .. } => api.field = field,
             ManagerError::Conflict { state, .. } => api.runtime_state = Some(state),
+            ManagerError::Quarantined { quarantine, .. } => {
+                api.retry_after = Some(quarantine.retry_after_s);
+            }
             _ => {}
         }
         api
     }
+}
+
+fn with_retry_after(mut response: Response, seconds: Option<u64>) -> Response {
+    if let Some(seconds) = seconds {
+        response.headers_mut().insert(http::header::RETRY_AFTER, seconds.into());
+    }
+    response
 }
 
 #[cfg(test)]
@@ -301,6 +334,21 @@ mod tests {
                 "requests_active",
             ),
             (ManagerError::Weights { message: "m".into() }, 422, "weights_unreadable"),
+            (
+                ManagerError::Quarantined {
+                    model: "m".into(),
+                    quarantine: hangar_runtime::QuarantineInfo {
+                        since_unix_ms: 0,
+                        until_unix_ms: 30_000,
+                        retry_after_s: 30,
+                        failures: 3,
+                        strike: 1,
+                    },
+                    last_error: "e".into(),
+                },
+                503,
+                "model_quarantined",
+            ),
             (ManagerError::NotImplemented { message: "m".into() }, 501, "not_implemented"),
             (
                 ManagerError::Conflict { state: ModelState::Unloading, message: "m".into() },

@@ -45,7 +45,12 @@ pub(crate) async fn healthz(ctx: Ctx) -> Result<Response, ApiError> {
 
 /// Names of models with `enabled: true` that are not loaded.
 pub(crate) fn not_ready(ctx: &Ctx) -> Vec<String> {
-    ctx.state.manager.not_ready().into_iter().map(|n| n.to_string()).collect()
+    not_ready_models(&ctx.state.manager)
+}
+
+/// Names of `manager`'s models with `enabled: true` that are not loaded.
+pub(crate) fn not_ready_models(manager: &hangar_runtime::Manager) -> Vec<String> {
+    manager.not_ready().into_iter().map(|n| n.to_string()).collect()
 }
 
 pub(crate) async fn readyz(ctx: Ctx) -> Result<Response, ApiError> {

@@ -12,9 +12,13 @@
 //! the patch is checked first, and the old runtime serves until the new one is loaded, or
 //! keeps serving when the reload fails. `file:` parameters are refused: no model
 //! definitions arrive over the API.
+//!
+//! The rules live in the functions the gRPC service calls too ([`index_entries`],
+//! [`load_model`], [`unload_model`], [`readiness`], [`model_metadata`],
+//! [`server_metadata_value`]); the handlers here only parse and encode.
 
 use hangar_lifecycle::ModelState;
-use hangar_runtime::LoadOptions;
+use hangar_runtime::{LoadOptions, Manager};
 use http::StatusCode;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
@@ -29,7 +33,7 @@ use crate::router::Ctx;
 const SERVER_NAME: &str = "hangar";
 
 /// The only version of every model: Hangar models are not versioned.
-const MODEL_VERSION: &str = "1";
+pub(crate) const MODEL_VERSION: &str = "1";
 
 /// The prefix of Triton's model-file parameters (`file:<version>/<file-name>`).
 const FILE_PARAMETER_PREFIX: &str = "file:";
@@ -73,6 +77,13 @@ pub(crate) struct LoadParameters {
     other: Map<String, Value>,
 }
 
+impl LoadParameters {
+    /// The parameters of a load given as a map (gRPC's `parameters`).
+    pub(crate) fn from_map(mut map: Map<String, Value>) -> Self {
+        Self { config: map.remove("config"), other: map }
+    }
+}
+
 /// Body of `POST /v2/repository/models/{name}/unload`. The body may also be empty.
 #[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -95,6 +106,26 @@ pub(crate) struct UnloadParameters {
     #[serde(flatten)]
     #[schemars(skip)]
     other: Map<String, Value>,
+}
+
+impl UnloadParameters {
+    /// The parameters of an unload given as a map (gRPC's `parameters`).
+    ///
+    /// # Errors
+    /// 400 when `unload_dependents` is not a boolean.
+    pub(crate) fn from_map(mut map: Map<String, Value>) -> Result<Self, ApiError> {
+        let unload_dependents = match map.remove("unload_dependents") {
+            None => None,
+            Some(Value::Bool(b)) => Some(b),
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "parameter `unload_dependents` must be a boolean, got {}",
+                    hangar_config::json_kind(&other)
+                )));
+            }
+        };
+        Ok(Self { unload_dependents, other: map })
+    }
 }
 
 /// The schema of `parameters.config`: an override patch object (the model's name, its
@@ -124,8 +155,11 @@ fn config_schema(_: &mut SchemaGenerator) -> Schema {
 }
 
 /// A model's state in the repository index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, strum::IntoStaticStr,
+)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub(crate) enum IndexState {
     /// Loaded.
     Ready,
@@ -141,13 +175,13 @@ pub(crate) enum IndexState {
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct IndexEntry {
     /// The model.
-    name: String,
+    pub(crate) name: String,
     /// Always `1`: Hangar models are not versioned.
-    version: String,
+    pub(crate) version: String,
     /// Its state.
-    state: IndexState,
+    pub(crate) state: IndexState,
     /// Why it is unavailable; empty otherwise.
-    reason: String,
+    pub(crate) reason: String,
 }
 
 impl IndexEntry {
@@ -169,11 +203,132 @@ impl IndexEntry {
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct ServerMetadata {
     /// Always `hangar`.
-    name: String,
+    pub(crate) name: String,
     /// Hangar's version.
-    version: String,
+    pub(crate) version: String,
     /// Always `["model_repository"]`.
-    extensions: Vec<String>,
+    pub(crate) extensions: Vec<String>,
+}
+
+/// `GET /v2/models/{name}`: a model's KServe v2 metadata.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct ModelMetadata {
+    /// The model.
+    pub(crate) name: String,
+    /// Always `["1"]`: Hangar models are not versioned.
+    pub(crate) versions: Vec<String>,
+    /// The engine that runs it (its `backend`, e.g. `llama_cpp`).
+    pub(crate) platform: String,
+    /// Always empty: Hangar's models take OpenAI-compatible JSON, not tensors.
+    pub(crate) inputs: Vec<Value>,
+    /// Always empty.
+    pub(crate) outputs: Vec<Value>,
+}
+
+/// The server's metadata.
+pub(crate) fn server_metadata_value() -> ServerMetadata {
+    ServerMetadata {
+        name: SERVER_NAME.to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        extensions: vec!["model_repository".to_owned()],
+    }
+}
+
+/// A model's metadata.
+///
+/// # Errors
+/// 404 `unknown_model`.
+pub(crate) fn model_metadata(manager: &Manager, name: &str) -> Result<ModelMetadata, ApiError> {
+    let model = manager.model(name)?;
+    Ok(ModelMetadata {
+        name: model.name().to_owned(),
+        versions: vec![MODEL_VERSION.to_owned()],
+        platform: model.resolved_backend.as_str().to_owned(),
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+    })
+}
+
+/// Whether a configured model is ready: `Ok(Ok(()))` when loaded, `Ok(Err(why))` when it
+/// is not (its state, and the error of a failed one).
+///
+/// # Errors
+/// 404 `unknown_model`.
+pub(crate) fn readiness(manager: &Manager, name: &str) -> Result<Result<(), String>, ApiError> {
+    let model = manager.model(name)?;
+    if model.is_loaded {
+        return Ok(Ok(()));
+    }
+    let mut message =
+        format!("model '{}' is not ready: it is {}", model.name(), model.runtime_state);
+    if let (ModelState::Failed, Some(error)) = (model.runtime_state, &model.last_error) {
+        message.push_str(&format!(" ({error})"));
+    }
+    Ok(Err(message))
+}
+
+/// Refuses a model version other than none or [`MODEL_VERSION`].
+///
+/// # Errors
+/// 404 `unknown_model`, naming the version.
+pub(crate) fn check_version(name: &str, version: &str) -> Result<(), ApiError> {
+    if version.is_empty() || version == MODEL_VERSION {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        ErrorCode::UnknownModel,
+        format!("model '{name}' has no version '{version}': Hangar models have one version, 1"),
+    ))
+}
+
+/// The repository index: every configured model with its state, or only the ready ones.
+pub(crate) fn index_entries(manager: &Manager, only_ready: bool) -> Vec<IndexEntry> {
+    let filter = hangar_runtime::ModelFilter {
+        state: only_ready.then_some(ModelState::Loaded),
+        model_type: None,
+    };
+    manager
+        .statuses(&filter)
+        .into_iter()
+        .map(|m| IndexEntry::of(m.name.to_string(), m.state, m.last_error))
+        .collect()
+}
+
+/// A repository load: a plain load without `config`, a reload with it.
+///
+/// # Errors
+/// 404 `unknown_model` (checked first), 400 for `file:` or unknown parameters and a bad
+/// `config`, and the load's own errors.
+pub(crate) async fn load_model(
+    manager: &Manager,
+    name: &str,
+    parameters: LoadParameters,
+) -> Result<(), ApiError> {
+    manager.model(name)?;
+    refuse_other_parameters(&parameters.other, &["config"])?;
+    match config_patch(name, parameters.config)? {
+        // No config: Triton's no-op for a loaded model, else a plain load.
+        None => manager.load(name, LoadOptions::default()).await?,
+        Some(patch) => manager.reload(name, crate::admin::split_load_patch(patch)?).await?,
+    };
+    Ok(())
+}
+
+/// A repository unload: graceful.
+///
+/// # Errors
+/// 400 for unknown parameters, and the unload's own errors.
+pub(crate) async fn unload_model(
+    manager: &Manager,
+    name: &str,
+    parameters: UnloadParameters,
+) -> Result<(), ApiError> {
+    refuse_other_parameters(&parameters.other, &["unload_dependents"])?;
+    if parameters.unload_dependents == Some(true) {
+        tracing::debug!(model = name, "unload_dependents: Hangar models have no dependents");
+    }
+    manager.unload(name).await?;
+    Ok(())
 }
 
 /// The empty object Triton answers on a successful load or unload.
@@ -187,11 +342,12 @@ fn empty_object() -> Response {
 
 /// `GET /v2`: server metadata.
 pub(crate) async fn server_metadata(_ctx: Ctx) -> Result<Response, ApiError> {
-    let metadata = ServerMetadata {
-        name: SERVER_NAME.to_owned(),
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        extensions: vec!["model_repository".to_owned()],
-    };
+    Ok(json_response(StatusCode::OK, &server_metadata_value()))
+}
+
+/// `GET /v2/models/{name}`: model metadata.
+pub(crate) async fn model_metadata_route(ctx: Ctx) -> Result<Response, ApiError> {
+    let metadata = model_metadata(&ctx.state.manager, ctx.name())?;
     Ok(json_response(StatusCode::OK, &metadata))
 }
 
@@ -216,63 +372,33 @@ pub(crate) async fn ready(ctx: Ctx) -> Result<Response, ApiError> {
 /// `GET /v2/models/{name}/ready`: 200 with an empty body when loaded; 400 when configured
 /// and not loaded (Triton's answer for not ready); 404 when not configured.
 pub(crate) async fn model_ready(ctx: Ctx) -> Result<Response, ApiError> {
-    let model = ctx.state.manager.model(ctx.name())?;
-    if model.is_loaded {
-        return Ok(empty_response(StatusCode::OK));
+    match readiness(&ctx.state.manager, ctx.name())? {
+        Ok(()) => Ok(empty_response(StatusCode::OK)),
+        Err(why) => Err(ApiError::new(ErrorCode::ModelNotReady, why)),
     }
-    let mut message =
-        format!("model '{}' is not ready: it is {}", model.name(), model.runtime_state);
-    if let (ModelState::Failed, Some(error)) = (model.runtime_state, &model.last_error) {
-        message.push_str(&format!(" ({error})"));
-    }
-    Err(ApiError::new(ErrorCode::ModelNotReady, message))
 }
 
 /// `POST /v2/repository/index`: every configured model with its state, or only the ready
 /// ones with `ready: true`.
 pub(crate) async fn index(ctx: Ctx) -> Result<Response, ApiError> {
     let body: IndexBody = parse_json(&ctx.body, true)?;
-    let only_ready = body.ready.unwrap_or(false);
-    let filter = hangar_runtime::ModelFilter {
-        state: only_ready.then_some(ModelState::Loaded),
-        model_type: None,
-    };
-    let rows: Vec<IndexEntry> = ctx
-        .state
-        .manager
-        .statuses(&filter)
-        .into_iter()
-        .map(|m| IndexEntry::of(m.name.to_string(), m.state, m.last_error))
-        .collect();
+    let rows = index_entries(&ctx.state.manager, body.ready.unwrap_or(false));
     Ok(json_response(StatusCode::OK, &rows))
 }
 
 /// `POST /v2/repository/models/{name}/load`: load, or reload with `parameters.config`.
 pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
-    let name = ctx.name();
-    let manager = &ctx.state.manager;
-    manager.model(name)?;
+    // An unknown model is refused before the body is read.
+    ctx.state.manager.model(ctx.name())?;
     let body: LoadBody = parse_json(&ctx.body, true)?;
-    let parameters = body.parameters.unwrap_or_default();
-    refuse_other_parameters(&parameters.other, &["config"])?;
-    match config_patch(name, parameters.config)? {
-        // No config: Triton's no-op for a loaded model, else a plain load.
-        None => manager.load(name, LoadOptions::default()).await?,
-        Some(patch) => manager.reload(name, crate::admin::split_load_patch(patch)?).await?,
-    };
+    load_model(&ctx.state.manager, ctx.name(), body.parameters.unwrap_or_default()).await?;
     Ok(empty_object())
 }
 
 /// `POST /v2/repository/models/{name}/unload`: graceful unload.
 pub(crate) async fn unload(ctx: Ctx) -> Result<Response, ApiError> {
-    let name = ctx.name();
     let body: UnloadBody = parse_json(&ctx.body, true)?;
-    let parameters = body.parameters.unwrap_or_default();
-    refuse_other_parameters(&parameters.other, &["unload_dependents"])?;
-    if parameters.unload_dependents == Some(true) {
-        tracing::debug!(model = name, "unload_dependents: Hangar models have no dependents");
-    }
-    ctx.state.manager.unload(name).await?;
+    unload_model(&ctx.state.manager, ctx.name(), body.parameters.unwrap_or_default()).await?;
     Ok(empty_object())
 }
 

@@ -30,6 +30,7 @@
 mod admin;
 mod body;
 mod error;
+pub mod grpc;
 mod health;
 mod kserve;
 mod metrics;
@@ -163,7 +164,11 @@ impl HangarService {
     /// Checks the bearer key a route of class `auth` needs: admin routes the admin key;
     /// inference routes an inference key or the admin key; each class is open while it has
     /// no key configured.
-    fn authorize(&self, auth: router::Auth, headers: &http::HeaderMap) -> Result<(), ApiError> {
+    pub(crate) fn authorize(
+        &self,
+        auth: router::Auth,
+        headers: &http::HeaderMap,
+    ) -> Result<(), ApiError> {
         let options = &self.state.options;
         // The keys of the class itself: open while there are none; the admin key opens
         // inference routes too. No allocation: this runs on every inference request.
@@ -257,11 +262,13 @@ pub async fn serve(
                 });
                 let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
                 let conn = graceful.watch(conn.into_owned());
-                tokio::spawn(async move {
+                // The connection and the bodies it hands out wake each other while the task
+                // runs: coalesced, that costs no wake-up of another worker thread.
+                tokio::spawn(hangar_backend::Coalesced::new(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!(%peer, error = %e, "connection ended with an error");
                     }
-                });
+                }));
             }
             () = &mut shutdown => break,
         }

@@ -146,7 +146,7 @@ struct StateLabels {
 
 type Gauge = (&'static str, &'static str, fn(&ModelSnapshot) -> u32);
 
-const GAUGES: [Gauge; 4] = [
+const GAUGES: [Gauge; 5] = [
     (
         "hangar_model_inflight_requests",
         "Requests admitted and not finished (running + queued)",
@@ -157,6 +157,11 @@ const GAUGES: [Gauge; 4] = [
     }),
     ("hangar_model_queue_depth", "Requests waiting in the model's queue", |m| m.queue_depth),
     ("hangar_model_loaded_replicas", "Replicas currently loaded", |m| m.loaded_replicas),
+    (
+        "hangar_model_quarantined",
+        "1 while the model is quarantined for failing to load or crashing too often",
+        |m| u32::from(m.quarantine.is_some()),
+    ),
 ];
 
 impl Collector for ModelGauges {

@@ -289,6 +289,15 @@ pub(crate) fn find<'a>(method: &Method, path: &str) -> Match<'a> {
     Match::MethodNotAllowed(allowed.join(", "))
 }
 
+/// The auth class of the route `method path`; a path with no route is admin-only, so a
+/// mistyped mirror path fails closed.
+pub(crate) fn auth_of(method: &Method, path: &str) -> Auth {
+    match find(method, path) {
+        Match::Found(route, _) => route.auth,
+        _ => Auth::Admin,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

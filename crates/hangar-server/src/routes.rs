@@ -54,6 +54,8 @@ const INFERENCE: &[ErrorCode] = &[
     GenerationAborted,
     // An auto-load that could only proceed by evicting pinned or leased models.
     SlotsPinned,
+    // The model failed too often; `retry_after` says when a request may load it again.
+    ModelQuarantined,
 ];
 
 /// Errors of pause and continue.
@@ -108,7 +110,7 @@ pub(crate) fn all() -> Vec<Route> {
             .admin()
             .doc(
                 "Load a configured model",
-                "Loads a model of the merged config and answers when it is loaded or failed. Optional body: `replicas` and backend-specific runtime-only overrides (see the model's load_constraints). 200 when already loaded or loading (without options); 400 invalid_load_request for values wrong for the backend or options sent to a loaded model; 422 for bodies that fail the schema; 409 state_conflict while the model is unloading; 400 load_failed when the load ran and failed (the model is then `failed`, `error.model.last_error` says why).",
+                "Loads a model of the merged config and answers when it is loaded or failed. Optional body: `replicas` and backend-specific runtime-only overrides (see the model's load_constraints). 200 when already loaded or loading (without options); 400 invalid_load_request for values wrong for the backend or options sent to a loaded model; 422 for bodies that fail the schema; 409 state_conflict while the model is unloading; 400 load_failed when the load ran and failed (the model is then `failed`, `error.model.last_error` says why). An explicit load lifts a quarantine (see the row's `quarantine`).",
             )
             .body::<admin::LoadBody>(true)
             .ok::<admin::ModelRow>()
@@ -188,11 +190,19 @@ pub(crate) fn all() -> Vec<Route> {
             .admin()
             .doc(
                 "Hold a model loaded for a job",
-                "Takes a lease (`owner`, `ttl_seconds` up to a week), loading the model first if needed (the load's errors come back, and no lease is kept). A model with a live lease is never evicted nor unloaded for idleness; a load that could only proceed by evicting it fails with 409 slots_pinned. Renew before `expires_unix_ms`; expired leases are dropped. An explicit unload still unloads the model and revokes its leases. Leases are listed in the row.",
+                "Takes a lease (`owner`, `ttl_seconds` up to a week), loading the model first if needed (the load's errors come back, and no lease is kept). A model with a live lease is never evicted nor unloaded for idleness; a load that could only proceed by evicting it fails with 409 slots_pinned. Renew before `expires_unix_ms`; expired leases are dropped. An explicit unload still unloads the model and revokes its leases. Leases are listed in the row. A quarantined model is not loaded for a lease: 503 model_quarantined with `retry_after`.",
             )
             .body::<admin::LeaseBody>(false)
             .ok::<admin::LeaseResponse>()
-            .errors(&[UnknownModel, InvalidLoadRequest, LoadFailed, SlotsPinned, StateConflict, AdminBusy]),
+            .errors(&[
+                UnknownModel,
+                InvalidLoadRequest,
+                LoadFailed,
+                SlotsPinned,
+                StateConflict,
+                AdminBusy,
+                ModelQuarantined,
+            ]),
         Route::new(post.clone(), "/v1/admin/models/{name}/leases/{id}", Admin, api!(admin::renew_lease))
             .admin()
             .doc(
@@ -405,6 +415,13 @@ pub(crate) fn all() -> Vec<Route> {
         Route::new(get.clone(), "/v2/health/ready", Repository, v2!(kserve::ready))
             .doc("Readiness (KServe v2)", "200 when every enabled model is loaded, else 503.")
             .errors(&[ModelNotLoaded]),
+        Route::new(get.clone(), "/v2/models/{name}", Repository, v2!(kserve::model_metadata_route))
+            .doc(
+                "Model metadata (KServe v2)",
+                "The model's name, its one version (`1`) and its engine as `platform`. `inputs` and `outputs` are empty: Hangar's models take OpenAI-compatible JSON, not tensors. 404 for a model not in config.",
+            )
+            .ok::<kserve::ModelMetadata>()
+            .errors(&[UnknownModel]),
         Route::new(get.clone(), "/v2/models/{name}/ready", Repository, v2!(kserve::model_ready))
             .doc(
                 "Model readiness (KServe v2)",

@@ -158,3 +158,19 @@ async fn an_idle_model_is_unloaded_after_its_timeout_unless_leased() {
     // A model without a timeout is never unloaded for idleness.
     assert_eq!(row(&s, "a").await["idle_unload_seconds"], Value::Null);
 }
+
+#[tokio::test]
+async fn unloading_everything_revokes_leases_like_an_explicit_unload() {
+    let s = service(json!({}));
+    let (status, _) =
+        post(&s, "/v1/admin/models/a/leases", json!({ "owner": "job", "ttl_seconds": 600 })).await;
+    assert_eq!(status, 200);
+    let (status, body) = post(&s, "/api/v1/unload", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let a = row(&s, "a").await;
+    assert_eq!((a["runtime_state"].as_str(), a["leases"].clone()), (Some("unloaded"), json!([])));
+    // Nothing holds a any more: b may load into the one llm slot after a loads again.
+    post(&s, "/v1/admin/models/a/load", json!({})).await;
+    let (status, body) = post(&s, "/v1/admin/models/b/load", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+}

@@ -51,6 +51,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v2"),
     ("GET", "/v2/health/live"),
     ("GET", "/v2/health/ready"),
+    ("GET", "/v2/models/{name}"),
     ("GET", "/v2/models/{name}/ready"),
     ("POST", "/v2/repository/index"),
     ("POST", "/v2/repository/models/{name}/load"),

@@ -51,12 +51,13 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use error::{WeightsError, WeightsErrorCode};
 
 /// The container format of digested weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum WeightsFormat {
@@ -67,7 +68,7 @@ pub enum WeightsFormat {
 }
 
 /// The digest of one tensor.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TensorDigest {
     /// The tensor name.
     pub name: String,
@@ -83,7 +84,7 @@ pub struct TensorDigest {
 }
 
 /// The digest of a model's weights: one [`TensorDigest`] per tensor and a checksum over them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct WeightsDigest {
     /// The container format.
     pub format: WeightsFormat,
@@ -114,7 +115,7 @@ pub struct TensorLocation {
 }
 
 /// What differs between two [`WeightsDigest`]s, by tensor name.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Comparison {
     /// Whether no tensor changed, went missing or was added.
     pub identical: bool,

@@ -58,6 +58,8 @@ pub(crate) fn hangard() -> Command {
     for var in HANGARD_ENV {
         cmd.env_remove(var);
     }
+    // No gRPC listener unless a test asks for one: parallel servers would share port 8001.
+    cmd.env("HANGAR_GRPC_PORT", "0");
     cmd
 }
 

@@ -16,7 +16,9 @@ use hangar_backend::{
 };
 use hangar_config::{BackendKind, Device, ModelType};
 use hangar_lifecycle::ModelState;
-use hangar_runtime::{Lease, ModelSnapshot, PauseInfo, VramEstimateSource};
+use hangar_runtime::{
+    Failure, Lease, ModelSnapshot, PauseInfo, QuarantineInfo, VramEstimateSource,
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::value::{RawValue, to_raw_value};
@@ -102,6 +104,13 @@ pub struct ModelRow {
     pub leases: Vec<Lease>,
     /// Seconds without work before the model is unloaded; `null`: never.
     pub idle_unload_seconds: Option<u32>,
+    /// Recent failed loads and crashes (`kind`, `message`, `at_unix_ms`), oldest first, at
+    /// most 8.
+    pub failures: Vec<Failure>,
+    /// The quarantine in effect (`since_unix_ms`, `until_unix_ms`, `retry_after_s`,
+    /// `failures`, `strike`); `null` when none. Requests and auto-loads are refused with
+    /// 503 `model_quarantined` until it ends; an explicit load lifts it.
+    pub quarantine: Option<QuarantineInfo>,
 }
 
 /// The static fields of a row, in [`ModelRow`]'s order.
@@ -266,6 +275,8 @@ fn write_row(out: &mut Vec<u8>, prefix: &[u8], s: &ModelSnapshot) {
     out.extend_from_slice(if s.pinned { b",\"pinned\":true" } else { b",\"pinned\":false" });
     value(out, b",\"leases\":", &s.leases);
     value(out, b",\"idle_unload_seconds\":", &s.idle_unload_seconds);
+    value(out, b",\"failures\":", &s.failures);
+    value(out, b",\"quarantine\":", &s.quarantine);
     out.push(b'}');
 }
 
@@ -321,6 +332,8 @@ impl ModelRow {
             pinned: s.pinned,
             leases: s.leases.clone(),
             idle_unload_seconds: s.idle_unload_seconds,
+            failures: s.failures.clone(),
+            quarantine: s.quarantine,
         }
     }
 

@@ -1,0 +1,314 @@
+//! KServe v2 / Triton over gRPC: `inference.GRPCInferenceService` (`tonic`), wire-compatible
+//! with Triton's clients — health, server and model metadata, and the model-repository
+//! extension (index, load, unload).
+//!
+//! Each RPC mirrors an HTTP route of [`crate::kserve`]: it takes its auth class from that
+//! route (the admin key, read from the `authorization` metadata, guards the repository RPCs
+//! exactly as it guards `/v2/repository/…`) and calls the same rule function; errors become
+//! gRPC statuses with the HTTP message ([`status`]). RPCs Hangar does not serve (inference,
+//! model config and statistics, shared memory, trace and log settings) answer UNIMPLEMENTED
+//! naming the HTTP route to use instead.
+
+pub mod proto;
+mod status;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http::Method;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::HangarService;
+use crate::error::ApiError;
+use crate::kserve::{self, LoadParameters, UnloadParameters};
+use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use proto::*;
+
+/// Serves the gRPC service of `service` on `listener` until `shutdown` resolves, then
+/// stops accepting (connections get GOAWAY), lets the calls in flight finish and returns —
+/// without waiting for clients to close idle connections (a Triton client keeps its channel
+/// open for as long as it lives).
+///
+/// # Errors
+/// When the listener fails fatally.
+pub async fn serve(
+    listener: TcpListener,
+    service: HangarService,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let calls = Arc::new(Calls::default());
+    // One service, so no router: tonic's router would pin an older `matchit` than ours.
+    let grpc = GrpcInferenceServiceServer::new(Grpc { http: service, calls: Arc::clone(&calls) });
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let wait = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    };
+    let server = tonic::transport::Server::builder().serve_with_incoming_shutdown(
+        grpc,
+        incoming,
+        wait(stopped.clone()),
+    );
+    tokio::pin!(server, shutdown);
+    tokio::select! {
+        ended = &mut server => return ended,
+        () = &mut shutdown => { let _ = stop.send(true); }
+    }
+    tokio::select! {
+        ended = &mut server => ended,
+        () = calls.idle() => Ok(()),
+    }
+}
+
+/// The calls in flight.
+#[derive(Default)]
+struct Calls {
+    running: AtomicUsize,
+    changed: Notify,
+}
+
+impl Calls {
+    fn enter(self: &Arc<Self>) -> Call {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        Call(Arc::clone(self))
+    }
+
+    /// Resolves once no call is in flight.
+    async fn idle(&self) {
+        loop {
+            // Registered before the check, so a call ending in between is not missed.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.running.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// One call in flight, until dropped.
+struct Call(Arc<Calls>);
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// The gRPC face of a [`HangarService`].
+struct Grpc {
+    http: HangarService,
+    calls: Arc<Calls>,
+}
+
+type Answer<T> = Result<Response<T>, Status>;
+
+impl Grpc {
+    /// Checks the caller's key against the auth class of the HTTP route `method path` that
+    /// the RPC mirrors.
+    fn authorize<T>(
+        &self,
+        request: &Request<T>,
+        method: Method,
+        path: &str,
+    ) -> Result<Call, Status> {
+        let call = self.calls.enter();
+        let auth = crate::router::auth_of(&method, path);
+        let headers = request.metadata().clone().into_headers();
+        self.http.authorize(auth, &headers).map_err(status::status)?;
+        Ok(call)
+    }
+
+    fn manager(&self) -> &hangar_runtime::Manager {
+        self.http.manager()
+    }
+}
+
+fn fail(error: ApiError) -> Status {
+    status::status(error)
+}
+
+/// UNIMPLEMENTED, saying what to use instead.
+fn unserved<T>(rpc: &str, instead: &str) -> Answer<T> {
+    Err(Status::unimplemented(format!("Hangar does not serve {rpc} over gRPC; {instead}")))
+}
+
+const INFER_INSTEAD: &str = "send inference over HTTP: POST /v1/chat/completions, /v1/completions, /v1/embeddings or /v1/rerank (OpenAI-compatible)";
+const SHM_INSTEAD: &str =
+    "Hangar has no shared-memory tensor transport: requests carry their input in the HTTP body";
+
+#[tonic::async_trait]
+impl GrpcInferenceService for Grpc {
+    async fn server_live(&self, request: Request<ServerLiveRequest>) -> Answer<ServerLiveResponse> {
+        let _call = self.authorize(&request, Method::GET, "/v2/health/live")?;
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        request: Request<ServerReadyRequest>,
+    ) -> Answer<ServerReadyResponse> {
+        let _call = self.authorize(&request, Method::GET, "/v2/health/ready")?;
+        let ready = crate::health::not_ready_models(self.manager()).is_empty();
+        Ok(Response::new(ServerReadyResponse { ready }))
+    }
+
+    async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
+        let _call = self.authorize(&request, Method::GET, "/v2/models/m/ready")?;
+        let ModelReadyRequest { name, version } = request.into_inner();
+        kserve::check_version(&name, &version).map_err(fail)?;
+        let ready = kserve::readiness(self.manager(), &name).map_err(fail)?.is_ok();
+        Ok(Response::new(ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        request: Request<ServerMetadataRequest>,
+    ) -> Answer<ServerMetadataResponse> {
+        let _call = self.authorize(&request, Method::GET, "/v2")?;
+        let m = kserve::server_metadata_value();
+        Ok(Response::new(ServerMetadataResponse {
+            name: m.name,
+            version: m.version,
+            extensions: m.extensions,
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<ModelMetadataRequest>,
+    ) -> Answer<ModelMetadataResponse> {
+        let _call = self.authorize(&request, Method::GET, "/v2/models/m")?;
+        let ModelMetadataRequest { name, version } = request.into_inner();
+        kserve::check_version(&name, &version).map_err(fail)?;
+        let m = kserve::model_metadata(self.manager(), &name).map_err(fail)?;
+        Ok(Response::new(ModelMetadataResponse {
+            name: m.name,
+            versions: m.versions,
+            platform: m.platform,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+        }))
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<RepositoryIndexRequest>,
+    ) -> Answer<RepositoryIndexResponse> {
+        let _call = self.authorize(&request, Method::POST, "/v2/repository/index")?;
+        let request = request.into_inner();
+        check_repository(&request.repository_name)?;
+        let models = kserve::index_entries(self.manager(), request.ready)
+            .into_iter()
+            .map(|e| repository_index_response::ModelIndex {
+                name: e.name,
+                version: e.version,
+                state: <&str>::from(e.state).to_owned(),
+                reason: e.reason,
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        request: Request<RepositoryModelLoadRequest>,
+    ) -> Answer<RepositoryModelLoadResponse> {
+        let _call = self.authorize(&request, Method::POST, "/v2/repository/models/m/load")?;
+        let request = request.into_inner();
+        check_repository(&request.repository_name)?;
+        let parameters = LoadParameters::from_map(status::parameters(request.parameters));
+        kserve::load_model(self.manager(), &request.model_name, parameters).await.map_err(fail)?;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<RepositoryModelUnloadRequest>,
+    ) -> Answer<RepositoryModelUnloadResponse> {
+        let _call = self.authorize(&request, Method::POST, "/v2/repository/models/m/unload")?;
+        let request = request.into_inner();
+        check_repository(&request.repository_name)?;
+        let parameters =
+            UnloadParameters::from_map(status::parameters(request.parameters)).map_err(fail)?;
+        kserve::unload_model(self.manager(), &request.model_name, parameters)
+            .await
+            .map_err(fail)?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
+    }
+
+    async fn model_infer(&self, _: Request<Unserved>) -> Answer<Unserved> {
+        unserved("ModelInfer", INFER_INSTEAD)
+    }
+
+    type ModelStreamInferStream = tonic::codegen::BoxStream<Unserved>;
+
+    async fn model_stream_infer(
+        &self,
+        _: Request<Streaming<Unserved>>,
+    ) -> Answer<Self::ModelStreamInferStream> {
+        unserved("ModelStreamInfer", &format!("{INFER_INSTEAD}, with \"stream\": true"))
+    }
+
+    async fn model_config(&self, _: Request<Unserved>) -> Answer<Unserved> {
+        unserved(
+            "ModelConfig",
+            "GET /v1/admin/models/{name} has the model's definition and load_constraints",
+        )
+    }
+
+    async fn model_statistics(&self, _: Request<Unserved>) -> Answer<Unserved> {
+        unserved("ModelStatistics", "GET /metrics (Prometheus) has per-model request statistics")
+    }
+
+    async fn system_shared_memory_status(&self, _: Request<Unserved>) -> Answer<Unserved> {
+        unserved("SystemSharedMemoryStatus", SHM_INSTEAD)
+    }
+
+    async fn system_shared_memory_register(&self, _: Request<Unserved>) -> Answer<Unserved> {
+        unserved("SystemSharedMemoryRegister", SHM_INSTEAD)
+    }
+
+    async fn system_shared_memory_unregister(&self, _: Request<Unserved>) -> Answer<Unserved> {
+        unserved("SystemSharedMemoryUnregister", SHM_INSTEAD)
+    }
+
+    async fn cuda_shared_memory_status(&self, _: Request<Unserved>) -> Answer<Unserved> {
+        unserved("CudaSharedMemoryStatus", SHM_INSTEAD)
+    }
+
+    async fn cuda_shared_memory_register(&self, _: Request<Unserved>) -> Answer<Unserved> {
+        unserved("CudaSharedMemoryRegister", SHM_INSTEAD)
+    }
+
+    async fn cuda_shared_memory_unregister(&self, _: Request<Unserved>) -> Answer<Unserved> {
+        unserved("CudaSharedMemoryUnregister", SHM_INSTEAD)
+    }
+
+    async fn trace_setting(&self, _: Request<Unserved>) -> Answer<Unserved> {
+        unserved("TraceSetting", "tracing is set with RUST_LOG when hangard starts")
+    }
+
+    async fn log_settings(&self, _: Request<Unserved>) -> Answer<Unserved> {
+        unserved(
+            "LogSettings",
+            "GET /v1/admin/models/{name}/logs has each engine's output; RUST_LOG sets Hangar's",
+        )
+    }
+}
+
+/// Hangar has one repository, its config: only the empty name selects it.
+fn check_repository(name: &str) -> Result<(), Status> {
+    if name.is_empty() {
+        return Ok(());
+    }
+    Err(Status::not_found(format!(
+        "no repository '{name}': Hangar has one repository, its config; leave repository_name empty"
+    )))
+}
