@@ -62,10 +62,10 @@ impl Manager {
     ///
     /// A load without options of a model already loaded (or loading) answers with its
     /// current state (waiting for a load in progress). An explicit load lifts the model's
-    /// quarantine. Options for a model that is loaded
-    /// or loading are refused: replicas and overrides change only while it is unloaded or
-    /// failed (or through [`Manager::reload`]). A model whose backend is not compiled in
-    /// fails at once, before anything is evicted.
+    /// quarantine. Options for a model that is loaded or loading are refused: replicas and
+    /// overrides change only while it is unloaded or failed (or through
+    /// [`Manager::reload`]). A model whose backend is not compiled in fails at once, before
+    /// anything is evicted.
     ///
     /// # Errors
     /// `unknown_model`; [`ManagerError::InvalidLoadSchema`] / [`ManagerError::InvalidLoadRequest`]
