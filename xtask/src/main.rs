@@ -85,6 +85,10 @@ enum Task {
         /// Which benchmark.
         #[arg(value_enum)]
         which: Bench,
+        /// `proxy` only: `--threads N` for the upstream `llama-server` (default: its own
+        /// choice, one per core).
+        #[arg(long)]
+        upstream_threads: Option<u32>,
     },
 }
 
@@ -144,12 +148,15 @@ fn main() -> Result<()> {
             run(cmd)
         }
         Task::E2e => e2e::run(&root),
-        Task::Bench { which } => {
+        Task::Bench { which, upstream_threads } => {
+            if upstream_threads.is_some() && !matches!(which, Bench::Proxy) {
+                anyhow::bail!("--upstream-threads is an option of `cargo xtask bench proxy` only");
+            }
             let (package, bench) = match which {
                 Bench::ControlPlane => ("hangar-runtime", "control_plane"),
                 Bench::Server => ("hangard", "server"),
                 Bench::Llamacpp => return bench_llamacpp::run(&root),
-                Bench::Proxy => return bench_proxy::run(&root),
+                Bench::Proxy => return bench_proxy::run(&root, upstream_threads),
             };
             let mut cmd = cargo(&root);
             cmd.args(["bench", "--locked", "-p", package, "--bench", bench]);
