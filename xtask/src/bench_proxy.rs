@@ -4,9 +4,9 @@
 //!
 //! 1. `hangard` (release) runs a config of one `llama_server` model ([`MODEL`], the fixture
 //!    [`FIXTURE`], `llama_server_n_ctx` [`N_CTX`], `--no-webui`, everything else on its
-//!    defaults; `--upstream-threads N` adds `--threads N`) and loads it: Hangar starts its own `llama-server` child. That child is the
-//!    one upstream of every path: its address comes from
-//!    `GET /v1/admin/models/{name}` → `runtime_details[0].backend_url`. nginx (Debian's
+//!    defaults; `--upstream-threads N` adds `--threads N`) and loads it: Hangar starts its
+//!    own `llama-server` child. That child is the one upstream of every path: its address
+//!    comes from `GET /v1/admin/models/{name}` → `runtime_details[0].backend_url`. nginx (Debian's
 //!    package, installed with apt when missing and running as root) runs twice in the
 //!    foreground with that child as its upstream, on generated configs in
 //!    `target/bench/proxy/nginx-{defaults,tuned}` ([`nginx_conf`]): first as a user gets it
@@ -958,8 +958,12 @@ fn llama_threads(log: &Path) -> Option<String> {
 fn percentile(samples: &[Duration], p: f64) -> Duration {
     let mut sorted = samples.to_vec();
     sorted.sort();
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len().max(1));
-    sorted.get(rank - 1).copied().unwrap_or_default()
+    sorted.get(rank(sorted.len(), p)).copied().unwrap_or_default()
+}
+
+/// The index of the `p` quantile (nearest rank) in `len` sorted samples.
+fn rank(len: usize, p: f64) -> usize {
+    ((p * len as f64).ceil() as usize).clamp(1, len.max(1)) - 1
 }
 
 /// Microseconds.
@@ -1003,8 +1007,8 @@ fn print_tables(bench: &Bench, versions: &Versions, paths: &Paths, swap: &Swaps)
     let [direct, hangar, plain, tuned] = &paths.figures;
     let (d50, d99) = (us(percentile(&direct.latency, 0.5)), us(percentile(&direct.latency, 0.99)));
     println!(
-        "| path | p50 µs | p99 µs | p50 − direct's µs | p99 − direct's µs | requests/s, {CLIENTS} clients \
-         | vs direct | p50 / p99 / max ms, {CLIENTS} clients |"
+        "| path | p50 µs | p99 µs | p50 − direct's µs | p99 − direct's µs | requests/s, \
+         {CLIENTS} clients | vs direct | p50 / p99 / max ms, {CLIENTS} clients |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for f in &paths.figures {
@@ -1030,8 +1034,7 @@ fn print_tables(bench: &Bench, versions: &Versions, paths: &Paths, swap: &Swaps)
         let mut d: Vec<f64> =
             f.latency.iter().zip(&direct.latency).map(|(p, d)| us(*p) - us(*d)).collect();
         d.sort_by(f64::total_cmp);
-        let at = ((d.len() as f64 * q).ceil() as usize).clamp(1, d.len().max(1)) - 1;
-        d.get(at).copied().unwrap_or_default()
+        d.get(rank(d.len(), q)).copied().unwrap_or_default()
     };
     let (h50, h99) = (added(hangar, 0.5), added(hangar, 0.99));
     let at_most = |h: f64, r: f64, goal: f64| {
