@@ -24,8 +24,9 @@
 //!    [`THROUGHPUT_BLOCKS`] × [`THROUGHPUT_BLOCK`] per path (blocks in the order of the
 //!    paths, then the reverse, and so on); completed requests over the blocks' wall
 //!    time (start → the last request of the block answered), and their latencies. Hangar
-//!    gives its child `--parallel` = `target_inflight` (default 1) and queues the other
-//!    requests in its own scheduler; direct and through nginx, they queue in `llama-server`.
+//!    gives its child `--parallel` = `target_inflight` (default 1), hands it two requests
+//!    more to queue (`dispatch_ahead`) and queues the rest in its own scheduler; direct and
+//!    through nginx, they all queue in `llama-server`.
 //! 4. Swap: a second `hangard` on a config of two `llama_server` models ([`SWAP_A`] with
 //!    context [`N_CTX`], [`SWAP_B`] with [`N_CTX_B`]) and `max_loaded_models.llm: 1`: the
 //!    wall time of `POST /v1/admin/models/B/load` while A is loaded (Hangar stops A, starts

@@ -500,6 +500,49 @@ async fn kill_9_of_the_child_fails_the_model_and_every_inflight_request() {
     chat_ok(&server, "chat", 4).await;
 }
 
+/// `llama-server` queues requests itself: with `target_inflight` 1 (`--parallel 1`) Hangar
+/// hands the child two more requests (`dispatch_ahead`), so it never idles between two, and
+/// keeps the rest in its own queue, where the admin row counts them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_child_is_handed_two_requests_beyond_its_target_and_the_rest_queue_in_hangar() {
+    let models = json!({ "chat": chat_model(json!({ "target_inflight": 1 })) });
+    let server = Server::start(&config(models), &[]);
+    load_ok(&server, "chat", json!({})).await;
+    let loaded = row(&server, "chat").await;
+    let details = &loaded["runtime_details"][0];
+    assert!(details["command"].as_str().unwrap().contains("--parallel 1"), "{loaded}");
+    assert_eq!(details["dispatch_ahead"], 2, "{loaded}");
+    assert_eq!(loaded["effective_target_inflight"], 1, "{loaded}");
+
+    // Five chats of 1,900 tokens (the 2,048-token context holds the prompt and those), one
+    // at a time: while the engine runs the first (0.2-2 s, by the host's load), the row must
+    // show three at the engine and two queued.
+    const TOKENS: u32 = 1900;
+    let chats: Vec<_> = (0..5)
+        .map(|_| {
+            let url = server.url("/v1/chat/completions");
+            tokio::spawn(async move {
+                send(Method::POST, &url, Some(&chat_body("chat", TOKENS)), None).await
+            })
+        })
+        .collect();
+    let busy = wait_for_row(&server, "chat", "3 at the engine, 2 in Hangar's queue", |r| {
+        r["runtime_inflight"] == 3 && r["queue_depth"] == 2
+    })
+    .await;
+    assert_eq!(busy["inflight_requests"], 5, "{busy}");
+    for chat in chats {
+        let (status, body) = chat.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        check_chat(&body, "chat", TOKENS);
+    }
+    let idle = row(&server, "chat").await;
+    assert_eq!(
+        (idle["runtime_inflight"].as_u64(), idle["queue_depth"].as_u64()),
+        (Some(0), Some(0))
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_child_that_never_becomes_ready_fails_at_load_timeout() {
     let server = Server::start(&config(json!({ "stuck": never_ready_model(2) })), &[]);

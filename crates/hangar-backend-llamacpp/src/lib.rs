@@ -122,6 +122,7 @@ pub fn capabilities(model: &ModelConfig) -> Capabilities {
         multi_turn: prompt::multi_turn(format),
         thinking_modes: prompt::thinking_modes(format),
         max_parallel_sequences: Some(parallel_sequences(model)),
+        dispatch_ahead: 0,
         resumable: true,
     }
 }

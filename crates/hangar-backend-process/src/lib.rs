@@ -15,7 +15,9 @@
 //! - one forwarding client per runtime (pooled keep-alive connections, each driven by the
 //!   task that forwards a request): request bodies pass through as
 //!   sent, answers come back chunk by chunk, a client that goes away cancels the upstream
-//!   request, engine errors keep their message.
+//!   request, engine errors keep their message;
+//! - [`DISPATCH_AHEAD`]: these engines queue requests themselves, so the scheduler hands
+//!   each replica two requests beyond its in-flight target.
 
 pub mod launch;
 mod pool;
@@ -40,6 +42,15 @@ use crate::launch::Launch;
 use crate::runtime::{Engine, ForwardingRuntime, wait_ready};
 use crate::supervisor::Spawner;
 use crate::upstream::Upstream;
+
+/// Requests Hangar hands one replica beyond its `target_inflight`: these engines queue
+/// requests themselves, so a request waiting there starts the moment a slot frees instead
+/// of after a round trip through Hangar (with `llama-server` on one thread, that round trip
+/// cost 30-34% of throughput). Measured in `docs/benchmarks.md`: one ahead still left 16%
+/// of it on 2 busy cores, two recovered all of it. The rest wait in Hangar's queue, where
+/// pauses, unloads and the admin API see them. Shown as `dispatch_ahead` in the runtime
+/// details.
+pub const DISPATCH_AHEAD: u32 = 2;
 
 /// How long a child may take to exit after SIGTERM before it gets SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -84,7 +95,7 @@ impl Backend for ProcessBackend {
     }
 
     fn capabilities(&self, model: &ModelConfig) -> Capabilities {
-        let mut caps = Capabilities::default();
+        let mut caps = Capabilities { dispatch_ahead: DISPATCH_AHEAD, ..Capabilities::default() };
         match &model.settings {
             BackendSettings::LlamaServer(s) if s.llama_server_mmproj.is_some() => {
                 caps.modalities.push(Modality::Image);
@@ -130,6 +141,7 @@ impl Backend for ProcessBackend {
         details.insert("backend_url".into(), Value::from(launch.base_url()));
         details.insert("command".into(), Value::from(launch.command_line()));
         details.insert("pid".into(), Value::from(child.pid()));
+        details.insert("dispatch_ahead".into(), Value::from(DISPATCH_AHEAD));
         let engine =
             Engine { child, stopping, grace: self.grace, _spawner: Arc::clone(&self.spawner) };
         Ok(Arc::new(ForwardingRuntime {
@@ -156,7 +168,11 @@ impl Backend for RemoteBackend {
     }
 
     fn capabilities(&self, _model: &ModelConfig) -> Capabilities {
-        Capabilities { thinking_modes: all_thinking_modes(), ..Capabilities::default() }
+        Capabilities {
+            thinking_modes: all_thinking_modes(),
+            dispatch_ahead: DISPATCH_AHEAD,
+            ..Capabilities::default()
+        }
     }
 
     async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
@@ -200,6 +216,7 @@ impl Backend for RemoteBackend {
         request.progress.report(1.0);
         let mut details = hangar_backend::RuntimeDetails::new();
         details.insert("backend_url".into(), Value::from(base));
+        details.insert("dispatch_ahead".into(), Value::from(DISPATCH_AHEAD));
         Ok(Arc::new(ForwardingRuntime {
             upstream: Mutex::new(Some(Arc::new(upstream))),
             capabilities: self.capabilities(model),

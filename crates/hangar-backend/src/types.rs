@@ -63,6 +63,12 @@ pub struct Capabilities {
     /// it. The scheduler clamps `target_inflight` to this.
     #[serde(skip)]
     pub max_parallel_sequences: Option<NonZeroU32>,
+    /// Requests the scheduler may hand one replica beyond its in-flight target, for an
+    /// engine that queues requests itself (a server process): it then starts the next
+    /// request the moment one ends instead of idling for a round trip through Hangar. 0 for
+    /// an engine that runs only what it is given.
+    #[serde(skip)]
+    pub dispatch_ahead: u32,
     /// Whether a generation can be resumed from text it already produced
     /// ([`GenerateRequest::resume`]); what a `retract` pause needs to put a running request
     /// back in the queue without its client noticing.
@@ -77,6 +83,7 @@ impl Default for Capabilities {
             multi_turn: true,
             thinking_modes: vec![ThinkingMode::Default],
             max_parallel_sequences: None,
+            dispatch_ahead: 0,
             resumable: false,
         }
     }

@@ -397,6 +397,9 @@ pub struct StubSettings {
     pub crash_after_requests: Option<u64>,
     /// Parallel sequences the stub runtime supports; clamps `target_inflight`.
     pub max_parallel_sequences: Option<u32>,
+    /// Requests the scheduler hands one stub replica beyond `target_inflight`, as for an
+    /// engine with its own queue (default 0).
+    pub dispatch_ahead: Option<u32>,
     /// Whether the stub accepts request-level `thinking` (`enabled` / `disabled`).
     pub thinking: Option<bool>,
     /// Fixed reply text; when unset, the reply is derived from the prompt.

@@ -1,9 +1,13 @@
 //! The per-model scheduler: one bounded queue per public model in front of its replicas.
 //!
 //! Each replica runs at most `target` requests at once (the configured `target_inflight`
-//! clamped by what the backend can run in parallel). A request takes a [`Permit`] for the
-//! least-loaded replica with room; when none has room it waits in a FIFO queue, and when the
-//! queue is full it is refused with `queue_full` instead of growing without bound. Closing
+//! clamped by what the backend can run in parallel), plus `ahead` more for an engine with a
+//! queue of its own ([`Scheduler::dispatch_ahead`]: the engine then starts its next request
+//! the moment one ends, instead of idling for a round trip through Hangar). A request takes
+//! a [`Permit`] for the least-loaded replica with room, so a replica goes beyond `target`
+//! only when every replica is at it; when none has room the request waits in a FIFO queue,
+//! and when the queue is full it is refused with `queue_full` instead of growing without
+//! bound. Closing
 //! the scheduler (unload, crash) refuses new requests, cancels the queued ones with the
 //! close reason, and lets running ones finish; [`Scheduler::drained`] resolves when the
 //! last permit is dropped. Pausing it grants nothing (new and freed slots alike: requests
@@ -39,6 +43,7 @@ struct Shared<R: ?Sized> {
 struct Inner<R: ?Sized> {
     replicas: Vec<Replica<R>>,
     target: u32,
+    ahead: u32,
     max_queue: usize,
     queue: VecDeque<Waiter<R>>,
     closed: Option<AdmissionError>,
@@ -62,7 +67,7 @@ pub struct Permit<R: ?Sized> {
 /// A point-in-time view of a scheduler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerStats {
-    /// Requests running on replicas.
+    /// Requests running on replicas (including those handed ahead to an engine's queue).
     pub runtime_inflight: u32,
     /// Requests waiting in the queue.
     pub queue_depth: usize,
@@ -70,6 +75,9 @@ pub struct SchedulerStats {
     pub per_replica: Vec<u32>,
     /// Per-replica in-flight target in effect.
     pub effective_target: u32,
+    /// Requests one replica is handed beyond `effective_target` (see
+    /// [`Scheduler::dispatch_ahead`]).
+    pub dispatch_ahead: u32,
     /// Whether new requests are refused.
     pub closed: bool,
     /// Whether it is paused (grants nothing; requests wait).
@@ -93,6 +101,7 @@ impl<R: ?Sized + Send + Sync + 'static> Scheduler<R> {
                 inner: Mutex::new(Inner {
                     replicas,
                     target: target.get(),
+                    ahead: 0,
                     max_queue,
                     queue: VecDeque::new(),
                     closed: None,
@@ -102,6 +111,17 @@ impl<R: ?Sized + Send + Sync + 'static> Scheduler<R> {
                 idle: Notify::new(),
             }),
         }
+    }
+
+    /// Lets each replica be handed up to `ahead` requests beyond its target, for an engine
+    /// that queues requests itself: it starts the next one as soon as one ends. Those
+    /// requests hold permits like any other (they count as in flight, an unload drains
+    /// them, a pause does not take them back). Least-loaded dispatch fills every replica to
+    /// its target before any goes beyond it.
+    #[must_use]
+    pub fn dispatch_ahead(self, ahead: u32) -> Self {
+        self.shared.lock().ahead = ahead;
+        self
     }
 
     /// Takes a permit on the least-loaded replica with room, waiting in the queue if none
@@ -242,6 +262,7 @@ impl<R: ?Sized + Send + Sync + 'static> Scheduler<R> {
             queue_depth: inner.queue.len(),
             per_replica: inner.replicas.iter().map(|r| r.inflight).collect(),
             effective_target: inner.target,
+            dispatch_ahead: inner.ahead,
             closed: inner.closed.is_some(),
             paused: inner.paused,
         }
@@ -249,12 +270,14 @@ impl<R: ?Sized + Send + Sync + 'static> Scheduler<R> {
 }
 
 impl<R: ?Sized> Inner<R> {
-    /// The least-loaded replica with room (lowest index on ties).
+    /// The least-loaded replica with room (lowest index on ties); room is `target`, plus
+    /// `ahead` requests waiting in the engine's queue.
     fn pick(&self) -> Option<usize> {
+        let room = self.target.saturating_add(self.ahead);
         self.replicas
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.inflight < self.target)
+            .filter(|(_, r)| r.inflight < room)
             .min_by_key(|(i, r)| (r.inflight, *i))
             .map(|(i, _)| i)
     }

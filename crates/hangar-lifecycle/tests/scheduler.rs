@@ -109,6 +109,34 @@ async fn a_waiter_that_gives_up_leaves_the_queue() {
     assert_eq!(s.stats().runtime_inflight, 0);
 }
 
+#[tokio::test(start_paused = true)]
+async fn dispatch_ahead_fills_every_replica_to_its_target_before_going_beyond_it() {
+    let s = scheduler(2, 1, 4).dispatch_ahead(1);
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(s.acquire().await.unwrap());
+    }
+    let replicas: Vec<_> = held.iter().map(Permit::replica).collect();
+    assert_eq!(replicas, [0, 1, 0, 1], "both replicas reach the target before either goes ahead");
+    let stats = s.stats();
+    assert_eq!((stats.per_replica.clone(), stats.dispatch_ahead), (vec![2, 2], 1));
+    assert_eq!(stats.effective_target, 1, "the target stays what the engine runs at once");
+    let queued = tokio::spawn({
+        let s = s.clone();
+        async move { s.acquire().await.map(|p| p.replica()) }
+    });
+    settle().await;
+    assert_eq!(s.stats().queue_depth, 1, "target + ahead is the most a replica is handed");
+    s.pause();
+    drop(held.remove(0)); // frees a place on replica 0, but a pause hands out nothing
+    settle().await;
+    assert_eq!(s.stats().queue_depth, 1);
+    s.resume();
+    assert_eq!(queued.await.unwrap(), Ok(0));
+    held.clear();
+    tokio::time::timeout(Duration::from_secs(1), s.drained()).await.expect("drain hung");
+}
+
 #[test]
 fn effective_target_is_clamped_by_backend_capability() {
     let n = |v| NonZeroU32::new(v).unwrap();
@@ -146,7 +174,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     /// Invariants, checked after every step:
-    /// - no replica runs more than `target` requests;
+    /// - no replica runs more than `target` + `ahead` requests (`dispatch_ahead`);
     /// - `runtime_inflight` equals the permits callers hold;
     /// - the queue never exceeds its bound (plus the requests put back at its head), and
     ///   nobody waits while a replica has room (unless closed or paused);
@@ -158,12 +186,14 @@ proptest! {
     fn scheduler_invariants_hold_under_random_interleavings(
         replicas in 1u32..4,
         target in 1u32..4,
+        ahead in 0u32..3,
         max_queue in 0usize..4,
         ops in prop::collection::vec(op(), 1..60),
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
         rt.block_on(async move {
-            let s = scheduler(replicas, target, max_queue);
+            let s = scheduler(replicas, target, max_queue).dispatch_ahead(ahead);
+            let room = target + ahead;
             let mut held: Vec<Permit<u32>> = Vec::new();
             // Pending acquires, each marked whether it asked for the head of the queue.
             let mut pending: Vec<(bool, JoinHandle<Outcome>)> = Vec::new();
@@ -206,10 +236,10 @@ proptest! {
                 pending = still;
                 let fronts = pending.iter().filter(|(front, _)| *front).count();
                 let stats = s.stats();
-                assert!(stats.per_replica.iter().all(|&n| n <= target), "{stats:?}");
+                assert!(stats.per_replica.iter().all(|&n| n <= room), "{stats:?}");
                 assert_eq!(stats.runtime_inflight as usize, held.len());
                 assert!(stats.queue_depth <= max_queue + fronts, "{stats:?}");
-                let has_room = stats.per_replica.iter().any(|&n| n < target);
+                let has_room = stats.per_replica.iter().any(|&n| n < room);
                 let blocked = stats.closed || stats.paused;
                 assert!(blocked || !has_room || stats.queue_depth == 0, "waiting with room: {stats:?}");
             }

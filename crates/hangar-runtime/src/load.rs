@@ -406,7 +406,8 @@ impl Manager {
         let target = effective_target(slot.effective.target_inflight, caps.max_parallel_sequences);
         slot.loaded_replicas = runtimes.len() as u32;
         slot.runtime_details = runtimes.iter().map(|r| r.details()).collect();
-        slot.scheduler = Some(Scheduler::new(runtimes, target, self.inner.max_queue_depth));
+        let scheduler = Scheduler::new(runtimes, target, self.inner.max_queue_depth);
+        slot.scheduler = Some(scheduler.dispatch_ahead(caps.dispatch_ahead));
         slot.capabilities = Arc::new(caps);
         slot.generation += 1;
         slot.pause = None;

@@ -24,6 +24,9 @@
 //!    `slots_pinned` is not the model's failure) while no quarantine is in effect is followed
 //!    at once by its quarantine; while one is in effect the model starts no load unless an
 //!    explicit load lifted it first (auto-loads, leases and requests are refused).
+//! 10. no runtime runs more than `target_inflight` (1) + its `dispatch_ahead` calls at once
+//!     (the backend wrapper records any call beyond that); models get a random
+//!     `dispatch_ahead` of 0-2, as an engine with a queue of its own.
 
 mod common;
 
@@ -41,7 +44,8 @@ use proptest::prelude::*;
 use serde_json::json;
 
 /// A backend that wraps the stub and watches its runtimes: how many calls are active on
-/// each, and whether any was unloaded with calls still active.
+/// each, whether any was unloaded with calls still active, and whether any ran more calls
+/// at once than its target (1) plus its `dispatch_ahead`.
 mod async_trait_shim {
     use super::*;
     use hangar_backend::*;
@@ -50,19 +54,25 @@ mod async_trait_shim {
     pub(crate) struct Watched {
         pub(crate) inner: StubBackend,
         pub(crate) violated: Arc<AtomicBool>,
+        pub(crate) crowded: Arc<AtomicBool>,
     }
 
     struct WatchedRuntime {
         inner: Arc<dyn Runtime>,
         active: AtomicUsize,
         violated: Arc<AtomicBool>,
+        /// Calls it may run at once: `target_inflight` (1) + `dispatch_ahead`.
+        limit: usize,
+        crowded: Arc<AtomicBool>,
     }
 
     struct Active<'a>(&'a AtomicUsize);
     impl<'a> Active<'a> {
-        fn new(c: &'a AtomicUsize) -> Self {
-            c.fetch_add(1, Ordering::SeqCst);
-            Self(c)
+        fn new(r: &'a WatchedRuntime) -> Self {
+            if r.active.fetch_add(1, Ordering::SeqCst) + 1 > r.limit {
+                r.crowded.store(true, Ordering::SeqCst);
+            }
+            Self(&r.active)
         }
     }
     impl Drop for Active<'_> {
@@ -81,10 +91,13 @@ mod async_trait_shim {
         }
         async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
             let inner = self.inner.load(request).await?;
+            let limit = 1 + inner.capabilities().dispatch_ahead as usize;
             Ok(Arc::new(WatchedRuntime {
                 inner,
                 active: AtomicUsize::new(0),
                 violated: Arc::clone(&self.violated),
+                limit,
+                crowded: Arc::clone(&self.crowded),
             }))
         }
     }
@@ -99,15 +112,15 @@ mod async_trait_shim {
             r: GenerateRequest,
             e: mpsc::Sender<GenerateEvent>,
         ) -> Result<GenerateSummary, RuntimeError> {
-            let _a = Active::new(&self.active);
+            let _a = Active::new(self);
             self.inner.generate(r, e).await
         }
         async fn embed(&self, r: EmbedRequest) -> Result<Embeddings, RuntimeError> {
-            let _a = Active::new(&self.active);
+            let _a = Active::new(self);
             self.inner.embed(r).await
         }
         async fn rerank(&self, r: RerankRequest) -> Result<Rerankings, RuntimeError> {
-            let _a = Active::new(&self.active);
+            let _a = Active::new(self);
             self.inner.rerank(r).await
         }
         async fn health(&self) -> Result<(), RuntimeError> {
@@ -161,6 +174,7 @@ struct ModelSpec {
     replicas: u32,
     pinned: bool,
     idle_unload_seconds: Option<u32>,
+    dispatch_ahead: u32,
 }
 
 fn model_spec() -> impl Strategy<Value = ModelSpec> {
@@ -172,10 +186,31 @@ fn model_spec() -> impl Strategy<Value = ModelSpec> {
         1u32..3,
         prop::bool::weighted(0.15),
         prop::option::weighted(0.25, 1u32..3),
+        0u32..3,
     )
-        .prop_map(|(ty, npu, crash_after, fail, replicas, pinned, idle_unload_seconds)| {
-            ModelSpec { ty, npu, crash_after, fail, replicas, pinned, idle_unload_seconds }
-        })
+        .prop_map(
+            |(
+                ty,
+                npu,
+                crash_after,
+                fail,
+                replicas,
+                pinned,
+                idle_unload_seconds,
+                dispatch_ahead,
+            )| {
+                ModelSpec {
+                    ty,
+                    npu,
+                    crash_after,
+                    fail,
+                    replicas,
+                    pinned,
+                    idle_unload_seconds,
+                    dispatch_ahead,
+                }
+            },
+        )
 }
 
 fn config(specs: &[ModelSpec], limits: [u32; 3], auto_load: bool) -> serde_json::Value {
@@ -190,6 +225,9 @@ fn config(specs: &[ModelSpec], limits: [u32; 3], auto_load: bool) -> serde_json:
             }
             if s.fail {
                 stub["fail_load"] = json!("injected load failure");
+            }
+            if s.dispatch_ahead > 0 {
+                stub["dispatch_ahead"] = json!(s.dispatch_ahead);
             }
             let model = json!({
                 "backend": "stub",
@@ -285,7 +323,12 @@ proptest! {
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
         rt.block_on(async move {
             let violated = Arc::new(AtomicBool::new(false));
-            let watched = Arc::new(Watched { inner: StubBackend::new(), violated: Arc::clone(&violated) });
+            let crowded = Arc::new(AtomicBool::new(false));
+            let watched = Arc::new(Watched {
+                inner: StubBackend::new(),
+                violated: Arc::clone(&violated),
+                crowded: Arc::clone(&crowded),
+            });
             let cfg = common::config(config(&specs, limits, auto_load));
             let m = Manager::new(&cfg, Backends::new().with(watched.clone()));
             let names: Vec<String> = (0..specs.len()).map(|i| format!("m{i}")).collect();
@@ -416,6 +459,7 @@ proptest! {
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 check_limits(&m, limits);
                 assert!(!violated.load(Ordering::SeqCst), "a runtime was unloaded under a running request");
+                assert!(!crowded.load(Ordering::SeqCst), "a runtime ran more than target + dispatch_ahead calls");
             }
 
             // Invariants 4 and 8: once every model continues, every operation ends, with a
@@ -436,6 +480,7 @@ proptest! {
             }
             assert_eq!(watched.inner.live_runtimes(), 0, "a runtime outlived unload-all");
             assert!(!violated.load(Ordering::SeqCst), "a runtime was unloaded under a running request");
+            assert!(!crowded.load(Ordering::SeqCst), "a runtime ran more than target + dispatch_ahead calls");
             evictions.abort();
             if let Err(e) = evictions.await && e.is_panic() {
                 std::panic::resume_unwind(e.into_panic());
