@@ -88,7 +88,8 @@ pub struct ModelRow {
     pub capabilities: Arc<Capabilities>,
     /// What the engine made of the settings, one object per loaded replica in replica order
     /// (llama.cpp: `n_threads`, `n_threads_batch`, `threads_from`, `cores_available`,
-    /// `n_seq_max`, `n_ctx`, `n_ctx_seq`, `n_batch`, `n_ctx_train`); `[]` unless loaded.
+    /// `n_seq_max`, `n_ctx`, `n_ctx_seq`, `n_batch`, `n_ctx_train`; a child process:
+    /// `backend_url`, `command`, `pid`, `dispatch_ahead`); `[]` unless loaded.
     pub runtime_details: Vec<Map<String, Value>>,
     /// The pause in effect (`mode`, `cause`, `since_unix_ms`); `null` when not paused.
     pub pause: Option<PauseInfo>,
