@@ -141,7 +141,6 @@ impl Backend for ProcessBackend {
         details.insert("backend_url".into(), Value::from(launch.base_url()));
         details.insert("command".into(), Value::from(launch.command_line()));
         details.insert("pid".into(), Value::from(child.pid()));
-        details.insert("dispatch_ahead".into(), Value::from(DISPATCH_AHEAD));
         let engine =
             Engine { child, stopping, grace: self.grace, _spawner: Arc::clone(&self.spawner) };
         Ok(Arc::new(ForwardingRuntime {
@@ -216,7 +215,6 @@ impl Backend for RemoteBackend {
         request.progress.report(1.0);
         let mut details = hangar_backend::RuntimeDetails::new();
         details.insert("backend_url".into(), Value::from(base));
-        details.insert("dispatch_ahead".into(), Value::from(DISPATCH_AHEAD));
         Ok(Arc::new(ForwardingRuntime {
             upstream: Mutex::new(Some(Arc::new(upstream))),
             capabilities: self.capabilities(model),

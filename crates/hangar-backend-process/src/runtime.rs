@@ -131,8 +131,11 @@ impl Runtime for ForwardingRuntime {
         &self.capabilities
     }
 
+    /// What the load recorded, and `dispatch_ahead` from the capabilities.
     fn details(&self) -> RuntimeDetails {
-        self.details.clone()
+        let mut details = self.details.clone();
+        details.insert("dispatch_ahead".into(), self.capabilities.dispatch_ahead.into());
+        details
     }
 
     async fn generate(

@@ -7,10 +7,9 @@
 //! a [`Permit`] for the least-loaded replica with room, so a replica goes beyond `target`
 //! only when every replica is at it; when none has room the request waits in a FIFO queue,
 //! and when the queue is full it is refused with `queue_full` instead of growing without
-//! bound. Closing
-//! the scheduler (unload, crash) refuses new requests, cancels the queued ones with the
-//! close reason, and lets running ones finish; [`Scheduler::drained`] resolves when the
-//! last permit is dropped. Pausing it grants nothing (new and freed slots alike: requests
+//! bound. Closing the scheduler (unload, crash) refuses new requests, cancels the queued
+//! ones with the close reason, and lets running ones finish; [`Scheduler::drained`]
+//! resolves when the last permit is dropped. Pausing it grants nothing (new and freed slots alike: requests
 //! wait in the queue) until it is resumed; [`Scheduler::acquire_front`] puts a request back
 //! at the head of the queue (a retracted generation).
 
