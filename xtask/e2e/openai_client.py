@@ -23,8 +23,9 @@ BASE = os.environ["HANGAR_URL"].rstrip("/")
 ADMIN_KEY = os.environ.get("HANGAR_ADMIN_KEY")
 client = OpenAI(base_url=f"{BASE}/v1", api_key="unused", max_retries=0, timeout=60)
 
-# (stub, llama.cpp) per kind; all enabled in fixtures/demo, so loaded at start-up.
-CHAT_MODELS = ("chat", "tiny-llama-gguf")
+# (stub, llama.cpp) per kind, and CTranslate2 through the Python bridge; all enabled in
+# fixtures/demo, so loaded at start-up.
+CHAT_MODELS = ("chat", "tiny-llama-gguf", "tiny-qwen3-ct2")
 # llama.cpp's own llama-server, supervised by Hangar, requests passed through.
 FORWARDED_MODEL = "tiny-llama-server"
 EMBED_MODELS = ("embed", "tiny-embed-gguf")

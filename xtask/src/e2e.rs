@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use crate::venv::{ensure_venv, quiet};
 use crate::{cargo, deps, llama_server, run as run_checked};
 
 /// The client scripts, in the order they run.
@@ -60,6 +61,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
 
     deps::ensure()?;
     llama_server::ensure(root)?;
+    crate::venv::ensure_bridge(root)?;
     run_checked(test_build(root))?;
     let binary = target.join("debug").join("hangard");
 
@@ -228,59 +230,6 @@ fn test_build(root: &Path) -> Command {
     cmd
 }
 
-/// The virtualenv's python, creating the virtualenv when it is missing or has no pip.
-fn ensure_venv(venv: &Path) -> Result<PathBuf> {
-    let python = venv.join("bin").join("python");
-    if quiet(Command::new(&python).args(["-m", "pip", "--version"])) {
-        return Ok(python);
-    }
-    if venv.exists() {
-        std::fs::remove_dir_all(venv)
-            .with_context(|| format!("cannot remove {}", venv.display()))?;
-    }
-    if !create_venv(venv) {
-        let _ = std::fs::remove_dir_all(venv);
-        if !is_root() {
-            bail!(
-                "`python3 -m venv` failed: install the Debian/Ubuntu package `python3-venv` \
-                 (sudo apt-get install -y python3-venv) and run `cargo xtask e2e` again"
-            );
-        }
-        eprintln!("`python3 -m venv` failed; installing python3-venv with apt-get");
-        let install = || {
-            let mut cmd = Command::new("apt-get");
-            cmd.args(["install", "-y", "--no-install-recommends", "python3-venv"]);
-            cmd.env("DEBIAN_FRONTEND", "noninteractive");
-            run_checked(cmd)
-        };
-        if install().is_err() {
-            run_checked({
-                let mut update = Command::new("apt-get");
-                update.arg("update");
-                update
-            })?;
-            install().context("apt-get install python3-venv failed")?;
-        }
-        let _ = std::fs::remove_dir_all(venv);
-        if !create_venv(venv) {
-            bail!("`python3 -m venv {}` still fails after installing python3-venv", venv.display());
-        }
-    }
-    Ok(python)
-}
-
-fn create_venv(venv: &Path) -> bool {
-    eprintln!("$ python3 -m venv {}", venv.display());
-    Command::new("python3").args(["-m", "venv"]).arg(venv).status().is_ok_and(|s| s.success())
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
-}
-
 /// Installs the client packages unless they already import.
 fn ensure_packages(python: &Path, requirements: &Path) -> Result<()> {
     if quiet(Command::new(python).args(["-c", IMPORTS])) {
@@ -294,11 +243,6 @@ fn ensure_packages(python: &Path, requirements: &Path) -> Result<()> {
         bail!("the e2e packages were installed but do not import: `{IMPORTS}` fails");
     }
     Ok(())
-}
-
-/// Runs a command with its output discarded; whether it succeeded.
-fn quiet(cmd: &mut Command) -> bool {
-    cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
 }
 
 /// `hangard serve` on the demo config. Killed on drop if still running.

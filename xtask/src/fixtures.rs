@@ -569,6 +569,18 @@ fn tiny_bert(head: Head) -> Gguf {
     g
 }
 
+/// Writes `fixtures/models/tiny-ct2`: a tiny random LLaMA-like CTranslate2 decoder with its
+/// tokenizer, by `xtask/fixtures/tiny_ct2.py` under the bridge virtualenv's `python`
+/// (numpy, ctranslate2 and tokenizers only; fixed seed).
+pub(crate) fn ct2(root: &Path, python: &Path) -> Result<()> {
+    let out = root.join("fixtures/models/tiny-ct2");
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg(root.join("xtask/fixtures/tiny_ct2.py")).arg(&out);
+    crate::run(cmd)?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -788,3 +800,4 @@ mod tests {
         assert!((var.sqrt() - WEIGHT_STD).abs() < 1e-3, "std {}", var.sqrt());
     }
 }
+

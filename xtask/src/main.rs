@@ -3,14 +3,18 @@
 //! - `cargo xtask deps`: check for (and as root install) cmake and libclang, which the
 //!   llama.cpp build needs.
 //! - `cargo xtask fixtures`: write the deterministic tiny random-weight GGUF models of
-//!   `fixtures/models` (llama chat, BERT embedding, BERT reranker) that llama.cpp loads.
+//!   `fixtures/models` (llama chat, BERT embedding, BERT reranker) that llama.cpp loads, and
+//!   the tiny CTranslate2 decoder `fixtures/models/tiny-ct2` (with `xtask/fixtures/tiny_ct2.py`
+//!   in the bridge virtualenv).
 //! - `cargo xtask llama-server`: build llama.cpp's own `llama-server` once (from the
 //!   `llama-cpp-python` sdist, cached in `target/llama-server`), place it at
 //!   `target/llama-server/llama-server` and print that absolute path (the only stdout).
 //! - `cargo xtask demo`: install what the build needs, then run the server on the demo config
 //!   (it does not build `llama-server`; without it the demo's `tiny-llama-server` fails to load).
 //! - `cargo xtask test`: run the whole test suite (what `.ci/run` runs after fmt and clippy),
-//!   with `HANGAR_LLAMA_SERVER` set to the `llama-server` binary (built first when needed).
+//!   with `HANGAR_LLAMA_SERVER` set to the `llama-server` binary (built first when needed) and
+//!   `HANGAR_BRIDGE_PYTHON` to the bridge virtualenv's interpreter (`target/bridge-venv`, with
+//!   the worker's pinned packages, created when needed).
 //! - `cargo xtask e2e`: start `hangard serve` on the demo config and drive it with real
 //!   clients (the `openai` and `tritonclient` Python packages, an OpenAPI validator) and
 //!   schemathesis (without and with an admin key) from a virtualenv in `target/e2e-venv`.
@@ -41,6 +45,7 @@ mod deps;
 mod e2e;
 mod fixtures;
 mod llama_server;
+mod venv;
 
 /// The `llama_server_binary_path` of `fixtures/demo/settings.json`.
 const DEMO_LLAMA_SERVER: &str = "target/llama-server/llama-server";
@@ -60,7 +65,8 @@ enum Task {
     /// Build llama.cpp's `llama-server` when it is not built yet (cached in
     /// `target/llama-server`) and print its absolute path, `target/llama-server/llama-server`.
     LlamaServer,
-    /// Regenerate the tiny GGUF models of `fixtures/models` (byte-identical every time).
+    /// Regenerate the tiny GGUF models of `fixtures/models` (byte-identical every time) and
+    /// the tiny CTranslate2 model `fixtures/models/tiny-ct2`.
     Fixtures,
     /// Install what the build needs, then run the server on the demo config
     /// (`hangard serve --config fixtures/demo`, release build) until Ctrl-C.
@@ -70,7 +76,8 @@ enum Task {
         args: Vec<String>,
     },
     /// Run every test of the workspace (unit, property, fixture and CLI tests), with
-    /// `HANGAR_LLAMA_SERVER` set to the `llama-server` binary (built first when needed).
+    /// `HANGAR_LLAMA_SERVER` set to the `llama-server` binary (built first when needed) and
+    /// `HANGAR_BRIDGE_PYTHON` to the bridge virtualenv's interpreter.
     Test {
         /// Extra arguments passed to `cargo test` (after `--`).
         #[arg(last = true)]
@@ -120,11 +127,21 @@ fn main() -> Result<()> {
         Task::Test { args } => {
             deps::ensure()?;
             let llama_server = llama_server::ensure(&root)?;
-            test(&root, &llama_server, &args)
+            let python = venv::ensure_bridge(&root)?;
+            test(&root, &llama_server, &python, &args)
         }
-        Task::Fixtures => fixtures::run(&root),
+        Task::Fixtures => {
+            fixtures::run(&root)?;
+            fixtures::ct2(&root, &venv::ensure_bridge(&root)?)
+        }
         Task::Demo { args } => {
             deps::ensure()?;
+            // The demo's `tiny-qwen3-ct2` runs under `target/bridge-venv/bin/python`.
+            if let Err(e) = venv::ensure_bridge(&root) {
+                eprintln!(
+                    "the bridge virtualenv is not ready ({e:#}): model tiny-qwen3-ct2 will fail to load"
+                );
+            }
             // The path the demo config names (relative to the root, where the demo runs).
             if !root.join(DEMO_LLAMA_SERVER).exists() {
                 eprintln!(
@@ -165,9 +182,11 @@ fn main() -> Result<()> {
     }
 }
 
-fn test(root: &Path, llama_server: &Path, args: &[String]) -> Result<()> {
+fn test(root: &Path, llama_server: &Path, python: &Path, args: &[String]) -> Result<()> {
     let mut cmd = cargo(root);
-    cmd.args(["test", "--workspace", "--locked"]).env("HANGAR_LLAMA_SERVER", llama_server);
+    cmd.args(["test", "--workspace", "--locked"])
+        .env("HANGAR_LLAMA_SERVER", llama_server)
+        .env("HANGAR_BRIDGE_PYTHON", python);
     if !args.is_empty() {
         cmd.arg("--").args(args);
     }

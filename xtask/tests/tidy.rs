@@ -63,7 +63,11 @@ const LAYERS: [(&str, May); 13] = [
     // Adapters: the backend contract and the config, nothing above them.
     ("hangar-backend-llamacpp", May::Use(&["hangar-backend", "hangar-config"])),
     ("hangar-backend-process", May::Use(&["hangar-backend", "hangar-config"])),
-    ("hangar-backend-bridge", May::Use(&["hangar-backend", "hangar-config"])),
+    // The bridge's workers run under the one process supervisor, hangar-backend-process's.
+    (
+        "hangar-backend-bridge",
+        May::Use(&["hangar-backend", "hangar-config", "hangar-backend-process"]),
+    ),
     (
         "hangar-runtime",
         May::Use(&[

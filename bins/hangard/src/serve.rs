@@ -12,10 +12,11 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use hangar_backend::stub::StubBackend;
+use hangar_backend_bridge::BridgeBackend;
 use hangar_backend_process::{ProcessBackend, RemoteBackend};
 use hangar_config::{
-    BackendSettings, Config, LLAMA_SERVER_MANAGED_ARGS, MaxLoadedModels, ModelConfig, ModelName,
-    Secret, context_size_field,
+    BackendKind, BackendSettings, Config, LLAMA_SERVER_MANAGED_ARGS, MaxLoadedModels, ModelConfig,
+    ModelName, Secret, context_size_field,
 };
 use hangar_runtime::{Backends, Manager};
 use hangar_server::{HangarService, ServerOptions};
@@ -254,7 +255,10 @@ fn backends() -> Backends {
         .with(Arc::new(StubBackend::new()))
         .with(Arc::new(ProcessBackend::llama_server()))
         .with(Arc::new(ProcessBackend::vllm_serve()))
-        .with(Arc::new(RemoteBackend));
+        .with(Arc::new(RemoteBackend))
+        .with(Arc::new(BridgeBackend::new(BackendKind::Ct2)))
+        .with(Arc::new(BridgeBackend::new(BackendKind::ExLlamaV3)))
+        .with(Arc::new(BridgeBackend::new(BackendKind::Vllm)));
     #[cfg(feature = "llama-cpp")]
     let backends = match llama_backend() {
         Ok(llama) => backends.with(Arc::new(hangar_backend_llamacpp::LlamaCppBackend::new(llama))),

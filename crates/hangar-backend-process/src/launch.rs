@@ -244,7 +244,11 @@ fn wrong_backend(model: &ModelConfig) -> LoadError {
 }
 
 /// `program` itself when it names a path, else its first match on `PATH`.
-fn find_program(program: &str, field: &str, hint: &str) -> Result<String, LoadError> {
+/// `program` itself when it names a file (a path with a `/`), else the first match on `PATH`.
+///
+/// # Errors
+/// [`LoadError::NotFound`] naming `program`, the config `field` to set and a `hint`.
+pub fn find_program(program: &str, field: &str, hint: &str) -> Result<String, LoadError> {
     let found = if program.contains('/') {
         Path::new(program).is_file().then(|| program.to_owned())
     } else {

@@ -16,6 +16,7 @@
 //!   task that forwards a request): request bodies pass through as
 //!   sent, answers come back chunk by chunk, a client that goes away cancels the upstream
 //!   request, engine errors keep their message;
+//! - [`Spawner`] / [`Child`]: the supervisor, also used by the Python bridge's workers;
 //! - [`DISPATCH_AHEAD`]: these engines queue requests themselves, so the scheduler hands
 //!   each replica two requests beyond its in-flight target.
 
@@ -23,7 +24,7 @@ pub mod launch;
 mod pool;
 mod runtime;
 mod spawn;
-mod supervisor;
+pub mod supervisor;
 mod upstream;
 
 use std::net::TcpListener;
@@ -40,7 +41,7 @@ use serde_json::Value;
 
 use crate::launch::Launch;
 use crate::runtime::{Engine, ForwardingRuntime, wait_ready};
-use crate::supervisor::Spawner;
+pub use crate::supervisor::{Child, Spawner};
 use crate::upstream::Upstream;
 
 /// Requests Hangar hands one replica beyond its `target_inflight`: these engines queue

@@ -31,11 +31,11 @@ type SpawnJob = Box<dyn FnOnce() + Send>;
 /// The thread children are started from. A child's death signal fires when the thread that
 /// spawned it ends, so children are spawned from this one long-lived thread, which ends only
 /// when the last backend or runtime holding it is gone (Hangar exits: every child dies).
-pub(crate) struct Spawner(Mutex<std_mpsc::Sender<SpawnJob>>);
+pub struct Spawner(Mutex<std_mpsc::Sender<SpawnJob>>);
 
 impl Spawner {
     /// Starts the spawner thread.
-    pub(crate) fn new() -> Arc<Self> {
+    pub fn new() -> Arc<Self> {
         let (tx, rx) = std_mpsc::channel::<SpawnJob>();
         std::thread::Builder::new()
             .name("hangar-spawner".into())
@@ -53,7 +53,7 @@ impl Spawner {
     ///
     /// # Errors
     /// The OS error of the spawn.
-    pub(crate) async fn spawn(
+    pub async fn spawn(
         self: &Arc<Self>,
         launch: &Launch,
         model: &str,
@@ -181,7 +181,7 @@ fn describe(status: WaitStatus) -> String {
 }
 
 /// A running (or ended) engine process.
-pub(crate) struct Child {
+pub struct Child {
     pid: Pid,
     exit: watch::Receiver<Option<String>>,
     /// Notified when the child prints a line that says it listens.
@@ -192,12 +192,12 @@ pub(crate) struct Child {
 
 impl Child {
     /// How the child ended, once it has.
-    pub(crate) fn exited(&self) -> Option<String> {
+    pub fn exited(&self) -> Option<String> {
         self.exit.borrow().clone()
     }
 
     /// Waits until the child has ended; how it ended.
-    pub(crate) async fn wait(&self) -> String {
+    pub async fn wait(&self) -> String {
         let mut exit = self.exit.clone();
         match exit.wait_for(Option::is_some).await {
             Ok(status) => status.clone().unwrap_or_default(),
@@ -206,12 +206,12 @@ impl Child {
     }
 
     /// Waits at most `limit` for the child to end.
-    pub(crate) async fn wait_for(&self, limit: Duration) -> Option<String> {
+    pub async fn wait_for(&self, limit: Duration) -> Option<String> {
         tokio::time::timeout(limit, self.wait()).await.ok()
     }
 
     /// `"<how it ended>; last output:\n<lines>"`, for `last_error`.
-    pub(crate) fn obituary(&self, status: &str) -> String {
+    pub fn obituary(&self, status: &str) -> String {
         let lines: Vec<String> = self
             .logs
             .tail(QUOTED_LINES * 4)
@@ -229,7 +229,7 @@ impl Child {
 
     /// SIGTERM to the child's process group, SIGKILL after `grace`; returns once the child
     /// has been reaped. Stragglers of the group get SIGKILL too.
-    pub(crate) async fn stop(&self, grace: Duration) {
+    pub async fn stop(&self, grace: Duration) {
         if self.exited().is_none() {
             let _ = killpg(self.pid, Signal::SIGTERM);
             if self.wait_for(grace).await.is_none() {
@@ -246,7 +246,7 @@ impl Child {
     }
 
     /// The child's process id (also its process group id).
-    pub(crate) fn pid(&self) -> i32 {
+    pub fn pid(&self) -> i32 {
         self.pid.as_raw()
     }
 }

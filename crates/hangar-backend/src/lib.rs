@@ -16,6 +16,8 @@
 //!   model's engine;
 //! - [`Coalesced`], the future adapter forwarding paths run their tasks in (a task's own
 //!   wake-ups while it runs become another poll, not a reschedule that wakes a thread);
+//! - [`prompt`]: the prompt formats (chat messages → the text a model was tuned on), shared by
+//!   every engine that takes rendered text;
 //! - the [`stub`] backend: deterministic text, simulated load and token latency, injected
 //!   failures and crashes, all from a model's `stub` config section.
 //!
@@ -27,6 +29,7 @@ mod error;
 mod forward;
 mod logs;
 mod overrides;
+pub mod prompt;
 pub mod stub;
 mod types;
 
@@ -68,6 +71,16 @@ pub trait Backend: Send + Sync + 'static {
     /// [`LoadError::NotFound`] when the model's artifact does not exist (no eviction is
     /// attempted for these), any other [`LoadError`] for everything else.
     async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError>;
+
+    /// Checks, before anything is evicted to make room, that a load of `model` can start at
+    /// all (an interpreter and the engine's packages are installed, …). Ok by default.
+    ///
+    /// # Errors
+    /// The [`LoadError`] the load fails with; nothing is evicted for it.
+    async fn preflight(&self, model: &ModelConfig) -> Result<(), LoadError> {
+        let _ = model;
+        Ok(())
+    }
 
     /// Whether this engine's runtimes pass OpenAI-compatible requests through
     /// ([`Runtime::forward`]) instead of taking typed ones. False by default.

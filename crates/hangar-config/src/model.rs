@@ -109,8 +109,13 @@ pub enum BackendSettings {
         /// Worker process settings.
         bridge: BridgeSettings,
     },
-    /// CTranslate2.
-    Ct2(Ct2Settings),
+    /// CTranslate2 in the Python bridge.
+    Ct2 {
+        /// Generator / translator settings.
+        ct2: Ct2Settings,
+        /// Worker process settings.
+        bridge: BridgeSettings,
+    },
     /// Remote OpenAI-compatible server.
     OpenaiRemote(OpenAiRemoteSettings),
     /// The test backend.
@@ -129,7 +134,7 @@ impl BackendSettings {
             Self::Vllm { engine, bridge } => vec![to(engine), to(bridge)],
             Self::VllmServe { engine, serve } => vec![to(engine), to(serve)],
             Self::ExLlamaV3 { exllama, bridge } => vec![to(exllama), to(bridge)],
-            Self::Ct2(s) => vec![to(s)],
+            Self::Ct2 { ct2, bridge } => vec![to(ct2), to(bridge)],
             Self::OpenaiRemote(s) => vec![to(s)],
             Self::Stub(s) => vec![serde_json::json!({ "stub": to(s) })],
         }
@@ -340,7 +345,9 @@ fn parse_model(
             exllama: section(&clean, &mut p),
             bridge: section(&clean, &mut p),
         },
-        BackendKind::Ct2 => BackendSettings::Ct2(section(&clean, &mut p)),
+        BackendKind::Ct2 => {
+            BackendSettings::Ct2 { ct2: section(&clean, &mut p), bridge: section(&clean, &mut p) }
+        }
         BackendKind::OpenaiRemote => BackendSettings::OpenaiRemote(section(&clean, &mut p)),
         BackendKind::Stub => {
             BackendSettings::Stub(section::<StubSection>(&clean, &mut p).stub.unwrap_or_default())

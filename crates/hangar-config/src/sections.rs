@@ -83,7 +83,8 @@ pub struct ExllamaSettings {
     pub exllama_cache_k_bits: Option<u8>,
     /// KV cache value bits (2..=8); set together with `exllama_cache_k_bits`.
     pub exllama_cache_v_bits: Option<u8>,
-    /// Maximum tokens in one forward pass of the generator.
+    /// Most tokens one request generates before the generator requeues it behind the
+    /// others (ExLlamaV3's `Job(max_rq_tokens)`).
     pub exllama_max_rq_tokens: Option<u32>,
 }
 
@@ -139,7 +140,7 @@ impl Section for ExllamaSettings {
     }
 }
 
-/// Settings shared by the backends that run in a Python worker (`exllamav3`, `vllm`).
+/// Settings shared by the backends that run in a Python worker (`ct2`, `exllamav3`, `vllm`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct BridgeSettings {
@@ -148,7 +149,8 @@ pub struct BridgeSettings {
 }
 
 impl Section for BridgeSettings {
-    const BACKENDS: &'static [BackendKind] = &[BackendKind::ExLlamaV3, BackendKind::Vllm];
+    const BACKENDS: &'static [BackendKind] =
+        &[BackendKind::Ct2, BackendKind::ExLlamaV3, BackendKind::Vllm];
 
     fn check(&self, p: &mut Problems<'_>) {
         p.non_empty("bridge_python", self.bridge_python.as_deref());

@@ -45,7 +45,7 @@ fn prefixes(kind: BackendKind) -> &'static [&'static str] {
         BackendKind::Vllm => &["vllm_", "bridge_"],
         BackendKind::VllmServe => &["vllm_"],
         BackendKind::ExLlamaV3 => &["exllama_", "bridge_"],
-        BackendKind::Ct2 => &["ct2_"],
+        BackendKind::Ct2 => &["ct2_", "bridge_"],
         BackendKind::OpenaiRemote => &["openai_"],
         BackendKind::Stub => &["stub"],
         _ => &[],

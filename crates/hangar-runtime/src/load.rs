@@ -231,8 +231,8 @@ impl Manager {
 
     /// The load itself, once accepted: waits its turn in the serialized load queue, evicts,
     /// loads every replica (all or nothing), and retries once after evicting everything
-    /// else when a failure other than not-found happens. A backend that is not compiled in
-    /// fails before anything is evicted.
+    /// else when a failure other than not-found happens. A backend that is not compiled in,
+    /// or whose preflight fails (a missing Python package), fails before anything is evicted.
     async fn run_load(&self, entry: Arc<ModelEntry>) {
         let _queue = self.inner.load_queue.lock().await;
         let _resources = entry.resources.lock().await;
@@ -241,8 +241,12 @@ impl Manager {
             let slot = entry.lock();
             (Arc::clone(&slot.effective), slot.replicas.get())
         };
-        let result = if self.inner.backends.get(model.backend).is_none() {
-            Err(LoadError::BackendUnavailable { kind: model.backend }.to_string())
+        let preflight = match self.inner.backends.get(model.backend) {
+            None => Err(LoadError::BackendUnavailable { kind: model.backend }),
+            Some(backend) => backend.preflight(&model).await,
+        };
+        let result = if let Err(e) = preflight {
+            Err(e.to_string())
         } else {
             let incoming = Incoming {
                 name: entry.config.name.clone(),

@@ -1,9 +1,10 @@
 //! Prompt formats: how chat messages become the exact text a model was fine-tuned on.
 //!
 //! [`render`] turns a [`Prompt`] into text for every [`PromptFormat`] except `auto` (the
-//! engine applies the GGUF's embedded chat template through llama.cpp for that one, see
-//! `auto.rs`). The renderers are pure Rust and do not touch llama.cpp, so they are tested byte
-//! for byte against golden files (`tests/prompt_golden.rs`, `tests/golden/*.txt`).
+//! engine applies the model's own chat template for that one: llama.cpp the GGUF's, a Python
+//! engine its tokenizer's). The renderers are pure Rust, shared by every engine that takes
+//! rendered text (in-process llama.cpp, the Python bridge), and tested byte for byte against
+//! golden files (`tests/prompt_golden.rs`, `tests/golden/*.txt`).
 //!
 //! # Contract with the engine
 //!
@@ -36,8 +37,7 @@
 //! - `translategemma.rs` — `translategemma_template`, one user turn with Google's fixed
 //!   translation instruction, and the mixed-source mode ([`MIXED_SOURCE_FALLBACK`]); language
 //!   codes resolve through [`language`] (`languages.rs`).
-//! - `auto.rs` — `auto`, the GGUF's embedded chat template applied by llama.cpp (the engine
-//!   calls it when [`render`] answers `None`).
+//! - `auto` — the model's own template, applied by the engine when [`render`] answers `None`.
 //!
 //! # Tool use
 //!
@@ -46,7 +46,6 @@
 //! `<tools></tools>`, and earlier assistant tool calls are written back as
 //! [`TOOL_CALL_OPEN`] … [`TOOL_CALL_CLOSE`] blocks.
 
-pub(crate) mod auto;
 mod gemma4;
 mod generic;
 mod languages;
@@ -55,7 +54,7 @@ mod qwen3;
 mod tools;
 mod translategemma;
 
-use hangar_backend::{ChatMessage, Prompt, Role, ThinkingMode, Translation};
+use crate::{ChatMessage, Prompt, Role, ThinkingMode, Translation};
 use hangar_config::PromptFormat;
 
 pub use self::languages::{LANGUAGES, Language, language, language_name};

@@ -2,17 +2,17 @@
 //! as the official template requires (see the module docs of `prompt` for the sources).
 //!
 //! The expected texts live in `tests/golden/<case>.txt`, byte for byte (no trailing newline is
-//! added). The tests never rewrite them; `HANGAR_BLESS=1 cargo test -p hangar-backend-llamacpp
+//! added). The tests never rewrite them; `HANGAR_BLESS=1 cargo test -p hangar-backend
 //! --test prompt_golden` does, after which each changed file must be read against the official
 //! template before it is committed.
 
 use std::path::PathBuf;
 
+use hangar_backend::prompt::{
+    self, PromptError, RenderRequest, expects_bos, multi_turn, render, thinking_modes, with_tools,
+};
 use hangar_backend::{
     ChatMessage, Prompt, Role, ThinkingMode, ToolCall, ToolDefinition, Translation,
-};
-use hangar_backend_llamacpp::prompt::{
-    self, PromptError, RenderRequest, expects_bos, multi_turn, render, thinking_modes, with_tools,
 };
 use hangar_config::PromptFormat;
 

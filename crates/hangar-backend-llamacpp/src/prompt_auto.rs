@@ -1,11 +1,9 @@
 //! `auto`: the chat template embedded in the GGUF (`tokenizer.chat_template`), applied by
 //! llama.cpp. The one prompt path that touches llama.cpp, so it is not golden-tested; the
-//! engine takes it when [`render`](super::render) answers `None`.
+//! engine takes it when [`render`](hangar_backend::prompt::render) answers `None`.
 
 use hangar_backend::{ChatMessage, RuntimeError};
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
-
-use super::role_name;
 
 /// Renders `messages` with `model`'s embedded chat template, ending with the generation
 /// prompt.
@@ -22,7 +20,7 @@ pub(crate) fn embedded_template(
     })?;
     let chat = messages
         .iter()
-        .map(|m| LlamaChatMessage::new(role_name(m.role).to_owned(), m.content.clone()))
+        .map(|m| LlamaChatMessage::new(m.role.as_str().to_owned(), m.content.clone()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| RuntimeError::InvalidRequest { message: e.to_string() })?;
     model.apply_chat_template(&template, &chat, true).map_err(|e| RuntimeError::InvalidRequest {

@@ -30,7 +30,7 @@
 //! language of each segment. System messages, more than one message, a missing target and
 //! unknown codes are errors.
 
-use hangar_backend::{ChatMessage, Role, Translation};
+use crate::{ChatMessage, Role, Translation};
 use hangar_config::PromptFormat;
 
 use super::{Language, PromptError, format_name, language};
@@ -126,7 +126,7 @@ pub(super) fn render(
 
 #[cfg(test)]
 mod tests {
-    use hangar_backend::{Prompt, ThinkingMode};
+    use crate::{Prompt, ThinkingMode};
 
     use super::*;
     use crate::prompt::{self, RenderRequest};
