@@ -800,4 +800,3 @@ mod tests {
         assert!((var.sqrt() - WEIGHT_STD).abs() < 1e-3, "std {}", var.sqrt());
     }
 }
-

@@ -31,6 +31,8 @@
 //!   `llama-server` child (latency and requests/s, direct against through Hangar against
 //!   through nginx, all on the same child) and a model swap through Hangar against the same
 //!   stop + start by hand.
+//! - `cargo xtask bench bridge`: the Python bridge's cost per generated token (CTranslate2
+//!   through Hangar next to the same `Generator` called directly in Python).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,6 +40,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod bench_bridge;
 mod bench_llamacpp;
 mod bench_proxy;
 mod bench_streams;
@@ -112,6 +115,9 @@ enum Bench {
     /// and its model swap (next to the same processes stopped and started by hand)
     /// (xtask/src/bench_proxy.rs).
     Proxy,
+    /// The Python bridge's cost per token: CTranslate2 through Hangar next to the same
+    /// `Generator` called directly in Python, on the tiny CT2 fixture (xtask/src/bench_bridge.rs).
+    Bridge,
 }
 
 fn main() -> Result<()> {
@@ -174,6 +180,7 @@ fn main() -> Result<()> {
                 Bench::Server => ("hangard", "server"),
                 Bench::Llamacpp => return bench_llamacpp::run(&root),
                 Bench::Proxy => return bench_proxy::run(&root, upstream_threads),
+                Bench::Bridge => return bench_bridge::run(&root),
             };
             let mut cmd = cargo(&root);
             cmd.args(["bench", "--locked", "-p", package, "--bench", bench]);
