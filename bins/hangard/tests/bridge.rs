@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{Server, Sse, get, load, post, temp_dir, unload};
+use support::{Server, Sse, get, load, post, row, temp_dir, unload, wait_for_row};
 
 /// The workspace root.
 fn workspace() -> PathBuf {
@@ -71,30 +71,6 @@ fn ct2_model(extra: Value) -> Value {
 
 fn config(models: Value) -> Value {
     json!({ "max_loaded_models": { "llm": 4 }, "models": models })
-}
-
-async fn row(server: &Server, model: &str) -> Value {
-    let (status, row) = get(server, &format!("/v1/admin/models/{model}")).await;
-    assert_eq!(status, 200, "{row}");
-    row
-}
-
-/// Polls the model's admin row until `done` holds, failing after 30 s.
-async fn wait_for_row(
-    server: &Server,
-    model: &str,
-    what: &str,
-    done: impl Fn(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let row = row(server, model).await;
-        if done(&row) {
-            return row;
-        }
-        assert!(Instant::now() < deadline, "{model} never got {what}: {row}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Loads `model` with `body`, which must succeed; the admin row.

@@ -14,11 +14,11 @@ mod support;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Event, Server, Sse, get, load, post, send, unload};
+use support::{Event, Server, Sse, get, load, post, row, send, unload, wait_for_row};
 
 // ---------------------------------------------------------------------------------------
 // Config
@@ -68,26 +68,6 @@ async fn serve(models: Value, load_now: &[&str]) -> Server {
 
 // ---------------------------------------------------------------------------------------
 // HTTP helpers
-
-/// The model's admin row.
-async fn row(server: &Server, model: &str) -> Value {
-    let (status, row) = get(server, &format!("/v1/admin/models/{model}")).await;
-    assert_eq!(status, 200, "{row}");
-    row
-}
-
-/// Polls the model's admin row until `done` holds, failing after 20 s.
-async fn wait_for_row(server: &Server, model: &str, what: &str, done: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let row = row(server, model).await;
-        if done(&row) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{model} never got {what}: {row}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 fn code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or_else(|| panic!("no error code in {body}"))

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Event, Server, Sse, get, load, post, send, temp_dir, unload};
+use support::{Event, Server, Sse, get, load, post, row, send, temp_dir, unload, wait_for_row};
 
 // ---------------------------------------------------------------------------------------
 // Config
@@ -119,31 +119,6 @@ fn never_ready_model(load_timeout_s: u32) -> Value {
 
 // ---------------------------------------------------------------------------------------
 // HTTP helpers
-
-/// The model's admin row.
-async fn row(server: &Server, model: &str) -> Value {
-    let (status, row) = get(server, &format!("/v1/admin/models/{model}")).await;
-    assert_eq!(status, 200, "{row}");
-    row
-}
-
-/// Polls the model's admin row until `done` holds, failing after 20 s.
-async fn wait_for_row(
-    server: &Server,
-    model: &str,
-    what: &str,
-    done: impl Fn(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let row = row(server, model).await;
-        if done(&row) {
-            return row;
-        }
-        assert!(Instant::now() < deadline, "{model} never got {what}: {row}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 /// Loads `model` with `body`, which must succeed; the child's pid.
 async fn load_ok(server: &Server, model: &str, body: Value) -> u32 {

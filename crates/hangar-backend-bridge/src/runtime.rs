@@ -96,6 +96,17 @@ impl BridgeRuntime {
         self.crashed(why).await
     }
 
+    /// A worker's error reply as a request error; `protocol` (the worker could not read what
+    /// Hangar sent) means the two sides disagree, which is a crash.
+    async fn error(&self, op: &str, code: &str, message: String) -> RuntimeError {
+        if code == "protocol" {
+            let why = format!("the worker refused {op} as a protocol error: {message}");
+            self.parts.session.die(why.clone());
+            return self.crashed(why).await;
+        }
+        request_error(code, message)
+    }
+
     /// The prompt as the worker takes it: rendered text, or the messages for `auto`.
     fn prompt(&self, request: &GenerateRequest) -> Result<GenerateOp, RuntimeError> {
         if request.tools.is_some() || request.format.is_some() {
@@ -208,7 +219,7 @@ impl Runtime for BridgeRuntime {
                     });
                 }
                 Ok(Reply::Error { code, message, .. }) => {
-                    return Err(request_error(&code, message));
+                    return Err(self.error("generate", &code, message).await);
                 }
                 Ok(other) => return Err(self.violation("generate", &other).await),
                 Err(seen) => return Err(self.crashed(seen).await),
@@ -222,7 +233,9 @@ impl Runtime for BridgeRuntime {
             Ok(Reply::Embeddings { vectors, prompt_tokens }) => {
                 Ok(Embeddings { vectors, prompt_tokens })
             }
-            Ok(Reply::Error { code, message, .. }) => Err(request_error(&code, message)),
+            Ok(Reply::Error { code, message, .. }) => {
+                Err(self.error("embed", &code, message).await)
+            }
             Ok(other) => Err(self.violation("embed", &other).await),
             Err(seen) => Err(self.crashed(seen).await),
         }
@@ -234,7 +247,9 @@ impl Runtime for BridgeRuntime {
             Ok(Reply::Rerankings { scores, prompt_tokens }) => {
                 Ok(Rerankings { scores, prompt_tokens })
             }
-            Ok(Reply::Error { code, message, .. }) => Err(request_error(&code, message)),
+            Ok(Reply::Error { code, message, .. }) => {
+                Err(self.error("rerank", &code, message).await)
+            }
             Ok(other) => Err(self.violation("rerank", &other).await),
             Err(seen) => Err(self.crashed(seen).await),
         }

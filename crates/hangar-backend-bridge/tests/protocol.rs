@@ -349,11 +349,14 @@ async fn garbage_output_is_a_crash_and_the_worker_is_killed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reply_nobody_asked_for_is_a_crash() {
+async fn a_reply_nobody_asked_for_or_a_protocol_error_is_a_crash() {
     let (_, report) = crash("unknown_id", "a b").await;
     assert!(report.contains("request 999, which is not in flight"), "{report}");
     let (_, report) = crash("wrong_reply", "a b").await;
     assert!(report.contains("answered generate with Pong"), "{report}");
+    // A worker that cannot read what Hangar sent: the two sides disagree.
+    let (_, report) = crash("refuse", "a b").await;
+    assert!(report.contains("refused generate as a protocol error: what is this?"), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -299,3 +299,28 @@ pub(crate) async fn unload(server: &Server, model: &str) -> (u16, Value) {
     post(server, &format!("/v1/admin/models/{model}/unload"), Value::Object(Default::default()))
         .await
 }
+
+/// The model's admin row (must answer 200).
+pub(crate) async fn row(server: &Server, model: &str) -> Value {
+    let (status, row) = get(server, &format!("/v1/admin/models/{model}")).await;
+    assert_eq!(status, 200, "{row}");
+    row
+}
+
+/// Polls the model's admin row until `done` holds, failing after 30 s; the row that held.
+pub(crate) async fn wait_for_row(
+    server: &Server,
+    model: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = row(server, model).await;
+        if done(&row) {
+            return row;
+        }
+        assert!(Instant::now() < deadline, "{model} never got {what}: {row}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

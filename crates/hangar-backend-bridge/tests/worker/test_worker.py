@@ -14,6 +14,7 @@ environment variable HANGAR_TEST_WORKER picks a misbehaviour:
   missing            --check reports the package `enginepkg` missing
   unknown_id         answer a generation under an id Hangar never sent
   wrong_reply        answer a generation with pong
+  refuse             answer a generation with a `protocol` error
 
 HANGAR_TEST_TICKS=N makes a generation of the prompt "tick" stream N "tick" tokens, one per
 HANGAR_TEST_TOKEN_MS milliseconds (default 0), so tests can cancel one in flight.
@@ -62,6 +63,9 @@ def generate(sock, rid, request):
         return
     if MODE == "wrong_reply":
         send(sock, {"id": rid, "type": "pong"})
+        return
+    if MODE == "refuse":
+        send(sock, {"id": rid, "type": "error", "code": "protocol", "message": "what is this?"})
         return
     params = request.get("params") or {}
     limit = params.get("max_tokens")
