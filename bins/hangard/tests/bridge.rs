@@ -289,3 +289,27 @@ async fn two_replicas_serve_concurrently_each_in_its_own_worker() {
         wait_gone(pid, "a replica's worker after unload").await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_worker_outlives_hangard_whether_it_drains_or_is_killed() {
+    // SIGTERM: the drain unloads the model, the worker exits on its own.
+    let models = json!({ "tiny-ct2": ct2_model(json!({ "enabled": true })) });
+    let mut server = Server::start(&config(models.clone()), &[]);
+    let loaded =
+        wait_for_row(&server, "tiny-ct2", "loaded", |r| r["runtime_state"] == "loaded").await;
+    let pid = pids(&loaded)[0];
+    server.terminate();
+    assert!(server.wait(Duration::from_secs(30)).success(), "hangard drains and exits 0");
+    wait_gone(pid, "the worker after hangard's SIGTERM").await;
+
+    // SIGKILL: hangard cannot clean up; the worker dies with it (its death signal).
+    let mut server = Server::start(&config(models), &[]);
+    let loaded =
+        wait_for_row(&server, "tiny-ct2", "loaded", |r| r["runtime_state"] == "loaded").await;
+    let pid = pids(&loaded)[0];
+    assert!(alive(pid));
+    let status = Command::new("kill").args(["-9", &server.pid().to_string()]).status().unwrap();
+    assert!(status.success());
+    server.wait(Duration::from_secs(10));
+    wait_gone(pid, "the worker after hangard's SIGKILL").await;
+}

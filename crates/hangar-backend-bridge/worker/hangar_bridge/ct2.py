@@ -14,11 +14,13 @@ threads' generators once they have sampled (checked with ctranslate2 4.8.5).
 
 max_tokens null generates until an end token or a full context: config.json's
 `max_position_embeddings`, else tokenizer_config.json's `model_max_length`, else 4096 tokens
-(prompt included; a translator's decoding length alone). End tokens: config.json's and
-tokenizer_config.json's eos tokens, generation_config.json's eos ids, and `<|im_end|>` /
-`<|endoftext|>` when the vocabulary has them. An explicit prompt is tokenized with the
-tokenizer's special tokens (e.g. a BOS its post-processor adds); a rendered chat template
-without (the template writes them). A translator translates the prompt with no target prefix.
+(a generator's prompt included; a translator's whole source must fit in it, and its output
+may fill it). End tokens: config.json's and tokenizer_config.json's eos tokens,
+generation_config.json's eos ids, and `<|im_end|>` / `<|endoftext|>` when the vocabulary
+has them. An explicit prompt is tokenized with the tokenizer's special tokens (e.g. a BOS its
+post-processor adds); a rendered chat template without (the template writes them). A
+translator translates the prompt with no target prefix, from config.json's
+`decoder_start_token`.
 """
 
 import os
@@ -158,8 +160,8 @@ class Adapter:
         if not tokens:
             raise BridgeError("invalid_request", "the prompt is empty")
         params = request.get("params") or {}
-        room = self.context if self.kind == "translator" else self.context - len(tokens)
-        if room <= 0:
+        room = self.context - (len(tokens) if self.kind == "generator" else 0)
+        if room <= 0 or len(tokens) > self.context:
             raise BridgeError(
                 "invalid_request",
                 f"the prompt has {len(tokens)} tokens; the context holds {self.context}",
@@ -169,8 +171,10 @@ class Adapter:
         options = dict(self._sampling(params), end_token=self.end_tokens)
         if self.kind == "generator":
             steps = self.engine.generate_tokens(tokens, max_length=limit, **options)
-        else:
-            steps = self.engine.generate_tokens(tokens, max_decoding_length=limit, **options)
+        else:  # max_input_length 0: the whole source (CTranslate2 cuts it at 1,024 by default)
+            steps = self.engine.generate_tokens(
+                tokens, max_decoding_length=limit, max_input_length=0, **options
+            )
         decoder = IncrementalDecoder(
             lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
         )

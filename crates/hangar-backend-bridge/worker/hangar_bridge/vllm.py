@@ -26,6 +26,8 @@ import itertools
 import queue
 import threading
 
+import os
+
 from . import BridgeError, free_torch_memory, import_failed, log, model_dir, require
 from .text import StopFilter, chat_messages, thinking_kwargs
 
@@ -41,6 +43,14 @@ PLAIN_ARGS = {
     "vllm_tensor_parallel_size": "tensor_parallel_size",
 }
 _serial = itertools.count(1)
+
+
+def model_ref(model):
+    """What vLLM loads: a local directory that must exist, or a Hugging Face hub id
+    (`org/name`), which vLLM resolves itself (downloading it unless it is cached)."""
+    path = model.get("model_path") or ""
+    hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~")) and not os.path.exists(path)
+    return path if hub_id else model_dir(model)
 
 
 def engine_kwargs(model_path, settings):
@@ -71,7 +81,7 @@ class Adapter:
         self.loop = None
 
     def load(self, model):
-        path = model_dir(model)
+        path = model_ref(model)
         require(PACKAGES)
         try:
             from vllm import SamplingParams

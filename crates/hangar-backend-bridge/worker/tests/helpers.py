@@ -1,10 +1,12 @@
-"""Shared test helpers: paths, fake engines on/off, a recording emit."""
+"""Shared test helpers: paths, fake engines on/off, a recording emit, the adapter test base."""
 
 import contextlib
 import importlib
 import os
 import sys
+import tempfile
 import threading
+import unittest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.dirname(TESTS)
@@ -96,7 +98,7 @@ def generate(prompt="<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", m
             "thinking": thinking, "params": base}
 
 
-def wait_for(predicate, timeout=5.0):
+def wait_for(predicate, timeout=30.0):
     """Polls `predicate` until it is true (returns True) or `timeout` passes (False)."""
     import time
 
@@ -113,3 +115,58 @@ def quiet():
     import io
 
     return contextlib.redirect_stderr(io.StringIO())
+
+
+class AdapterCase(unittest.TestCase):
+    """What an engine adapter's tests share: stderr quiet, and every adapter `load` made
+    unloaded after the test. A subclass sets `Adapter` (the adapter class) and, where it
+    differs from the default:
+
+    with_fakes: the fake engine packages (fakes/) importable, and their call record in
+        `self.rec` (default True).
+    model_path: the model directory `load` uses by default, also `self.path`; None (the
+        default) makes a fresh empty one per test.
+    default_settings: model settings (prompt_format, device included) every `load` gets
+        unless it names them.
+    """
+
+    Adapter = None
+    with_fakes = True
+    model_path = None
+    default_settings = {}
+
+    def setUp(self):
+        if self.model_path is None:
+            self.path = self.enter(tempfile.TemporaryDirectory())
+        else:
+            self.path = self.model_path
+        if self.with_fakes:
+            self.rec = self.enter(fakes())
+        self.enter(quiet())
+        self.adapters = []
+        self.addCleanup(self.unload_adapters)  # cleanups run in reverse: this one first
+
+    def enter(self, context):
+        """Enters `context` until the test's cleanup (unittest's enterContext before 3.11)."""
+        value = context.__enter__()
+        self.addCleanup(context.__exit__, None, None, None)
+        return value
+
+    def unload_adapters(self):
+        for adapter in self.adapters:
+            adapter.unload()
+
+    def load(self, path=None, **settings):
+        """A new adapter loaded with `model(path, **settings)` (path: `self.path` by default,
+        settings over `default_settings`): (adapter, its load result)."""
+        adapter = self.Adapter()
+        settings = {**self.default_settings, **settings}
+        result = adapter.load(model(self.path if path is None else path, **settings))
+        self.adapters.append(adapter)
+        return adapter, result
+
+    def run_generate(self, adapter, request, cancelled=None):
+        """`adapter.generate(request)` to the end: (the text it emitted, its result)."""
+        emitted = Emitted()
+        result = adapter.generate(request, emitted, cancelled or threading.Event())
+        return emitted.text, result

@@ -1,5 +1,7 @@
-"""The ct2 adapter with the real ctranslate2 on fixtures/models/tiny-ct2 (written by
-xtask/fixtures/tiny_ct2.py). Skipped when ctranslate2 or tokenizers is not importable.
+"""The ct2 adapter with the real ctranslate2: the Generator path on fixtures/models/tiny-ct2
+(written by xtask/fixtures/tiny_ct2.py), the Translator path on its encoder-decoder
+counterpart, which that script's `write` builds here in a temporary directory. Skipped when
+ctranslate2 or tokenizers is not importable.
 
 Run: target/bridge-venv/bin/python -m unittest discover \
     -s crates/hangar-backend-bridge/worker/tests -t crates/hangar-backend-bridge/worker
@@ -15,8 +17,9 @@ import tempfile
 import threading
 import unittest
 
-from tests.helpers import REPO, WORKER, Emitted, generate, model, quiet
+from tests.helpers import REPO, WORKER, AdapterCase, Emitted, generate, model
 from hangar_bridge import BridgeError
+from hangar_bridge.ct2 import Adapter
 
 HAVE_CT2 = all(importlib.util.find_spec(p) for p in ("ctranslate2", "tokenizers"))
 FIXTURE = os.path.join(REPO, "fixtures", "models", "tiny-ct2")
@@ -24,32 +27,25 @@ PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 PROMPT_TOKENS = 19  # byte-level BPE of PROMPT: 3 special tokens, "user" is u-s-er, ...
 
 
+def tiny_ct2():
+    """xtask/fixtures/tiny_ct2.py as a module: what builds the tiny CTranslate2 models."""
+    path = os.path.join(REPO, "xtask", "fixtures", "tiny_ct2.py")
+    spec = importlib.util.spec_from_file_location("tiny_ct2", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def printable(text):
+    return bool(text) and all(32 <= ord(c) < 127 or c == "\n" for c in text)
+
+
 @unittest.skipUnless(HAVE_CT2, "ctranslate2 and tokenizers are not importable")
-class Ct2Test(unittest.TestCase):
-    def setUp(self):
-        from hangar_bridge.ct2 import Adapter
-
-        self.Adapter = Adapter
-        self.quiet = quiet()
-        self.quiet.__enter__()
-        self.adapters = []
-
-    def tearDown(self):
-        for adapter in self.adapters:
-            adapter.unload()
-        self.quiet.__exit__(None, None, None)
-
-    def load(self, path=FIXTURE, **settings):
-        adapter = self.Adapter()
-        settings.setdefault("device", "cpu")
-        result = adapter.load(model(path, **settings))
-        self.adapters.append(adapter)
-        return adapter, result
-
-    def run_generate(self, adapter, request, cancelled=None):
-        emitted = Emitted()
-        result = adapter.generate(request, emitted, cancelled or threading.Event())
-        return emitted, result
+class Ct2Test(AdapterCase):
+    Adapter = Adapter
+    with_fakes = False
+    model_path = FIXTURE
+    default_settings = {"device": "cpu"}
 
     def test_load_details(self):
         _, (parallel, details) = self.load(ct2_inter_threads=2, ct2_intra_threads=1)
@@ -71,10 +67,9 @@ class Ct2Test(unittest.TestCase):
         first, result = self.run_generate(adapter, generate(PROMPT, max_tokens=24, temperature=0))
         second, _ = self.run_generate(adapter, generate(PROMPT, max_tokens=24, temperature=0))
         self.assertEqual(result, ("length", PROMPT_TOKENS, 24))
-        self.assertEqual(first.text, second.text)
-        self.assertTrue(first.text and all(32 <= ord(c) < 127 or c == "\n" for c in first.text),
-                        first.text)
-        self.assertNotIn("\ufffd", first.text)
+        self.assertEqual(first, second)
+        self.assertTrue(printable(first), first)
+        self.assertNotIn("\ufffd", first)
 
     def test_sampling_reaches_the_end_token(self):
         adapter, _ = self.load()
@@ -87,11 +82,11 @@ class Ct2Test(unittest.TestCase):
     def test_stop_sequence(self):
         adapter, _ = self.load()
         full, _ = self.run_generate(adapter, generate(PROMPT, max_tokens=24, temperature=0))
-        stop = full.text[6:9]
-        cut = full.text.index(stop)
-        emitted, result = self.run_generate(
+        stop = full[6:9]
+        cut = full.index(stop)
+        text, result = self.run_generate(
             adapter, generate(PROMPT, max_tokens=24, temperature=0, stop=[stop]))
-        self.assertEqual((emitted.text, result[0]), (full.text[:cut], "stop"))
+        self.assertEqual((text, result[0]), (full[:cut], "stop"))
 
     def test_cancel(self):
         adapter, _ = self.load()
@@ -172,6 +167,103 @@ class Ct2Test(unittest.TestCase):
         self.assertEqual(w.call("unload")["type"], "ok")
         self.assertEqual(w.call("shutdown")["type"], "ok")
         self.assertEqual(w.proc.wait(10), 0)
+
+
+@unittest.skipUnless(HAVE_CT2, "ctranslate2 and tokenizers are not importable")
+class Ct2TranslatorTest(AdapterCase):
+    """An encoder-decoder model (`TransformerSpec`) through `ctranslate2.Translator`: the
+    tiny-ct2 sizes, vocabulary and tokenizer, built once for the class (tens of ms)."""
+
+    Adapter = Adapter
+    with_fakes = False
+    default_settings = {"device": "cpu"}
+
+    @classmethod
+    def setUpClass(cls):
+        directory = tempfile.TemporaryDirectory()
+        cls.addClassCleanup(directory.cleanup)
+        cls.model_path = directory.name
+        tiny_ct2().write(cls.model_path, translator=True)
+
+    def greedy(self, adapter, max_tokens, prompt=PROMPT, **params):
+        return self.run_generate(
+            adapter, generate(prompt, max_tokens=max_tokens, temperature=0, **params))
+
+    def test_load_details(self):
+        _, (parallel, details) = self.load()
+        self.assertEqual(parallel, 1)
+        self.assertEqual(details["kind"], "translator")
+        self.assertEqual(details["compute_type"], "int8_float32")
+        self.assertEqual(details["end_tokens"], ["<|im_end|>", "<|endoftext|>"])
+        self.assertEqual(details["context_tokens"], 4096)
+
+    def test_greedy_streams_deterministic_text_up_to_max_tokens(self):
+        adapter, _ = self.load()
+        emitted = Emitted()
+        result = adapter.generate(generate(PROMPT, max_tokens=24, temperature=0), emitted,
+                                  threading.Event())
+        self.assertEqual(result, ("length", PROMPT_TOKENS, 24))
+        self.assertGreater(len(emitted.pieces), 1)  # streamed, not one piece at the end
+        self.assertTrue(printable(emitted.text), emitted.text)
+        again, _ = self.greedy(adapter, 24)
+        self.assertEqual(again, emitted.text)
+        short, result = self.greedy(adapter, 5)
+        self.assertEqual(result, ("length", PROMPT_TOKENS, 5))
+        self.assertTrue(short and emitted.text.startswith(short), (short, emitted.text))
+
+    def test_stop_sequence(self):
+        adapter, _ = self.load()
+        full, _ = self.greedy(adapter, 24)
+        stop = full[6:9]
+        text, result = self.greedy(adapter, 24, stop=[stop])
+        self.assertEqual((text, result[0]), (full[:full.index(stop)], "stop"))
+
+    def test_sampling_reaches_the_end_token(self):
+        adapter, _ = self.load()
+        for _ in range(30):  # at temperature 3 about 3 samples in 4 end within 200 tokens
+            text, result = self.run_generate(
+                adapter, generate(PROMPT, max_tokens=200, temperature=3.0))
+            if result[0] == "stop":
+                break
+        self.assertEqual(result[0], "stop")
+        self.assertNotIn("<|", text)
+
+    def test_cancel(self):
+        adapter, _ = self.load()
+        cancelled = threading.Event()
+        emitted = Emitted()
+
+        def emit(text):
+            emitted(text)
+            cancelled.set()
+
+        with self.assertRaises(BridgeError) as e:
+            adapter.generate(generate(PROMPT, max_tokens=2000, temperature=0), emit, cancelled)
+        self.assertEqual(e.exception.code, "cancelled")
+        self.assertEqual(len(emitted.pieces), 1)
+
+    def test_the_whole_source_must_fit_the_context(self):
+        adapter, _ = self.load()
+        # Longer than CTranslate2's default input cut (1,024 tokens; the adapter lifts it).
+        _, result = self.greedy(adapter, 2, prompt="x" * 1100)  # "x" is one token
+        self.assertEqual(result, ("length", 1100, 2))
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "m")
+            shutil.copytree(self.path, path)
+            config_path = os.path.join(path, "tokenizer_config.json")
+            with open(config_path) as f:
+                config = json.load(f)
+            config["model_max_length"] = 16
+            with open(config_path, "w") as f:
+                json.dump(config, f)
+            small, _ = self.load(path)
+            with self.assertRaises(BridgeError) as e:
+                self.greedy(small, None, prompt="x" * 17)
+            self.assertEqual(e.exception.code, "invalid_request")
+            # A source that fills the context: the translation may fill it too.
+            _, result = self.greedy(small, None, prompt="x" * 16)
+            self.assertEqual(result[1], 16)
+            self.assertTrue(1 <= result[2] <= 16, result)
 
 
 class Ct2CheckTest(unittest.TestCase):

@@ -13,43 +13,18 @@ import threading
 import unittest
 
 from tests import helpers
-from tests.helpers import Emitted, env, fakes, generate, model, quiet, wait_for
+from tests.helpers import Emitted, env, generate, model, wait_for
 from hangar_bridge import BridgeError
 from hangar_bridge.exllamav3 import Adapter
 
 
-class ExllamaTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.path = self.dir.name
-        self.fakes = fakes()
-        self.rec = self.fakes.__enter__()
-        self.quiet = quiet()
-        self.quiet.__enter__()
-        self.adapters = []
-
-    def tearDown(self):
-        for adapter in self.adapters:
-            adapter.unload()
-        self.quiet.__exit__(None, None, None)
-        self.fakes.__exit__(None, None, None)
-        self.dir.cleanup()
-
-    def load(self, **settings):
-        adapter = Adapter()
-        result = adapter.load(model(self.path, **settings))
-        self.adapters.append(adapter)
-        return adapter, result
+class ExllamaTest(helpers.AdapterCase):
+    Adapter = Adapter
 
     def cache_call(self, **settings):
         self.load(**settings)
         (cache,) = self.rec.calls("Cache")
         return cache
-
-    def run_generate(self, adapter, request, cancelled=None):
-        emitted = Emitted()
-        result = adapter.generate(request, emitted, cancelled or threading.Event())
-        return emitted.text, result
 
     # -- load mapping
     def test_defaults_fp16_cache_of_8192_tokens(self):
@@ -133,7 +108,10 @@ class ExllamaTest(unittest.TestCase):
 
     def test_stop_sequence_split_across_pieces(self):
         adapter, _ = self.load()
-        text, result = self.run_generate(adapter, generate(prompt="abc", stop=["o, w"]))
+        # The job runs on (2,000 pieces more, 10 s) after the stop, so there is one to cancel.
+        script = self.rec.DEFAULT_SCRIPT + ["."] * 2000
+        with env(FAKE_ENGINE_SCRIPT=json.dumps(script), FAKE_ENGINE_DELAY="0.005"):
+            text, result = self.run_generate(adapter, generate(prompt="abc", stop=["o, w"]))
         self.assertEqual(text, "Hell")
         self.assertEqual(result[0], "stop")
         self.assertTrue(wait_for(lambda: self.rec.calls("Generator.cancel")))
@@ -147,11 +125,11 @@ class ExllamaTest(unittest.TestCase):
             emitted(text)
             cancelled.set()
 
-        with env(FAKE_ENGINE_SCRIPT=json.dumps(["x"] * 1000), FAKE_ENGINE_DELAY="0.005"):
+        with env(FAKE_ENGINE_SCRIPT=json.dumps(["x"] * 2000), FAKE_ENGINE_DELAY="0.005"):
             with self.assertRaises(BridgeError) as e:
                 adapter.generate(generate(prompt="abc"), emit, cancelled)
         self.assertEqual(e.exception.code, "cancelled")
-        self.assertLess(len(emitted.text), 1000)
+        self.assertLess(len(emitted.text), 2000)
         # The driver thread cancels the job soon after.
         self.assertTrue(wait_for(lambda: self.rec.calls("Generator.cancel")))
 
@@ -167,7 +145,7 @@ class ExllamaTest(unittest.TestCase):
             for t in threads:
                 t.start()
             for t in threads:
-                t.join(10)
+                t.join(60)
         self.assertEqual([r[0] for r in results], ["Hello, world!"] * 4)
 
     def test_engine_failure_is_engine_error_and_the_adapter_stays_usable(self):

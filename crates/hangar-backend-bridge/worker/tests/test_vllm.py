@@ -13,7 +13,7 @@ import threading
 import unittest
 
 from tests import helpers
-from tests.helpers import Emitted, env, fakes, generate, model, quiet
+from tests.helpers import Emitted, env, generate, model
 from hangar_bridge import BridgeError
 from hangar_bridge.vllm import Adapter
 
@@ -32,38 +32,13 @@ ALL_FIELDS = {
 }
 
 
-class VllmTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.path = self.dir.name
-        self.fakes = fakes()
-        self.rec = self.fakes.__enter__()
-        self.quiet = quiet()
-        self.quiet.__enter__()
-        self.adapters = []
-
-    def tearDown(self):
-        for adapter in self.adapters:
-            adapter.unload()
-        self.quiet.__exit__(None, None, None)
-        self.fakes.__exit__(None, None, None)
-        self.dir.cleanup()
-
-    def load(self, **settings):
-        adapter = Adapter()
-        result = adapter.load(model(self.path, **settings))
-        self.adapters.append(adapter)
-        return adapter, result
+class VllmTest(helpers.AdapterCase):
+    Adapter = Adapter
 
     def engine_args(self, **settings):
         self.load(**settings)
         (args,) = self.rec.calls("AsyncEngineArgs")
         return args
-
-    def run_generate(self, adapter, request, cancelled=None):
-        emitted = Emitted()
-        result = adapter.generate(request, emitted, cancelled or threading.Event())
-        return emitted.text, result
 
     # -- engine arguments: as the `vllm serve` launcher maps them
     def test_every_field(self):
@@ -140,6 +115,11 @@ class VllmTest(unittest.TestCase):
             Adapter().load(model(os.path.join(self.path, "nope")))
         self.assertEqual(e.exception.code, "not_found")
 
+    def test_a_hub_id_goes_to_vllm_as_it_is(self):
+        self.load("Qwen/Qwen3-0.6B")
+        (args,) = self.rec.calls("AsyncEngineArgs")
+        self.assertEqual(args["model"], "Qwen/Qwen3-0.6B")
+
     # -- generation
     def test_generate_streams_deltas(self):
         adapter, _ = self.load()
@@ -196,7 +176,7 @@ class VllmTest(unittest.TestCase):
             for t in threads:
                 t.start()
             for t in threads:
-                t.join(10)
+                t.join(60)
         self.assertEqual([r[0] for r in results], ["Hello, world!"] * 4)
 
     def test_bad_sampling_parameters_are_invalid_request(self):

@@ -40,7 +40,9 @@ class Model:
 
     def load(self, **kwargs):
         record("Model.load", **kwargs)
-        time.sleep(float(os.environ.get("FAKE_ENGINE_LOAD_DELAY") or 0))
+        gate, deadline = os.environ.get("FAKE_ENGINE_LOAD_GATE"), time.monotonic() + 60
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def unload(self):
         record("Model.unload")
