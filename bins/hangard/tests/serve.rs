@@ -269,16 +269,25 @@ async fn a_failing_load_answers_400_load_failed_and_keeps_last_error() {
 }
 
 #[tokio::test]
-async fn an_engine_not_compiled_in_fails_to_load_and_evicts_nothing() {
+async fn an_engine_that_cannot_start_fails_to_load_and_evicts_nothing() {
     let mut config = admin_config();
     config["max_loaded_models"] = json!({ "llm": 1 });
+    // The vLLM bridge's interpreter does not exist: the preflight fails before eviction.
+    config["models"]["vl"]["bridge_python"] = json!("/nonexistent/python3");
     let server = Server::start(&config, &[]);
     assert_eq!(load(&server, "chat", json!({})).await.0, 200);
     let (status, answer) = load(&server, "vl", json!({})).await;
     assert_eq!((status, code(&answer)), (400, "load_failed"), "{answer}");
     let last_error = answer["error"]["model"]["last_error"].as_str().unwrap();
-    assert!(last_error.contains("vllm is not available in this build"), "{last_error}");
-    assert_eq!(state(&server, "chat").await, "loaded", "an unavailable engine evicts nothing");
+    assert!(
+        last_error.contains("/nonexistent/python3") && last_error.contains("bridge_python"),
+        "{last_error}"
+    );
+    assert_eq!(
+        state(&server, "chat").await,
+        "loaded",
+        "an engine that cannot start evicts nothing"
+    );
 }
 
 #[cfg(feature = "llama-cpp")]
