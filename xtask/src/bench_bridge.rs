@@ -210,7 +210,7 @@ fn print(samples: &mut Samples, details: &str) {
     let stream = slope(&mut samples.stream);
     println!();
     println!(
-        "bench bridge: {MODEL} ({details}), CPU, {} cores",
+        "bench bridge: {MODEL} ({details}); CPU: {}",
         crate::bench_llamacpp::cpu_model()
     );
     println!(
