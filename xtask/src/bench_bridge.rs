@@ -209,10 +209,7 @@ fn print(samples: &mut Samples, details: &str) {
     let hangar = slope(&mut samples.hangar);
     let stream = slope(&mut samples.stream);
     println!();
-    println!(
-        "bench bridge: {MODEL} ({details}); CPU: {}",
-        crate::bench_llamacpp::cpu_model()
-    );
+    println!("bench bridge: {MODEL} ({details}); CPU: {}", crate::bench_llamacpp::cpu_model());
     println!(
         "  medians of {} requests per cell; per token = slope between {SHORT} and {LONG} tokens",
         ROUNDS * BLOCKS

@@ -2,6 +2,7 @@
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import sys
 import tempfile
@@ -170,3 +171,31 @@ class AdapterCase(unittest.TestCase):
         emitted = Emitted()
         result = adapter.generate(request, emitted, cancelled or threading.Event())
         return emitted.text, result
+
+
+def check_missing_package(test, adapter_class, package):
+    """Without the fakes, loading with `adapter_class` fails with `missing_package` naming
+    `package` and this interpreter (skipped when the real package is installed)."""
+    from hangar_bridge import BridgeError
+
+    purge_fakes()
+    if importlib.util.find_spec(package) is not None:
+        test.skipTest(f"a real {package} is installed")
+    with tempfile.TemporaryDirectory() as d:
+        with test.assertRaises(BridgeError) as e:
+            adapter_class().load(model(d))
+    error = e.exception
+    test.assertEqual(error.code, "missing_package")
+    test.assertEqual(error.extra, {"package": package, "python": sys.executable})
+    test.assertIn(f"pip install {package}", error.message)
+    test.assertIn(sys.executable, error.message)
+
+
+def check_embed_and_rerank_unsupported(test, adapter):
+    """A generation engine answers embed and rerank with `unsupported`."""
+    from hangar_bridge import BridgeError
+
+    for call in (lambda: adapter.embed(["x"]), lambda: adapter.rerank("q", ["d"])):
+        with test.assertRaises(BridgeError) as e:
+            call()
+        test.assertEqual(e.exception.code, "unsupported")

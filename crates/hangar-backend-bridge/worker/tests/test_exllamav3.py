@@ -7,8 +7,6 @@ Run: python3 -m unittest discover -s crates/hangar-backend-bridge/worker/tests \
 import importlib.util
 import json
 import os
-import sys
-import tempfile
 import threading
 import unittest
 
@@ -200,26 +198,12 @@ class ExllamaTest(helpers.AdapterCase):
         self.assertIsNone(adapter.generator)
 
     def test_embed_and_rerank_are_unsupported(self):
-        adapter, _ = self.load()
-        for call in (lambda: adapter.embed(["x"]), lambda: adapter.rerank("q", ["d"])):
-            with self.assertRaises(BridgeError) as e:
-                call()
-            self.assertEqual(e.exception.code, "unsupported")
+        helpers.check_embed_and_rerank_unsupported(self, self.load()[0])
 
 
 class MissingExllamaTest(unittest.TestCase):
     def test_missing_package_names_it_and_the_interpreter(self):
-        helpers.purge_fakes()
-        if importlib.util.find_spec("exllamav3") is not None:
-            self.skipTest("a real exllamav3 is installed")
-        with tempfile.TemporaryDirectory() as d:
-            with self.assertRaises(BridgeError) as e:
-                Adapter().load(model(d))
-        error = e.exception
-        self.assertEqual(error.code, "missing_package")
-        self.assertEqual(error.extra, {"package": "exllamav3", "python": sys.executable})
-        self.assertIn("pip install exllamav3", error.message)
-        self.assertIn(sys.executable, error.message)
+        helpers.check_missing_package(self, Adapter, "exllamav3")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,6 @@ Run: python3 -m unittest discover -s crates/hangar-backend-bridge/worker/tests \
 import importlib.util
 import json
 import os
-import sys
-import tempfile
 import threading
 import unittest
 
@@ -208,25 +206,12 @@ class VllmTest(helpers.AdapterCase):
         self.assertIsNone(adapter.loop)
 
     def test_embed_and_rerank_are_unsupported(self):
-        adapter, _ = self.load()
-        for call in (lambda: adapter.embed(["x"]), lambda: adapter.rerank("q", ["d"])):
-            with self.assertRaises(BridgeError) as e:
-                call()
-            self.assertEqual(e.exception.code, "unsupported")
+        helpers.check_embed_and_rerank_unsupported(self, self.load()[0])
 
 
 class MissingVllmTest(unittest.TestCase):
     def test_missing_package_names_it_and_the_interpreter(self):
-        helpers.purge_fakes()
-        if importlib.util.find_spec("vllm") is not None:
-            self.skipTest("a real vllm is installed")
-        with tempfile.TemporaryDirectory() as d:
-            with self.assertRaises(BridgeError) as e:
-                Adapter().load(model(d))
-        error = e.exception
-        self.assertEqual(error.code, "missing_package")
-        self.assertEqual(error.extra, {"package": "vllm", "python": sys.executable})
-        self.assertIn("pip install vllm", error.message)
+        helpers.check_missing_package(self, Adapter, "vllm")
 
 
 if __name__ == "__main__":
