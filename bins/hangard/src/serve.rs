@@ -291,6 +291,13 @@ async fn serve(mut config: Config) -> Result<ExitCode> {
     // kill the process.
     let mut signals = Signals::install()?;
     let manager = Manager::new(&config, backends());
+    // NVML, initialised once; without a driver GPU telemetry says why it is unavailable.
+    let gpu = hangar_gpu::probe();
+    match gpu.read() {
+        Ok(gpus) => tracing::info!(gpus = gpus.len(), "GPU telemetry: NVML"),
+        Err(e) => tracing::info!(reason = %e.reason, "GPU telemetry unavailable"),
+    }
+    manager.set_gpu_probe(gpu);
     let service = HangarService::new(manager.clone(), ServerOptions::from_config(&config));
     // The manager owns the model definitions from here on; this copy would only hold memory.
     let model_count = std::mem::take(&mut config.models).len();

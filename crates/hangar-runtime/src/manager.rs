@@ -90,6 +90,8 @@ pub(crate) struct Inner {
     pub(crate) housekeeping: std::sync::OnceLock<()>,
     /// When a model that keeps failing is quarantined.
     pub(crate) quarantine: hangar_config::QuarantinePolicy,
+    /// Where GPU memory is read ([`Manager::set_gpu_probe`]).
+    pub(crate) gpu: std::sync::RwLock<Arc<dyn hangar_gpu::GpuProbe>>,
 }
 
 impl Manager {
@@ -133,6 +135,9 @@ impl Manager {
                 next_lease: std::sync::atomic::AtomicU64::new(1),
                 housekeeping: std::sync::OnceLock::new(),
                 quarantine: config.quarantine,
+                gpu: std::sync::RwLock::new(Arc::new(hangar_gpu::NoGpu(
+                    "no GPU probe: the host configured none".into(),
+                ))),
             }),
         }
     }

@@ -139,6 +139,11 @@ struct ModelLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct GpuLabel {
+    gpu: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct StateLabels {
     model: Label,
     state: &'static str,
@@ -189,6 +194,7 @@ impl Collector for ModelGauges {
                 value.encode(family.encode_family(&ModelLabel { model: label.clone() })?)?;
             }
         }
+        encode_gpus(&self.0, &mut encoder)?;
         let c = self.0.counters();
         for (name, help, value) in [
             ("hangar_model_loads", "Loads that succeeded (reloads included)", c.loads),
@@ -207,6 +213,36 @@ impl Collector for ModelGauges {
         }
         Ok(())
     }
+}
+
+/// `hangar_gpu_telemetry_available` and, per GPU, its used and total memory in bytes.
+fn encode_gpus(
+    manager: &Manager,
+    encoder: &mut DescriptorEncoder<'_>,
+) -> Result<(), std::fmt::Error> {
+    let gpus = manager.gpu_readings();
+    let available = ConstGauge::new(i64::from(gpus.is_ok()));
+    available.encode(encoder.encode_descriptor(
+        "hangar_gpu_telemetry_available",
+        "1 when GPU memory can be read (NVML), 0 otherwise (the reason is in /v1/admin/gpu-memory)",
+        None,
+        available.metric_type(),
+    )?)?;
+    let gpus = gpus.unwrap_or_default();
+    type Field = fn(&hangar_runtime::GpuReading) -> u64;
+    let fields: [(&str, &str, Field); 2] = [
+        ("hangar_gpu_memory_used_bytes", "GPU memory in use", |g| g.used_mib),
+        ("hangar_gpu_memory_total_bytes", "GPU memory in all", |g| g.total_mib),
+    ];
+    for (name, help, mib) in fields {
+        let mut family = encoder.encode_descriptor(name, help, None, available.metric_type())?;
+        for gpu in &gpus {
+            let bytes = i64::try_from(mib(gpu).saturating_mul(1024 * 1024)).unwrap_or(i64::MAX);
+            let labels = GpuLabel { gpu: gpu.index.to_string() };
+            ConstGauge::new(bytes).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -295,9 +295,47 @@ async fn gpu_memory_reports_no_gpus_with_a_reason_and_every_model() {
     let (status, body) = call(&s, Method::GET, "/v1/admin/gpu-memory", "", None).await;
     assert_eq!(status, 200);
     assert_eq!(body["gpus"], json!([]));
-    assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()));
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(error.contains("unavailable") && error.contains("no GPU probe"), "{body}");
     assert_eq!(body["models"].as_array().unwrap().len(), 6);
     assert_eq!(body["models"][0]["vram_estimate_source"], "unavailable");
+}
+
+/// A probe with one scripted GPU whose used memory grows by 100 MiB per read.
+struct GrowingGpu(std::sync::atomic::AtomicU64);
+
+impl hangar_runtime::GpuProbe for GrowingGpu {
+    fn read(&self) -> Result<Vec<hangar_runtime::GpuReading>, hangar_runtime::GpuUnavailable> {
+        let used = self.0.fetch_add(100, std::sync::atomic::Ordering::SeqCst);
+        Ok(vec![hangar_runtime::GpuReading {
+            index: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            used_mib: used,
+            total_mib: 81559,
+            processes: Vec::new(),
+        }])
+    }
+}
+
+#[tokio::test]
+async fn gpu_memory_lists_what_the_probe_reads_each_time_it_is_asked() {
+    let config = hangar_config::Config::from_value(&json!({
+        "models": { "stub": { "backend": "stub" } }
+    }))
+    .unwrap();
+    let manager = Manager::new(&config, Backends::new().with(Arc::new(StubBackend::new())));
+    manager.set_gpu_probe(Arc::new(GrowingGpu(std::sync::atomic::AtomicU64::new(1000))));
+    let s = HangarService::new(manager, ServerOptions::from_config(&config));
+    let (status, body) = call(&s, Method::GET, "/v1/admin/gpu-memory", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["gpus"],
+        json!([{ "index": 0, "name": "NVIDIA H100 80GB HBM3", "used_mib": 1000, "total_mib": 81559,
+                 "used_over_total": "1000MiB / 81559MiB" }])
+    );
+    assert_eq!(body["error"], Value::Null);
+    let (_, body) = call(&s, Method::GET, "/v1/admin/gpu-memory", "", None).await;
+    assert_eq!(body["gpus"][0]["used_mib"], 1100, "read again, not cached: {body}");
 }
 
 #[tokio::test]

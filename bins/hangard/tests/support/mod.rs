@@ -42,7 +42,7 @@ pub(crate) fn temp_dir(label: &str) -> PathBuf {
 }
 
 /// The environment variables `hangard` reads; removed so the host cannot leak into a test.
-pub(crate) const HANGARD_ENV: [&str; 7] = [
+pub(crate) const HANGARD_ENV: [&str; 8] = [
     "HANGAR_CONFIG",
     "HANGAR_ADMIN_KEY",
     "HANGAR_URL",
@@ -50,6 +50,7 @@ pub(crate) const HANGARD_ENV: [&str; 7] = [
     "HANGAR_CTX_SIZE",
     "HANGAR_LLAMACPP_ARGS",
     "HANGAR_LLAMACPP",
+    "HANGAR_NVML_LIBRARY",
 ];
 
 /// A `hangard` command with a clean environment.

@@ -211,10 +211,9 @@ pub(crate) async fn unload(ctx: Ctx) -> Result<Response, ApiError> {
 
 /// `GET /v1/admin/gpu-memory`.
 pub(crate) async fn gpu_memory(ctx: Ctx) -> Result<Response, ApiError> {
-    let models = ctx
-        .state
-        .manager
-        .models()
+    let memory = ctx.state.manager.gpu_memory().await;
+    let models = memory
+        .models
         .into_iter()
         .map(|m| ModelVram {
             name: m.name().to_owned(),
@@ -227,10 +226,19 @@ pub(crate) async fn gpu_memory(ctx: Ctx) -> Result<Response, ApiError> {
             vram_estimate_source: m.vram_estimate_source,
         })
         .collect();
-    let response = GpuMemoryResponse {
-        gpus: Vec::new(),
-        models,
-        error: Some("GPU telemetry is not available: this build has no NVML probe".into()),
+    let (gpus, error) = match memory.gpus {
+        Ok(gpus) => (gpus, None),
+        Err(unavailable) => (Vec::new(), Some(unavailable.to_string())),
     };
-    Ok(json_response(StatusCode::OK, &response))
+    let gpus = gpus
+        .into_iter()
+        .map(|g| GpuInfo {
+            used_over_total: g.used_over_total(),
+            index: g.index,
+            name: g.name,
+            used_mib: g.used_mib,
+            total_mib: g.total_mib,
+        })
+        .collect();
+    Ok(json_response(StatusCode::OK, &GpuMemoryResponse { gpus, models, error }))
 }
