@@ -71,6 +71,8 @@ pub(crate) struct Slot {
     pub(crate) blocked_by: Vec<String>,
     /// Recent failed loads and crashes, and the quarantine they led to.
     pub(crate) failures: crate::quarantine::FailureLog,
+    /// GPU memory measured across loads (`observed_load_delta`).
+    pub(crate) vram: crate::gpu::ObservedVram,
 }
 
 impl ModelEntry {
@@ -103,6 +105,7 @@ impl ModelEntry {
                 leases: Vec::new(),
                 blocked_by: Vec::new(),
                 failures: Default::default(),
+                vram: Default::default(),
             }),
             config,
             position,

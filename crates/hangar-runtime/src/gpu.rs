@@ -1,10 +1,14 @@
 //! GPU telemetry as the manager serves it: the host's probe ([`Manager::set_gpu_probe`]) read
 //! off the async threads, next to every model's VRAM estimate.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError};
+
+use hangar_config::Device;
 
 use hangar_gpu::{GpuProbe, GpuReading, Unavailable};
 
+use crate::entry::ModelEntry;
 use crate::manager::Manager;
 use crate::snapshot::ModelSnapshot;
 
@@ -41,5 +45,52 @@ impl Manager {
             .await
             .unwrap_or_else(|e| Err(Unavailable { reason: format!("the GPU probe failed: {e}") }));
         GpuMemory { gpus, models: self.models() }
+    }
+}
+
+/// GPU memory a model's loads took, in MiB, by the replica count of the load (loads are
+/// serialized, so the difference of the GPUs' used memory across one is that load's).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ObservedVram {
+    by_replicas: BTreeMap<u32, u64>,
+    last: Option<u32>,
+}
+
+impl ObservedVram {
+    /// The figure for `replicas`, else the last one measured: `(MiB, replica count)`.
+    pub(crate) fn estimate(&self, replicas: u32) -> Option<(u64, u32)> {
+        let replicas =
+            if self.by_replicas.contains_key(&replicas) { Some(replicas) } else { self.last };
+        replicas.and_then(|r| self.by_replicas.get(&r).map(|mib| (*mib, r)))
+    }
+}
+
+impl Manager {
+    /// The GPUs' used memory in all, in MiB, when `entry`'s model is on a GPU and the probe
+    /// can read it: the "before" of a load.
+    pub(crate) async fn gpu_used_before_load(&self, entry: &ModelEntry) -> Option<u64> {
+        if !entry.config.device.contains(Device::GPU) {
+            return None;
+        }
+        let probe = Arc::clone(&self.inner.gpu.read().unwrap_or_else(PoisonError::into_inner));
+        let gpus = tokio::task::spawn_blocking(move || probe.read()).await.ok()?.ok()?;
+        Some(gpus.iter().map(|g| g.used_mib).sum())
+    }
+
+    /// Records what a successful load of `replicas` replicas took: the GPUs' used memory now
+    /// minus `before`.
+    pub(crate) async fn record_load_delta(
+        &self,
+        entry: &ModelEntry,
+        before: Option<u64>,
+        replicas: u32,
+    ) {
+        let Some(before) = before else { return };
+        let Some(after) = self.gpu_used_before_load(entry).await else { return };
+        let mib = after.saturating_sub(before);
+        let mut slot = entry.lock();
+        slot.vram.by_replicas.insert(replicas, mib);
+        slot.vram.last = Some(replicas);
+        tracing::debug!(model = %entry.config.name, replicas, mib, "GPU memory taken by the load");
     }
 }

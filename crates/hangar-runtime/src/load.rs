@@ -260,7 +260,14 @@ impl Manager {
                 self.execute(plan, &entry.config.name).await
             };
             match blocked {
-                Ok(()) => self.load_with_retry(&entry, &model, replicas).await,
+                Ok(()) => {
+                    let before = self.gpu_used_before_load(&entry).await;
+                    let loaded = self.load_with_retry(&entry, &model, replicas).await;
+                    if loaded.is_ok() {
+                        self.record_load_delta(&entry, before, replicas).await;
+                    }
+                    loaded
+                }
                 Err(held) => {
                     let message = format!(
                         "slots_pinned: no room without evicting pinned or leased model(s): {}",

@@ -164,6 +164,16 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         ModelState::Loaded | ModelState::Unloading => slot.loaded_replicas,
         _ => 0,
     };
+    // Measured beats derived: a load's GPU delta, else the files' size per replica.
+    let vram = match slot.vram.estimate(replicas) {
+        Some((mib, count)) => (Some(mib), count, VramEstimateSource::ObservedLoadDelta),
+        None => match entry.artifact_mib {
+            Some(mib) => {
+                (Some(mib * u64::from(replicas)), replicas, VramEstimateSource::ModelArtifactSize)
+            }
+            None => (None, replicas, VramEstimateSource::Unavailable),
+        },
+    };
     ModelSnapshot {
         config: Arc::clone(config),
         position,
@@ -184,13 +194,9 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         last_error: slot.lifecycle.last_error().map(str::to_owned),
         load_progress: if state == ModelState::Loading { slot.load_progress } else { None },
         last_use_unix_ms: slot.last_use.map(|(_, wall)| unix_ms(wall)),
-        vram_estimate_mib: entry.artifact_mib.map(|mib| mib * u64::from(replicas)),
-        vram_estimate_replica_count: replicas,
-        vram_estimate_source: if entry.artifact_mib.is_some() {
-            VramEstimateSource::ModelArtifactSize
-        } else {
-            VramEstimateSource::Unavailable
-        },
+        vram_estimate_mib: vram.0,
+        vram_estimate_replica_count: vram.1,
+        vram_estimate_source: vram.2,
         load_override: slot.load_override.clone(),
         capabilities: Arc::clone(&slot.capabilities),
         runtime_details: match state {
