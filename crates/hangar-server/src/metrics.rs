@@ -139,6 +139,13 @@ struct ModelLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct VramLabels {
+    model: Label,
+    source: &'static str,
+    replicas: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct GpuLabel {
     gpu: String,
 }
@@ -193,6 +200,23 @@ impl Collector for ModelGauges {
                 let value = ConstGauge::new(i64::from(get(m)));
                 value.encode(family.encode_family(&ModelLabel { model: label.clone() })?)?;
             }
+        }
+        let mut family = encoder.encode_descriptor(
+            "hangar_model_vram_estimate_bytes",
+            "Each model's VRAM estimate for `replicas` replicas, and where it comes from \
+             (observed_load_delta, model_artifact_size); models without one are left out",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (m, label) in models.iter().zip(&labels) {
+            let Some(mib) = m.vram_estimate_mib else { continue };
+            let labels = VramLabels {
+                model: label.clone(),
+                source: m.vram_estimate_source.into(),
+                replicas: m.vram_estimate_replica_count,
+            };
+            let bytes = i64::try_from(mib.saturating_mul(1024 * 1024)).unwrap_or(i64::MAX);
+            ConstGauge::new(bytes).encode(family.encode_family(&labels)?)?;
         }
         encode_gpus(&self.0, &mut encoder)?;
         let c = self.0.counters();

@@ -339,6 +339,30 @@ async fn gpu_memory_lists_what_the_probe_reads_each_time_it_is_asked() {
 }
 
 #[tokio::test]
+async fn a_gpu_models_load_delta_is_its_estimate_in_the_row_and_in_metrics() {
+    let config = hangar_config::Config::from_value(&json!({
+        "models": { "stub": { "backend": "stub", "device": "gpu" } }
+    }))
+    .unwrap();
+    let manager = Manager::new(&config, Backends::new().with(Arc::new(StubBackend::new())));
+    // Read before the load (1,000 MiB) and after it (1,100 MiB): the load took 100 MiB.
+    manager.set_gpu_probe(Arc::new(GrowingGpu(std::sync::atomic::AtomicU64::new(1000))));
+    let s = HangarService::new(manager, ServerOptions::from_config(&config));
+    let (status, row) = post(&s, "/v1/admin/models/stub/load", "").await;
+    assert_eq!(status, 200, "{row}");
+    assert_eq!(row["vram_estimate_mib"], 100, "{row}");
+    assert_eq!(row["vram_estimate_source"], "observed_load_delta", "{row}");
+    let (_, body) = call(&s, Method::GET, "/v1/admin/gpu-memory", "", None).await;
+    assert_eq!(body["models"][0]["vram_estimate_source"], "observed_load_delta", "{body}");
+    let resp =
+        s.handle(Request::builder().uri("/metrics").body(Full::new(Bytes::new())).unwrap()).await;
+    let text = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    let line = r#"hangar_model_vram_estimate_bytes{model="stub",source="observed_load_delta",replicas="1"} 104857600"#;
+    assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+}
+
+#[tokio::test]
 async fn admin_key_is_required_when_configured() {
     let s = service(Some("sekrit"));
     let (status, body) = call(&s, Method::GET, "/v1/admin/models", "", None).await;
