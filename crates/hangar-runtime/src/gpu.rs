@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError};
 
+use hangar_backend::LoadOverride;
 use hangar_config::Device;
 
 use hangar_gpu::{GpuProbe, GpuReading, Unavailable};
@@ -48,21 +49,43 @@ impl Manager {
     }
 }
 
-/// GPU memory a model's loads took, in MiB, by the replica count of the load (loads are
-/// serialized, so the difference of the GPUs' used memory across one is that load's).
+/// GPU memory a model's loads took, in MiB, by the replica count and the load override of the
+/// load (loads are serialized, so the difference of the GPUs' used memory across one is that
+/// load's; an override such as a larger context changes what a load takes).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ObservedVram {
-    by_replicas: BTreeMap<u32, u64>,
-    last: Option<u32>,
+    /// (replicas, the override as JSON) → MiB.
+    figures: BTreeMap<(u32, String), u64>,
+    /// The replica count measured last, per override.
+    last: BTreeMap<String, u32>,
 }
 
 impl ObservedVram {
-    /// The figure for `replicas`, else the last one measured: `(MiB, replica count)`.
-    pub(crate) fn estimate(&self, replicas: u32) -> Option<(u64, u32)> {
-        let replicas =
-            if self.by_replicas.contains_key(&replicas) { Some(replicas) } else { self.last };
-        replicas.and_then(|r| self.by_replicas.get(&r).map(|mib| (*mib, r)))
+    /// The figure for `replicas` under `load_override`, else the last one measured under the
+    /// same override: `(MiB, replica count)`. Figures of other overrides are not used.
+    pub(crate) fn estimate(
+        &self,
+        replicas: u32,
+        load_override: &LoadOverride,
+    ) -> Option<(u64, u32)> {
+        let key = fingerprint(load_override);
+        let replicas = if self.figures.contains_key(&(replicas, key.clone())) {
+            replicas
+        } else {
+            *self.last.get(&key)?
+        };
+        self.figures.get(&(replicas, key)).map(|mib| (*mib, replicas))
     }
+
+    fn record(&mut self, replicas: u32, load_override: &LoadOverride, mib: u64) {
+        let key = fingerprint(load_override);
+        self.figures.insert((replicas, key.clone()), mib);
+        self.last.insert(key, replicas);
+    }
+}
+
+fn fingerprint(load_override: &LoadOverride) -> String {
+    serde_json::to_string(load_override).unwrap_or_default()
 }
 
 impl Manager {
@@ -89,8 +112,8 @@ impl Manager {
         let Some(after) = self.gpu_used_before_load(entry).await else { return };
         let mib = after.saturating_sub(before);
         let mut slot = entry.lock();
-        slot.vram.by_replicas.insert(replicas, mib);
-        slot.vram.last = Some(replicas);
+        let load_override = slot.load_override.clone();
+        slot.vram.record(replicas, &load_override, mib);
         tracing::debug!(model = %entry.config.name, replicas, mib, "GPU memory taken by the load");
     }
 }

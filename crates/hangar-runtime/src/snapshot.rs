@@ -165,7 +165,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         _ => 0,
     };
     // Measured beats derived: a load's GPU delta, else the files' size per replica.
-    let vram = match slot.vram.estimate(replicas) {
+    let vram = match slot.vram.estimate(replicas, &slot.load_override) {
         Some((mib, count)) => (Some(mib), count, VramEstimateSource::ObservedLoadDelta),
         None => match entry.artifact_mib {
             Some(mib) => {

@@ -98,3 +98,46 @@ async fn a_failed_load_a_cpu_model_or_no_telemetry_measure_nothing() {
     blind.load("m", LoadOptions::default()).await.unwrap();
     assert_eq!(blind.model("m").unwrap().vram_estimate_source, VramEstimateSource::Unavailable);
 }
+
+#[tokio::test]
+async fn a_figure_measured_under_one_load_override_is_not_reported_for_another() {
+    let config = hangar_config::Config::from_value(&json!({
+        "models": { "m": { "backend": "llama_cpp", "model_path": "/nonexistent/m.gguf" } }
+    }))
+    .unwrap();
+    let backend = StubBackend::with_kind(hangar_config::BackendKind::LlamaCpp);
+    let manager = Manager::new(&config, Backends::new().with(Arc::new(backend)));
+    manager.set_gpu_probe(Readings::new(&[1000, 2000]));
+    let row = manager.load("m", LoadOptions::default()).await.unwrap();
+    assert_eq!(
+        (row.vram_estimate_mib, row.vram_estimate_source),
+        (Some(1000), VramEstimateSource::ObservedLoadDelta)
+    );
+    manager.unload("m").await.unwrap();
+
+    // A larger context, loaded with no telemetry: its footprint is unknown, and the figure
+    // of the default context must not stand in for it.
+    manager.set_gpu_probe(Arc::new(Blind));
+    let mut options = LoadOptions::default();
+    options.overrides.insert("gguf_n_ctx".into(), json!(8192));
+    let row = manager.load("m", options).await.unwrap();
+    assert_eq!(
+        (row.vram_estimate_mib, row.vram_estimate_source),
+        (None, VramEstimateSource::Unavailable)
+    );
+    manager.unload("m").await.unwrap();
+
+    // Back on the configured context: its own figure again.
+    manager.set_gpu_probe(Readings::new(&[1000, 2000]));
+    let row = manager.load("m", LoadOptions::default()).await.unwrap();
+    assert_eq!(row.vram_estimate_mib, Some(1000));
+}
+
+/// A probe with nothing to read.
+struct Blind;
+
+impl GpuProbe for Blind {
+    fn read(&self) -> Result<Vec<GpuReading>, GpuUnavailable> {
+        Err(GpuUnavailable { reason: "no driver".into() })
+    }
+}
