@@ -202,13 +202,16 @@ impl Backend for BridgeBackend {
             LoadError::Failed { message: format!("cannot start the bridge worker `{python}`: {e}") }
         })?;
         let child = Arc::new(child);
+        let failed = |why: String| LoadError::Failed { message: format!("bridge worker: {why}") };
         let start = async {
             let stream = tokio::select! {
-                accepted = listener.accept() => accepted.map_err(|e| format!("accept failed: {e}"))?.0,
-                status = child.wait() => return Err(child.obituary(&status)),
+                accepted = listener.accept() => {
+                    accepted.map_err(|e| failed(format!("accept failed: {e}")))?.0
+                }
+                status = child.wait() => return Err(failed(child.obituary(&status))),
             };
             let session = Session::start(stream);
-            let hello = handshake(&session).await?;
+            let hello = handshake(&session).await.map_err(failed)?;
             progress.report(0.1);
             let op = Op::Load {
                 engine: self.engine().to_owned(),
@@ -218,33 +221,27 @@ impl Backend for BridgeBackend {
                 Ok(Reply::Loaded { max_parallel_sequences, details }) => {
                     Ok((session, hello, max_parallel_sequences, details))
                 }
-                Ok(Reply::Error { code, message, .. }) => Err(load_error(&code, &message)),
-                Ok(other) => Err(format!("the worker answered load with {other:?}")),
-                Err(reason) => Err(reason),
+                Ok(Reply::Error { code, message, package }) => {
+                    Err(load_error(&model, &code, message, package))
+                }
+                Ok(other) => Err(failed(format!("the worker answered load with {other:?}"))),
+                Err(reason) => Err(failed(reason)),
             }
         };
         let outcome = tokio::time::timeout(model.load_timeout(), start).await;
         let _ = std::fs::remove_file(&socket);
         let (session, hello, max_parallel, worker_details) = match outcome {
             Ok(Ok(started)) => started,
-            Ok(Err(why)) => {
+            Ok(Err(error)) => {
                 child.stop(self.timing.grace).await;
-                return Err(match why.strip_prefix(NOT_FOUND) {
-                    Some(message) => LoadError::NotFound {
-                        path: model.model_path.clone().unwrap_or_default(),
-                        message: message.to_owned(),
-                    },
-                    None => LoadError::Failed { message: format!("bridge worker: {why}") },
-                });
+                return Err(error);
             }
             Err(_) => {
                 child.stop(self.timing.grace).await;
-                return Err(LoadError::Failed {
-                    message: format!(
-                        "bridge worker did not load the model within load_timeout_s ({:?})",
-                        model.load_timeout()
-                    ),
-                });
+                return Err(failed(format!(
+                    "did not load the model within load_timeout_s ({:?})",
+                    model.load_timeout()
+                )));
             }
         };
         progress.report(1.0);
@@ -273,9 +270,6 @@ impl Backend for BridgeBackend {
     }
 }
 
-/// Prefix of a start failure that is a not-found load error.
-const NOT_FOUND: &str = "not found: ";
-
 /// Opens the session: the worker's protocol must be ours. The worker's name and version.
 async fn handshake(session: &Arc<Session>) -> Result<String, String> {
     match session.call(&Op::Hello { protocol: PROTOCOL_VERSION }).finish().await? {
@@ -293,11 +287,20 @@ async fn handshake(session: &Arc<Session>) -> Result<String, String> {
     }
 }
 
-/// A load's error reply as a start failure (not-found ones marked with [`NOT_FOUND`]).
-fn load_error(code: &str, message: &str) -> String {
+/// A load's error reply as a load error: a missing package or model is not-found (nothing
+/// is evicted to retry it), anything else a failure with the worker's code.
+fn load_error(
+    model: &ModelConfig,
+    code: &str,
+    message: String,
+    package: Option<String>,
+) -> LoadError {
     match code {
-        "missing_package" | "not_found" => format!("{NOT_FOUND}{message}"),
-        _ => format!("{code}: {message}"),
+        "missing_package" => LoadError::NotFound { path: package.unwrap_or_default(), message },
+        "not_found" => {
+            LoadError::NotFound { path: model.model_path.clone().unwrap_or_default(), message }
+        }
+        _ => LoadError::Failed { message: format!("bridge worker: {code}: {message}") },
     }
 }
 

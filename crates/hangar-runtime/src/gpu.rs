@@ -1,7 +1,6 @@
 //! GPU telemetry as the manager serves it: the host's probe ([`Manager::set_gpu_probe`]) read
 //! off the async threads, next to every model's VRAM estimate.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError};
 
 use hangar_backend::LoadOverride;
@@ -23,6 +22,11 @@ pub struct GpuMemory {
 }
 
 impl Manager {
+    /// The probe in use.
+    fn gpu_probe(&self) -> Arc<dyn GpuProbe> {
+        Arc::clone(&self.inner.gpu.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
     /// Replaces the GPU probe (the host's NVML probe; a scripted one in tests). Until it is
     /// set, GPU telemetry is unavailable.
     pub fn set_gpu_probe(&self, probe: Arc<dyn GpuProbe>) {
@@ -35,13 +39,12 @@ impl Manager {
     /// # Errors
     /// [`Unavailable`] with the probe's reason.
     pub fn gpu_readings(&self) -> Result<Vec<GpuReading>, Unavailable> {
-        let probe = Arc::clone(&self.inner.gpu.read().unwrap_or_else(PoisonError::into_inner));
-        probe.read()
+        self.gpu_probe().read()
     }
 
     /// The GPUs' memory now (read on a blocking thread: NVML calls block) and every model.
     pub async fn gpu_memory(&self) -> GpuMemory {
-        let probe = Arc::clone(&self.inner.gpu.read().unwrap_or_else(PoisonError::into_inner));
+        let probe = self.gpu_probe();
         let gpus = tokio::task::spawn_blocking(move || probe.read())
             .await
             .unwrap_or_else(|e| Err(Unavailable { reason: format!("the GPU probe failed: {e}") }));
@@ -51,13 +54,12 @@ impl Manager {
 
 /// GPU memory a model's loads took, in MiB, by the replica count and the load override of the
 /// load (loads are serialized, so the difference of the GPUs' used memory across one is that
-/// load's; an override such as a larger context changes what a load takes).
+/// load's; an override such as a larger context changes what a load takes). Read by every
+/// snapshot, so it compares values and allocates nothing.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ObservedVram {
-    /// (replicas, the override as JSON) → MiB.
-    figures: BTreeMap<(u32, String), u64>,
-    /// The replica count measured last, per override.
-    last: BTreeMap<String, u32>,
+    /// One figure per (replicas, override), the latest measured last.
+    figures: Vec<(u32, LoadOverride, u64)>,
 }
 
 impl ObservedVram {
@@ -68,34 +70,27 @@ impl ObservedVram {
         replicas: u32,
         load_override: &LoadOverride,
     ) -> Option<(u64, u32)> {
-        let key = fingerprint(load_override);
-        let replicas = if self.figures.contains_key(&(replicas, key.clone())) {
-            replicas
-        } else {
-            *self.last.get(&key)?
-        };
-        self.figures.get(&(replicas, key)).map(|mib| (*mib, replicas))
+        let same = || self.figures.iter().rev().filter(|(_, o, _)| o == load_override);
+        same()
+            .find(|(r, _, _)| *r == replicas)
+            .or_else(|| same().next())
+            .map(|(r, _, mib)| (*mib, *r))
     }
 
-    fn record(&mut self, replicas: u32, load_override: &LoadOverride, mib: u64) {
-        let key = fingerprint(load_override);
-        self.figures.insert((replicas, key.clone()), mib);
-        self.last.insert(key, replicas);
+    fn record(&mut self, replicas: u32, load_override: LoadOverride, mib: u64) {
+        self.figures.retain(|(r, o, _)| !(*r == replicas && *o == load_override));
+        self.figures.push((replicas, load_override, mib));
     }
-}
-
-fn fingerprint(load_override: &LoadOverride) -> String {
-    serde_json::to_string(load_override).unwrap_or_default()
 }
 
 impl Manager {
     /// The GPUs' used memory in all, in MiB, when `entry`'s model is on a GPU and the probe
-    /// can read it: the "before" of a load.
-    pub(crate) async fn gpu_used_before_load(&self, entry: &ModelEntry) -> Option<u64> {
+    /// can read it (read before and after a load).
+    pub(crate) async fn gpu_used_mib(&self, entry: &ModelEntry) -> Option<u64> {
         if !entry.config.device.contains(Device::GPU) {
             return None;
         }
-        let probe = Arc::clone(&self.inner.gpu.read().unwrap_or_else(PoisonError::into_inner));
+        let probe = self.gpu_probe();
         let gpus = tokio::task::spawn_blocking(move || probe.read()).await.ok()?.ok()?;
         Some(gpus.iter().map(|g| g.used_mib).sum())
     }
@@ -109,11 +104,11 @@ impl Manager {
         replicas: u32,
     ) {
         let Some(before) = before else { return };
-        let Some(after) = self.gpu_used_before_load(entry).await else { return };
+        let Some(after) = self.gpu_used_mib(entry).await else { return };
         let mib = after.saturating_sub(before);
         let mut slot = entry.lock();
         let load_override = slot.load_override.clone();
-        slot.vram.record(replicas, &load_override, mib);
+        slot.vram.record(replicas, load_override, mib);
         tracing::debug!(model = %entry.config.name, replicas, mib, "GPU memory taken by the load");
     }
 }

@@ -261,7 +261,7 @@ impl Manager {
             };
             match blocked {
                 Ok(()) => {
-                    let before = self.gpu_used_before_load(&entry).await;
+                    let before = self.gpu_used_mib(&entry).await;
                     let loaded = self.load_with_retry(&entry, &model, replicas).await;
                     if loaded.is_ok() {
                         self.record_load_delta(&entry, before, replicas).await;
