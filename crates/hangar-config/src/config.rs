@@ -15,6 +15,7 @@ use crate::name::ModelName;
 use crate::secret::Secret;
 use crate::sections::Section;
 use crate::validate::{Problems, ValidationError, check_nested, join_path, parse_flat};
+use crate::vram::VramBudget;
 
 /// Why a config directory could not be turned into a [`Config`].
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +97,16 @@ pub(crate) struct SettingsFields {
     pub(crate) max_request_body_bytes: Option<u64>,
     /// When a model that keeps failing to load or crashing stops being loaded on demand.
     pub(crate) quarantine: Option<QuarantineFields>,
+    /// Directory for Hangar's own state (the VRAM each model was measured to take), created
+    /// when missing; relative to the working directory. Nothing persists across restarts
+    /// when unset.
+    pub(crate) state_dir: Option<String>,
+    /// GPU memory models may fill: MiB (`20000`), a percentage of each GPU's total
+    /// (`"90%"`), or budgets by GPU index (`{"0": "90%", "1": 20000}`). When set, a load
+    /// that does not fit evicts idle models for memory, or is refused with
+    /// `insufficient_vram`. Unset: no admission by memory.
+    #[schemars(with = "Option<crate::vram::VramBudgetSchema>")]
+    pub(crate) vram_budget: Option<Value>,
     /// The configured models, by name. A model set to `null` (e.g. in `local.json`) is
     /// removed.
     pub(crate) models: Option<Map<String, Value>>,
@@ -119,6 +130,12 @@ impl Section for SettingsFields {
         }
         if let Some(q) = &self.quarantine {
             q.check(&mut p.nested("quarantine"));
+        }
+        p.non_empty("state_dir", self.state_dir.as_deref());
+        match self.vram_budget.as_ref().map(VramBudget::parse) {
+            Some(Err((key, message))) if key.is_empty() => p.push("vram_budget", message),
+            Some(Err((key, message))) => p.nested("vram_budget").push(&key, message),
+            _ => {}
         }
     }
 }
@@ -297,6 +314,10 @@ pub struct Config {
     pub max_request_body_bytes: NonZeroU64,
     /// When models that keep failing are quarantined.
     pub quarantine: QuarantinePolicy,
+    /// Where Hangar keeps its own state across restarts; nowhere when `None`.
+    pub state_dir: Option<PathBuf>,
+    /// GPU memory models may fill; no admission by memory when `None`.
+    pub vram_budget: Option<VramBudget>,
     /// Every configured model, in config order.
     pub models: Vec<ModelConfig>,
 }
@@ -395,6 +416,9 @@ impl Config {
             ),
             idle_unload_seconds: s.idle_unload_seconds.and_then(NonZeroU32::new),
             quarantine: s.quarantine.unwrap_or_default().into(),
+            state_dir: s.state_dir.map(PathBuf::from),
+            // Checked by `SettingsFields::check`.
+            vram_budget: s.vram_budget.as_ref().and_then(|v| VramBudget::parse(v).ok()),
             models,
         }
     }
@@ -430,6 +454,8 @@ impl Config {
                 "backoff_seconds": self.quarantine.backoff.as_secs(),
                 "max_backoff_seconds": self.quarantine.max_backoff.as_secs(),
             },
+            "state_dir": self.state_dir,
+            "vram_budget": self.vram_budget.as_ref().map(VramBudget::to_json),
             "models": models,
         })
     }

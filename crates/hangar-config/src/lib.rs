@@ -43,6 +43,7 @@ mod schema;
 mod secret;
 mod sections;
 mod validate;
+mod vram;
 
 pub use config::{
     Config, ConfigError, DEFAULT_ADMIN_LOCK_TIMEOUT_S, DEFAULT_GRPC_PORT, DEFAULT_MAX_QUEUE_DEPTH,
@@ -67,3 +68,4 @@ pub use sections::{
     parse_cache_quant,
 };
 pub use validate::{ValidationError, json_kind};
+pub use vram::{BudgetAmount, VramBudget};

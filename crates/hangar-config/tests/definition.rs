@@ -153,3 +153,29 @@ fn explicit_type_wins_over_labels_and_gpu_layers_zero_means_cpu() {
     .unwrap();
     assert!(npu.device.intersects(hangar_config::Device::EXCLUSIVE));
 }
+
+#[test]
+fn vram_budget_and_state_dir_parse_and_bad_budgets_name_their_path() {
+    use hangar_config::{BudgetAmount, Config};
+    let config = Config::from_value(&serde_json::json!({
+        "state_dir": "/var/lib/hangar",
+        "vram_budget": { "0": "90%", "1": 20000 }
+    }))
+    .unwrap();
+    assert_eq!(config.state_dir.as_deref(), Some(std::path::Path::new("/var/lib/hangar")));
+    let budget = config.vram_budget.as_ref().unwrap();
+    assert_eq!(budget.per_gpu[&1], BudgetAmount::Mib(20000));
+    assert_eq!((budget.mib_for(0, 1000), budget.mib_for(1, 80_000)), (900, 20000));
+    let json = config.to_effective_json();
+    assert_eq!(json["vram_budget"], serde_json::json!({ "0": "90%", "1": 20000 }));
+    assert_eq!(json["state_dir"], "/var/lib/hangar");
+    assert_eq!(Config::from_value(&serde_json::json!({})).unwrap().vram_budget, None);
+
+    let problems = |v: serde_json::Value| Config::from_value(&v).unwrap_err().to_string();
+    let one = problems(serde_json::json!({ "vram_budget": "120%" }));
+    assert!(one.contains("vram_budget: a percentage"), "{one}");
+    let each = problems(serde_json::json!({ "vram_budget": { "0": -5 } }));
+    assert!(each.contains("vram_budget.0: a MiB budget"), "{each}");
+    let empty = problems(serde_json::json!({ "state_dir": "" }));
+    assert!(empty.contains("state_dir"), "{empty}");
+}

@@ -21,6 +21,13 @@
 //!   ([`EvictionReason::ExclusiveDevice`]); such a victim of type `T` also frees a slot of
 //!   `T`. A model that does not use an exclusive device never evicts for device reasons.
 //! - **Already loaded**: loading a model that is loaded plans nothing.
+//! - **GPU memory** ([`plan_load_within`]). With a VRAM budget, the runtime passes what is
+//!   free in it and what the incoming model needs ([`Memory`], figures it measured); when
+//!   the model does not fit even after the slot and device victims go, the least recently
+//!   used models holding GPU memory, of any type, idle first, are evicted until it does
+//!   ([`EvictionReason::VramBudget`]). When nothing that may be evicted makes room, the plan
+//!   evicts nothing and says how much is missing and who holds the memory
+//!   ([`VramShortfall`]).
 //! - **Load failure** ([`plan_retry_after_failure`]). A not-found failure evicts nothing
 //!   and is not retried; any other failure evicts every other loaded model, of every type,
 //!   and the load is retried once ([`EvictionReason::LoadFailureRetry`]).
@@ -38,6 +45,7 @@
 //!     last_use: now + Duration::from_secs(secs),
 //!     inflight: 0,
 //!     held: false,
+//!     vram_mib: 0,
 //! };
 //! let loaded = [llm("old", 1), llm("recent", 2)];
 //! let limits = MaxLoadedModels::from_counts(&[2]).unwrap();
@@ -58,5 +66,7 @@
 mod plan;
 mod policy;
 
-pub use plan::{EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Victim};
-pub use policy::{plan_load, plan_retry_after_failure};
+pub use plan::{
+    EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Memory, Victim, VramShortfall,
+};
+pub use policy::{plan_load, plan_load_within, plan_retry_after_failure};

@@ -23,6 +23,9 @@ pub struct LoadedModel {
     pub inflight: u32,
     /// Pinned by config or held by a lease: never a victim.
     pub held: bool,
+    /// The GPU memory it holds, in MiB, as best known (0: none, or not on a GPU). Only
+    /// [`plan_load_within`](crate::plan_load_within) reads it.
+    pub vram_mib: u64,
 }
 
 impl LoadedModel {
@@ -62,6 +65,9 @@ pub enum EvictionReason {
     /// A load failed for a reason other than not-found; everything else is unloaded before
     /// the one retry.
     LoadFailureRetry,
+    /// The incoming model does not fit in the GPU memory budget; this least recently used
+    /// model's memory is needed.
+    VramBudget,
 }
 
 impl EvictionReason {
@@ -100,6 +106,33 @@ pub struct EvictionPlan {
     /// empty the load must fail (`slots_pinned`, naming them) and `victims` is empty:
     /// nothing is evicted for a load that cannot happen.
     pub blocked_by: Vec<ModelName>,
+    /// Set when the incoming model cannot fit in the GPU memory budget even after evicting
+    /// every model that may be evicted: the load must fail (`insufficient_vram`) and
+    /// `victims` is empty.
+    pub shortfall: Option<VramShortfall>,
+}
+
+/// GPU memory as a load's admission sees it, summed over the GPUs, in MiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// The budget minus the memory in use now (negative when over budget).
+    pub free_mib: i64,
+    /// What the incoming model is expected to take.
+    pub needed_mib: u64,
+}
+
+/// Why a model cannot fit in the GPU memory budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VramShortfall {
+    /// What the incoming model is expected to take, in MiB.
+    pub needed_mib: u64,
+    /// The budget left now, in MiB (negative when over budget).
+    pub free_mib: i64,
+    /// What is still missing after evicting every model that may be evicted, in MiB.
+    pub missing_mib: u64,
+    /// Loaded models holding GPU memory, with their figures, largest first: the held
+    /// (pinned or leased) ones are why evicting cannot make room.
+    pub holders: Vec<(ModelName, u64, bool)>,
 }
 
 impl EvictionPlan {
@@ -111,6 +144,11 @@ impl EvictionPlan {
     /// True when the load cannot proceed without evicting a held model.
     pub fn is_blocked(&self) -> bool {
         !self.blocked_by.is_empty()
+    }
+
+    /// True when the load cannot fit in the GPU memory budget whatever is evicted.
+    pub fn is_short_of_vram(&self) -> bool {
+        self.shortfall.is_some()
     }
 
     /// How many models are to be unloaded.

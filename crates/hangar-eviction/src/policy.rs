@@ -4,7 +4,9 @@ use std::cmp::Ordering;
 
 use hangar_config::{MaxLoadedModels, ModelName};
 
-use crate::plan::{EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Victim};
+use crate::plan::{
+    EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Memory, Victim, VramShortfall,
+};
 
 /// Least recently used first; ties break by name so the plan never depends on the order of
 /// the input slice.
@@ -62,7 +64,7 @@ pub fn plan_load(
     if !blocked_by.is_empty() {
         blocked_by.sort();
         blocked_by.dedup();
-        return EvictionPlan { victims: Vec::new(), blocked_by };
+        return EvictionPlan { victims: Vec::new(), blocked_by, shortfall: None };
     }
     candidates.sort_by(|a, b| (!a.is_idle()).cmp(&!b.is_idle()).then_with(|| lru(a, b)));
 
@@ -73,7 +75,61 @@ pub fn plan_load(
             candidates.into_iter().take(excess).map(|m| Victim::of(m, EvictionReason::SlotLimit)),
         )
         .collect();
-    EvictionPlan { victims, blocked_by }
+    EvictionPlan { victims, blocked_by, shortfall: None }
+}
+
+/// [`plan_load`], then room in the GPU memory budget: when `memory` says the incoming model
+/// does not fit, even counting what the planned victims free, more loaded models are
+/// victims ([`EvictionReason::VramBudget`]) until it does — models of any type that hold
+/// GPU memory ([`LoadedModel::vram_mib`] > 0), idle ones first, least recently used first,
+/// then busy ones ([`Victim::wait_for_drain`]). Held models are never victims. When even
+/// every candidate would not make room, the plan evicts nothing and says what is missing
+/// ([`EvictionPlan::shortfall`]). A model already loaded, or a plan blocked by held models,
+/// is answered as [`plan_load`] answers it.
+pub fn plan_load_within(
+    loaded: &[LoadedModel],
+    incoming: &Incoming,
+    limits: &MaxLoadedModels,
+    memory: &Memory,
+) -> EvictionPlan {
+    let mut plan = plan_load(loaded, incoming, limits);
+    if plan.is_blocked() || loaded.iter().any(|m| m.name == incoming.name) {
+        return plan;
+    }
+    let vram = |name: &ModelName| loaded.iter().find(|m| m.name == *name).map_or(0, |m| m.vram_mib);
+    let need = i128::from(memory.needed_mib);
+    let mut free =
+        i128::from(memory.free_mib) + plan.names().map(|n| i128::from(vram(n))).sum::<i128>();
+    let mut candidates: Vec<&LoadedModel> = loaded
+        .iter()
+        .filter(|m| !m.held && m.vram_mib > 0 && !plan.contains(m.name.as_str()))
+        .collect();
+    candidates.sort_by(|a, b| (!a.is_idle()).cmp(&!b.is_idle()).then_with(|| lru(a, b)));
+    let mut candidates = candidates.into_iter();
+    while free < need {
+        let Some(m) = candidates.next() else {
+            let mut holders: Vec<(ModelName, u64, bool)> = loaded
+                .iter()
+                .filter(|m| m.vram_mib > 0)
+                .map(|m| (m.name.clone(), m.vram_mib, m.held))
+                .collect();
+            holders.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            let shortfall = VramShortfall {
+                needed_mib: memory.needed_mib,
+                free_mib: memory.free_mib,
+                missing_mib: u64::try_from(need - free).unwrap_or(u64::MAX),
+                holders,
+            };
+            return EvictionPlan {
+                victims: Vec::new(),
+                blocked_by: Vec::new(),
+                shortfall: Some(shortfall),
+            };
+        };
+        free += i128::from(m.vram_mib);
+        plan.victims.push(Victim::of(m, EvictionReason::VramBudget));
+    }
+    plan
 }
 
 /// After the first load attempt of `failed` failed, plan the retry.
@@ -98,7 +154,7 @@ pub fn plan_retry_after_failure(
                 .into_iter()
                 .map(|m| Victim::of(m, EvictionReason::LoadFailureRetry))
                 .collect();
-            Some(EvictionPlan { victims, blocked_by: Vec::new() })
+            Some(EvictionPlan { victims, blocked_by: Vec::new(), shortfall: None })
         }
     }
 }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use hangar_config::{Device, MaxLoadedModels, ModelName, ModelType};
 use hangar_eviction::{
-    EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, plan_load,
-    plan_retry_after_failure,
+    EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Memory, plan_load,
+    plan_load_within, plan_retry_after_failure,
 };
 use proptest::prelude::*;
 
@@ -43,17 +43,19 @@ fn arb_limits() -> impl Strategy<Value = MaxLoadedModels> {
 /// small range of offsets from one base instant so that ties are common; a third are busy.
 fn arb_loaded() -> impl Strategy<Value = Vec<LoadedModel>> {
     let inflight = prop_oneof![2 => Just(0u32), 1 => 1u32..4];
-    prop::collection::vec((arb_type(), arb_device(), 0u64..6, inflight), 0..10)
+    let vram = prop_oneof![1 => Just(0u64), 3 => 1u64..4000];
+    prop::collection::vec((arb_type(), arb_device(), 0u64..6, inflight, vram), 0..10)
         .prop_map(|raw| {
             raw.into_iter()
                 .enumerate()
-                .map(|(i, (model_type, device, secs, inflight))| LoadedModel {
+                .map(|(i, (model_type, device, secs, inflight, vram_mib))| LoadedModel {
                     name: name(&format!("m{i}")),
                     model_type,
                     device,
                     last_use: base() + Duration::from_secs(secs),
                     inflight,
                     held: false,
+                    vram_mib,
                 })
                 .collect::<Vec<_>>()
         })
@@ -373,6 +375,65 @@ proptest! {
         }
         if let Some(retry) = plan_retry_after_failure(&loaded, &incoming.name, LoadFailure::Other) {
             prop_assert!(retry.victims.iter().all(|v| !find(&loaded, &v.name).held));
+        }
+    }
+
+    /// (m) Admission by GPU memory. With any free budget (possibly negative) and need:
+    /// - the memory plan starts with exactly `plan_load`'s victims (slot and device rules
+    ///   come first) and is blocked exactly when `plan_load` is;
+    /// - a plan short of VRAM evicts nothing, and its missing amount is exactly what even
+    ///   evicting every unheld model holding memory would leave missing (> 0);
+    /// - otherwise the victims' memory plus the free budget covers the need, and the plan is
+    ///   minimal: without its last memory victim it would not;
+    /// - memory victims are unheld, hold memory, and come idle first, least recently used
+    ///   first within idle and within busy; each is marked to drain exactly when busy.
+    #[test]
+    fn memory_victims_free_exactly_enough_in_lru_order(
+        (loaded, limits) in arb_valid_state(),
+        held in prop::collection::vec(any::<bool>(), 10),
+        incoming in arb_incoming(),
+        free_mib in -3000i64..6000,
+        needed_mib in 0u64..9000,
+    ) {
+        let loaded: Vec<LoadedModel> = loaded
+            .into_iter()
+            .zip(held)
+            .map(|(m, held)| LoadedModel { held, ..m })
+            .collect();
+        let memory = Memory { free_mib, needed_mib };
+        let base_plan = plan_load(&loaded, &incoming, &limits);
+        let plan = plan_load_within(&loaded, &incoming, &limits, &memory);
+        if base_plan.is_blocked() {
+            prop_assert_eq!(&plan, &base_plan);
+            return Ok(());
+        }
+        let vram = |n: &ModelName| i128::from(find(&loaded, n).vram_mib);
+        if let Some(short) = &plan.shortfall {
+            prop_assert!(plan.victims.is_empty() && !plan.is_blocked());
+            let all: i128 = loaded.iter().filter(|m| !m.held).map(|m| i128::from(m.vram_mib)).sum();
+            let missing = i128::from(needed_mib) - i128::from(free_mib) - all;
+            prop_assert!(missing > 0);
+            prop_assert_eq!(i128::from(short.missing_mib), missing);
+            let holders: Vec<&ModelName> = short.holders.iter().map(|h| &h.0).collect();
+            prop_assert_eq!(holders.len(), loaded.iter().filter(|m| m.vram_mib > 0).count());
+            return Ok(());
+        }
+        prop_assert_eq!(&plan.victims[..base_plan.victims.len()], &base_plan.victims[..]);
+        let freed: i128 = plan.names().map(vram).sum();
+        prop_assert!(i128::from(free_mib) + freed >= i128::from(needed_mib), "{plan:?}");
+        let extra = &plan.victims[base_plan.victims.len()..];
+        if let Some(last) = extra.last() {
+            prop_assert!(i128::from(free_mib) + freed - vram(&last.name) < i128::from(needed_mib));
+        }
+        for v in extra {
+            let m = find(&loaded, &v.name);
+            prop_assert_eq!(v.reason, EvictionReason::VramBudget);
+            prop_assert!(!m.held && m.vram_mib > 0);
+            prop_assert_eq!(v.wait_for_drain, m.inflight > 0);
+        }
+        for pair in extra.windows(2) {
+            let (a, b) = (find(&loaded, &pair[0].name), find(&loaded, &pair[1].name));
+            prop_assert!((a.inflight > 0, lru_key(a)) < (b.inflight > 0, lru_key(b)));
         }
     }
 }

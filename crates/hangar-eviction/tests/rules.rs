@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use hangar_config::{Device, MaxLoadedModels, ModelName, ModelType};
 use hangar_eviction::{
-    EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Victim, plan_load,
-    plan_retry_after_failure,
+    EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Memory, Victim, plan_load,
+    plan_load_within, plan_retry_after_failure,
 };
 
 use EvictionReason::{ExclusiveDevice, LoadFailureRetry, SlotLimit};
@@ -28,6 +28,7 @@ fn model(n: &str, ty: ModelType, device: Device, secs: u64, inflight: u32) -> Lo
         last_use: base + Duration::from_secs(secs),
         inflight,
         held: false,
+        vram_mib: 0,
     }
 }
 
@@ -266,4 +267,156 @@ fn plan_helpers_describe_the_victims() {
     assert_eq!(SlotLimit.to_string(), "slot_limit");
     assert_eq!(ExclusiveDevice.as_str(), "exclusive_device");
     assert_eq!(LoadFailureRetry.as_str(), "load_failure_retry");
+}
+
+/// A loaded model holding `mib` of GPU memory.
+fn on_gpu(n: &str, ty: ModelType, secs: u64, inflight: u32, mib: u64) -> LoadedModel {
+    LoadedModel { vram_mib: mib, ..model(n, ty, Device::GPU, secs, inflight) }
+}
+
+/// Admission by GPU memory, one row per case: the loaded models (all LLM slots free
+/// unless a row says otherwise), the free budget and the need, then the plan.
+#[test]
+fn memory_plans_table() {
+    use EvictionReason::VramBudget;
+    struct Row {
+        what: &'static str,
+        loaded: Vec<LoadedModel>,
+        limits: MaxLoadedModels,
+        free: i64,
+        need: u64,
+        victims: Vec<(&'static str, EvictionReason, bool)>,
+        missing: Option<u64>,
+    }
+    let wide = limits(4, 4, 4);
+    let rows = [
+        Row {
+            what: "fits: nothing evicted",
+            loaded: vec![on_gpu("a", Llm, 1, 0, 5000)],
+            limits: wide,
+            free: 3000,
+            need: 3000,
+            victims: vec![],
+            missing: None,
+        },
+        Row {
+            what: "one LRU idle model of another type is enough",
+            loaded: vec![
+                on_gpu("emb", Embedding, 1, 0, 1000),
+                on_gpu("old", Llm, 2, 0, 4000),
+                on_gpu("recent", Llm, 3, 0, 4000),
+            ],
+            limits: wide,
+            free: 500,
+            need: 1200,
+            victims: vec![("emb", VramBudget, false)],
+            missing: None,
+        },
+        Row {
+            what: "idle before busy, however recent",
+            loaded: vec![on_gpu("busy", Llm, 1, 2, 4000), on_gpu("idle", Llm, 5, 0, 4000)],
+            limits: wide,
+            free: 0,
+            need: 3000,
+            victims: vec![("idle", VramBudget, false)],
+            missing: None,
+        },
+        Row {
+            what: "busy models drain when idle ones are not enough",
+            loaded: vec![on_gpu("busy", Llm, 1, 2, 4000), on_gpu("idle", Llm, 5, 0, 1000)],
+            limits: wide,
+            free: 0,
+            need: 3000,
+            victims: vec![("idle", VramBudget, false), ("busy", VramBudget, true)],
+            missing: None,
+        },
+        Row {
+            what: "the slot victim's memory counts first",
+            loaded: vec![on_gpu("a", Llm, 1, 0, 3000), on_gpu("b", Llm, 2, 0, 3000)],
+            limits: limits(2, 1, 1),
+            free: 1000,
+            need: 3500,
+            victims: vec![("a", SlotLimit, false)],
+            missing: None,
+        },
+        Row {
+            what: "over budget already: more than the need is freed",
+            loaded: vec![on_gpu("a", Llm, 1, 0, 2000), on_gpu("b", Llm, 2, 0, 2000)],
+            limits: wide,
+            free: -1500,
+            need: 2000,
+            victims: vec![("a", VramBudget, false), ("b", VramBudget, false)],
+            missing: None,
+        },
+        Row {
+            what: "CPU models free nothing and stay",
+            loaded: vec![on_gpu("cpu", Llm, 1, 0, 0), on_gpu("gpu", Llm, 2, 0, 800)],
+            limits: wide,
+            free: 0,
+            need: 500,
+            victims: vec![("gpu", VramBudget, false)],
+            missing: None,
+        },
+        Row {
+            what: "held models stay: the shortfall says what is missing",
+            loaded: vec![
+                LoadedModel { held: true, ..on_gpu("pinned", Llm, 1, 0, 6000) },
+                on_gpu("small", Embedding, 2, 0, 1000),
+            ],
+            limits: wide,
+            free: 500,
+            need: 4000,
+            victims: vec![],
+            missing: Some(2500),
+        },
+        Row {
+            what: "a model larger than the whole budget",
+            loaded: vec![],
+            limits: wide,
+            free: 8000,
+            need: 80_000,
+            victims: vec![],
+            missing: Some(72_000),
+        },
+    ];
+    for row in rows {
+        let memory = Memory { free_mib: row.free, needed_mib: row.need };
+        let plan =
+            plan_load_within(&row.loaded, &incoming("new", Llm, Device::GPU), &row.limits, &memory);
+        assert_eq!(summary(&plan), row.victims, "{}: {plan:#?}", row.what);
+        assert_eq!(plan.shortfall.as_ref().map(|s| s.missing_mib), row.missing, "{}", row.what);
+    }
+}
+
+#[test]
+fn a_shortfall_lists_every_holder_largest_first_with_whether_it_is_held() {
+    let loaded = [
+        LoadedModel { held: true, ..on_gpu("pinned", Llm, 1, 0, 6000) },
+        on_gpu("small", Embedding, 2, 0, 1000),
+        on_gpu("cpu", Reranking, 3, 0, 0),
+    ];
+    let memory = Memory { free_mib: -200, needed_mib: 4000 };
+    let plan =
+        plan_load_within(&loaded, &incoming("new", Llm, Device::GPU), &limits(4, 4, 4), &memory);
+    let short = plan.shortfall.expect("short of VRAM");
+    assert_eq!((short.needed_mib, short.free_mib, short.missing_mib), (4000, -200, 3200));
+    let holders: Vec<_> =
+        short.holders.iter().map(|(n, mib, held)| (n.as_str(), *mib, *held)).collect();
+    assert_eq!(holders, [("pinned", 6000, true), ("small", 1000, false)]);
+    // Blocked by a held model for slots: the slot answer wins, memory is not looked at.
+    let slots = plan_load_within(
+        &loaded[..1],
+        &incoming("new", Llm, Device::GPU),
+        &limits(1, 1, 1),
+        &memory,
+    );
+    assert_eq!((slots.is_blocked(), slots.shortfall), (true, None));
+    // Already loaded: nothing to plan, whatever the memory.
+    let again = plan_load_within(
+        &loaded,
+        &incoming("small", Embedding, Device::GPU),
+        &limits(4, 4, 4),
+        &memory,
+    );
+    assert!(again.is_empty() && again.shortfall.is_none());
 }

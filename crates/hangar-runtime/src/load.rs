@@ -497,6 +497,7 @@ impl Manager {
                 last_use: slot.last_use.map_or_else(Instant::now, |(t, _)| t).into_std(),
                 inflight: busy + slot.pins,
                 held: entry.config.pinned || slot.leased(),
+                vram_mib: 0,
             });
         }
         loaded
