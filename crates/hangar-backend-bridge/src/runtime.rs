@@ -178,6 +178,10 @@ impl Runtime for BridgeRuntime {
         self.parts.details.clone()
     }
 
+    fn pid(&self) -> Option<u32> {
+        u32::try_from(self.parts.child.pid()).ok()
+    }
+
     async fn generate(
         &self,
         request: GenerateRequest,

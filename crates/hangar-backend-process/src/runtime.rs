@@ -132,6 +132,11 @@ impl Runtime for ForwardingRuntime {
     }
 
     /// What the load recorded, and `dispatch_ahead` from the capabilities.
+    fn pid(&self) -> Option<u32> {
+        let pid = self.engine.as_ref()?.child.pid();
+        u32::try_from(pid).ok()
+    }
+
     fn details(&self) -> RuntimeDetails {
         let mut details = self.details.clone();
         details.insert("dispatch_ahead".into(), self.capabilities.dispatch_ahead.into());

@@ -31,6 +31,7 @@ mod logs;
 mod overrides;
 pub mod prompt;
 pub mod stub;
+mod stub_gpu;
 mod types;
 
 use std::sync::Arc;
@@ -136,6 +137,13 @@ pub trait Runtime: Send + Sync + 'static {
     /// Empty by default.
     fn details(&self) -> RuntimeDetails {
         RuntimeDetails::new()
+    }
+
+    /// The process serving this replica when the engine runs in a child process (the root
+    /// of its process tree, whose GPU memory the runtime measures); `None` in-process or
+    /// remote. Default `None`.
+    fn pid(&self) -> Option<u32> {
+        None
     }
 
     /// Generates text for `request`, sending each piece to `events` as it is produced.

@@ -54,6 +54,8 @@ use crate::{
     RuntimeError, ThinkingMode,
 };
 
+pub use crate::stub_gpu::StubGpu;
+
 /// Tokens generated when a request sets no `max_tokens`.
 pub const DEFAULT_MAX_TOKENS: u32 = 16;
 
@@ -65,6 +67,7 @@ pub const EMBEDDING_DIM: usize = 8;
 pub struct StubBackend {
     kind: BackendKind,
     counters: Arc<Counters>,
+    gpu: Option<Arc<StubGpu>>,
 }
 
 #[derive(Debug, Default)]
@@ -89,7 +92,13 @@ impl StubBackend {
     /// overrides and rules without its engine. Models that are not stub models behave as
     /// with `StubSettings::default()` (instant, never failing).
     pub fn with_kind(kind: BackendKind) -> Self {
-        Self { kind, counters: Arc::default() }
+        Self { kind, counters: Arc::default(), gpu: None }
+    }
+
+    /// Replicas take memory on `gpu` while loaded (the footprints it is given).
+    pub fn with_gpu(mut self, gpu: Arc<StubGpu>) -> Self {
+        self.gpu = Some(gpu);
+        self
     }
 
     /// Runtimes loaded and not yet unloaded (or dropped).
@@ -170,7 +179,11 @@ impl Backend for StubBackend {
             return Err(LoadError::Failed { message });
         }
         request.progress.report(1.0);
-        Ok(Arc::new(StubRuntime::new(model, settings, LiveGuard::new(&self.counters))))
+        let mut runtime = StubRuntime::new(model, settings, LiveGuard::new(&self.counters));
+        if let Some(gpu) = &self.gpu {
+            runtime.gpu = Some((Arc::clone(gpu), gpu.take(model.name.as_str())));
+        }
+        Ok(Arc::new(runtime))
     }
 }
 
@@ -213,6 +226,8 @@ pub struct StubRuntime {
     /// Set once the injected crash happened; every later call fails with it.
     crashed: OnceLock<String>,
     live: LiveGuard,
+    /// The pretend GPU and the memory this replica holds on it.
+    gpu: Option<(Arc<StubGpu>, u64)>,
 }
 
 impl StubRuntime {
@@ -224,6 +239,7 @@ impl StubRuntime {
             requests: AtomicU64::new(0),
             crashed: OnceLock::new(),
             live,
+            gpu: None,
         }
     }
 
@@ -381,6 +397,9 @@ impl Runtime for StubRuntime {
     /// Waits `unload_delay_ms`, then stops counting this runtime as live.
     async fn unload(&self) {
         sleep_ms(self.settings.unload_delay_ms).await;
+        if let Some((gpu, mib)) = &self.gpu {
+            gpu.give(*mib);
+        }
         self.live.release();
     }
 }

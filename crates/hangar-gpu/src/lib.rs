@@ -7,14 +7,18 @@
 //!   ([`Unavailable`]: no driver, no library, an NVML error) — never a panic;
 //! - [`NvmlProbe`]: the implementation on NVIDIA's NVML through `nvml-wrapper`, initialised
 //!   once by the host ([`probe`]);
+//! - [`process_tree`] and [`tree_memory`]: the GPU memory a child engine and its
+//!   descendants hold, from the per-process readings;
 //! - [`NoGpu`]: a probe that is always unavailable, with its reason, and [`ScriptedProbe`],
 //!   whose readings tests set.
 
 mod nvml;
+mod process;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use crate::nvml::NvmlProbe;
+pub use crate::process::{TreeMemory, process_tree, tree_memory};
 
 /// Bytes in a MiB.
 pub const MIB: u64 = 1024 * 1024;

@@ -20,8 +20,8 @@ pub(crate) struct ModelEntry {
     pub(crate) config: Arc<ModelConfig>,
     /// Position in config order.
     pub(crate) position: usize,
-    /// Size of the model's files in MiB, measured once at start-up.
-    pub(crate) artifact_mib: Option<u64>,
+    /// What the model's files say (size, GGUF shape), read once at start-up.
+    pub(crate) artifacts: crate::estimate::Artifacts,
     /// Seconds without work before it is unloaded: its own `idle_unload_seconds`, else the
     /// global one.
     pub(crate) idle_timeout: Option<NonZeroU32>,
@@ -71,8 +71,10 @@ pub(crate) struct Slot {
     pub(crate) blocked_by: Vec<String>,
     /// Recent failed loads and crashes, and the quarantine they led to.
     pub(crate) failures: crate::quarantine::FailureLog,
-    /// GPU memory measured across loads (`observed_load_delta`).
-    pub(crate) vram: crate::gpu::ObservedVram,
+    /// Why the last load did not fit in the VRAM budget; cleared at each load.
+    pub(crate) vram_shortfall: Option<hangar_eviction::VramShortfall>,
+    /// GPU memory measured across loads (process tree, load delta).
+    pub(crate) vram: crate::vram::ObservedVram,
 }
 
 impl ModelEntry {
@@ -84,7 +86,7 @@ impl ModelEntry {
     ) -> Self {
         let idle_timeout = config.idle_unload_seconds.or(idle_default);
         let config = Arc::new(config);
-        let artifact_mib = config.model_path.as_deref().and_then(artifact_mib);
+        let artifacts = crate::estimate::Artifacts::read(&config);
         Self {
             slot: Mutex::new(Slot {
                 lifecycle: Lifecycle::new(),
@@ -104,12 +106,13 @@ impl ModelEntry {
                 weights_snapshot: None,
                 leases: Vec::new(),
                 blocked_by: Vec::new(),
+                vram_shortfall: None,
                 failures: Default::default(),
                 vram: Default::default(),
             }),
             config,
             position,
-            artifact_mib,
+            artifacts,
             idle_timeout,
             changed: Notify::new(),
             resources: tokio::sync::Mutex::new(()),
@@ -171,24 +174,4 @@ impl ModelEntry {
     pub(crate) fn touch(slot: &mut Slot) {
         slot.last_use = Some((Instant::now(), SystemTime::now()));
     }
-}
-
-/// Total size of a file, or of the files in a directory (recursively), in MiB rounded up.
-fn artifact_mib(path: &str) -> Option<u64> {
-    fn size(path: &std::path::Path, depth: u32) -> Option<u64> {
-        let meta = std::fs::metadata(path).ok()?;
-        if meta.is_file() {
-            return Some(meta.len());
-        }
-        if !meta.is_dir() || depth > 4 {
-            return None;
-        }
-        let total = std::fs::read_dir(path)
-            .ok()?
-            .filter_map(Result::ok)
-            .filter_map(|e| size(&e.path(), depth + 1))
-            .sum();
-        Some(total)
-    }
-    size(std::path::Path::new(path), 0).filter(|&b| b > 0).map(|b| b.div_ceil(1 << 20))
 }

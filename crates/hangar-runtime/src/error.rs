@@ -140,6 +140,21 @@ pub enum ManagerError {
         /// The held models in the way.
         held: Vec<String>,
     },
+    /// The model does not fit in the VRAM budget even after evicting every model that may
+    /// be evicted; nothing was evicted.
+    #[error(
+        "model '{model}' needs {} MiB of GPU memory but the VRAM budget has {} MiB free; {} MiB are missing even after evicting every model that may be evicted (GPU memory held by: {})",
+        shortfall.needed_mib,
+        shortfall.free_mib,
+        shortfall.missing_mib,
+        holders(shortfall)
+    )]
+    InsufficientVram {
+        /// The model that was to load.
+        model: String,
+        /// What it needs, what is free and missing, and who holds the memory.
+        shortfall: Box<hangar_eviction::VramShortfall>,
+    },
     /// A call that acts on one model named none, and more (or no) models are loaded.
     #[error("{message}")]
     ModelRequired {
@@ -264,6 +279,8 @@ pub enum ErrorCode {
     SlotsPinned,
     /// The model failed too often; refused until its quarantine ends or an explicit load.
     ModelQuarantined,
+    /// The model does not fit in the VRAM budget.
+    InsufficientVram,
 }
 
 impl ErrorCode {
@@ -302,6 +319,7 @@ impl ManagerError {
             Self::ModelRequired { .. } => ErrorCode::InvalidRequest,
             Self::LeaseNotFound { .. } => ErrorCode::LeaseNotFound,
             Self::SlotsPinned { .. } => ErrorCode::SlotsPinned,
+            Self::InsufficientVram { .. } => ErrorCode::InsufficientVram,
             Self::Quarantined { .. } => ErrorCode::ModelQuarantined,
             Self::Runtime(e) => match e.code() {
                 R::BackendCrashed => ErrorCode::BackendCrashed,
@@ -314,4 +332,14 @@ impl ManagerError {
             },
         }
     }
+}
+
+/// `"a 6000 MiB (held), b 1000 MiB"`, or `"no model"`.
+fn holders(short: &hangar_eviction::VramShortfall) -> String {
+    let each: Vec<String> = short
+        .holders
+        .iter()
+        .map(|(name, mib, held)| format!("{name} {mib} MiB{}", if *held { " (held)" } else { "" }))
+        .collect();
+    if each.is_empty() { "no model".to_owned() } else { each.join(", ") }
 }

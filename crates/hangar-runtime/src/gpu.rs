@@ -1,16 +1,34 @@
-//! GPU telemetry as the manager serves it: the host's probe ([`Manager::set_gpu_probe`]) read
-//! off the async threads, next to every model's VRAM estimate.
+//! GPU telemetry as the manager uses it: the host's probe ([`Manager::set_gpu_probe`]) read
+//! off the async threads; each load's measured figures; the free VRAM budget a load is
+//! admitted against; and the wait for an unload's memory to show as released.
 
 use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 
-use hangar_backend::LoadOverride;
-use hangar_config::Device;
-
+use hangar_backend::{LoadOverride, Runtime};
+use hangar_config::{Device, ModelConfig};
+use hangar_eviction::Memory;
 use hangar_gpu::{GpuProbe, GpuReading, Unavailable};
+use tokio::time::Instant;
 
-use crate::entry::ModelEntry;
+use crate::entry::{ModelEntry, Slot};
+use crate::journal::unix_ms;
 use crate::manager::Manager;
 use crate::snapshot::ModelSnapshot;
+use crate::vram::{Figure, VramMethod, admission_figure};
+
+/// Longest a load waits for an unload's GPU memory to show as released.
+pub const RELEASE_WAIT: Duration = Duration::from_secs(15);
+/// How often the probe is read meanwhile.
+const RELEASE_POLL: Duration = Duration::from_millis(100);
+
+/// Memory an unload should give back: the GPUs' used memory in all should come down to
+/// `target_used_mib` (what it was before minus 90% of the model's figure) by `deadline`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Release {
+    target_used_mib: u64,
+    deadline: Instant,
+}
 
 /// What `GET /v1/admin/gpu-memory` shows: the GPUs (or why there are none) and every model.
 #[derive(Debug, Clone)]
@@ -33,6 +51,11 @@ impl Manager {
         *self.inner.gpu.write().unwrap_or_else(PoisonError::into_inner) = probe;
     }
 
+    /// The `vram_budget` loads are admitted against; `None`: no admission by memory.
+    pub fn vram_budget(&self) -> Option<&hangar_config::VramBudget> {
+        self.inner.vram_budget.as_ref()
+    }
+
     /// The GPUs' memory now, read on this thread (NVML calls block briefly; async callers
     /// use [`Manager::gpu_memory`]).
     ///
@@ -52,63 +75,158 @@ impl Manager {
     }
 }
 
-/// GPU memory a model's loads took, in MiB, by the replica count and the load override of the
-/// load (loads are serialized, so the difference of the GPUs' used memory across one is that
-/// load's; an override such as a larger context changes what a load takes). Read by every
-/// snapshot, so it compares values and allocates nothing.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct ObservedVram {
-    /// One figure per (replicas, override), the latest measured last.
-    figures: Vec<(u32, LoadOverride, u64)>,
-}
-
-impl ObservedVram {
-    /// The figure for `replicas` under `load_override`, else the last one measured under the
-    /// same override: `(MiB, replica count)`. Figures of other overrides are not used.
-    pub(crate) fn estimate(
-        &self,
-        replicas: u32,
-        load_override: &LoadOverride,
-    ) -> Option<(u64, u32)> {
-        let same = || self.figures.iter().rev().filter(|(_, o, _)| o == load_override);
-        same()
-            .find(|(r, _, _)| *r == replicas)
-            .or_else(|| same().next())
-            .map(|(r, _, mib)| (*mib, *r))
-    }
-
-    fn record(&mut self, replicas: u32, load_override: LoadOverride, mib: u64) {
-        self.figures.retain(|(r, o, _)| !(*r == replicas && *o == load_override));
-        self.figures.push((replicas, load_override, mib));
-    }
-}
-
 impl Manager {
-    /// The GPUs' used memory in all, in MiB, when `entry`'s model is on a GPU and the probe
-    /// can read it (read before and after a load).
-    pub(crate) async fn gpu_used_mib(&self, entry: &ModelEntry) -> Option<u64> {
-        if !entry.config.device.contains(Device::GPU) {
+    /// The GPUs now when `device` includes a GPU and the probe can read them.
+    async fn read_gpus(&self, device: Device) -> Option<Vec<GpuReading>> {
+        if !device.contains(Device::GPU) {
             return None;
         }
         let probe = self.gpu_probe();
-        let gpus = tokio::task::spawn_blocking(move || probe.read()).await.ok()?.ok()?;
+        tokio::task::spawn_blocking(move || probe.read()).await.ok()?.ok()
+    }
+
+    /// The GPUs' used memory in all, in MiB, when `entry`'s model is on a GPU and the probe
+    /// can read it (read before and after a load).
+    pub(crate) async fn gpu_used_mib(&self, entry: &ModelEntry) -> Option<u64> {
+        let gpus = self.read_gpus(entry.config.device).await?;
         Some(gpus.iter().map(|g| g.used_mib).sum())
     }
 
-    /// Records what a successful load of `replicas` replicas took: the GPUs' used memory now
-    /// minus `before`.
-    pub(crate) async fn record_load_delta(
+    /// Records what a successful load of `runtimes` took: the GPUs' used memory now minus
+    /// `before`, and the memory of the engines' process trees when they run in child
+    /// processes; then saves the state file.
+    pub(crate) async fn record_load(
         &self,
         entry: &ModelEntry,
         before: Option<u64>,
-        replicas: u32,
+        runtimes: &[Arc<dyn Runtime>],
     ) {
         let Some(before) = before else { return };
-        let Some(after) = self.gpu_used_mib(entry).await else { return };
-        let mib = after.saturating_sub(before);
-        let mut slot = entry.lock();
-        let load_override = slot.load_override.clone();
-        slot.vram.record(replicas, load_override, mib);
-        tracing::debug!(model = %entry.config.name, replicas, mib, "GPU memory taken by the load");
+        let Some(gpus) = self.read_gpus(entry.config.device).await else { return };
+        let roots: Vec<u32> = runtimes.iter().filter_map(|r| r.pid()).collect();
+        let tree = if roots.is_empty() {
+            None
+        } else {
+            let gpus = gpus.clone();
+            tokio::task::spawn_blocking(move || {
+                let pids: Vec<u32> = roots.into_iter().flat_map(hangar_gpu::process_tree).collect();
+                hangar_gpu::tree_memory(&gpus, &pids)
+            })
+            .await
+            .ok()
+            .flatten()
+        };
+        let after: u64 = gpus.iter().map(|g| g.used_mib).sum();
+        let replicas = runtimes.len() as u32;
+        {
+            let mut slot = entry.lock();
+            let load_override = slot.load_override.fields().clone();
+            let now = unix_ms(std::time::SystemTime::now());
+            let figure = |method, mib, gpus| Figure {
+                replicas,
+                load_override: load_override.clone(),
+                method,
+                mib,
+                gpus,
+                measured_unix_ms: now,
+            };
+            let delta = after.saturating_sub(before);
+            slot.vram.record(figure(VramMethod::ObservedLoadDelta, delta, Vec::new()));
+            if let Some(tree) = &tree {
+                slot.vram.record(figure(VramMethod::ProcessTree, tree.mib, tree.gpus.clone()));
+            }
+            tracing::debug!(model = %entry.config.name, replicas, delta, tree = ?tree.as_ref().map(|t| t.mib), "GPU memory taken by the load");
+        }
+        self.save_state().await;
     }
+
+    /// Writes the state file, when there is one (off the async threads).
+    pub(crate) async fn save_state(&self) {
+        if self.inner.state.is_none() {
+            return;
+        }
+        let inner = Arc::clone(&self.inner);
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(state) = &inner.state {
+                state.save(&inner.order);
+            }
+        })
+        .await;
+    }
+
+    /// What a load of `model` with `replicas` replicas under `load_override` is admitted
+    /// against: the free VRAM budget over every GPU and the model's best figure. `None`
+    /// (no admission by memory) without a budget, for a model not on a GPU, or without
+    /// telemetry.
+    pub(crate) async fn memory_for(
+        &self,
+        entry: &ModelEntry,
+        model: &ModelConfig,
+        replicas: u32,
+        load_override: &LoadOverride,
+    ) -> Option<Memory> {
+        let budget = self.inner.vram_budget.as_ref()?;
+        let gpus = self.read_gpus(entry.config.device).await?;
+        let allowed: u64 = gpus.iter().map(|g| budget.mib_for(g.index, g.total_mib)).sum();
+        let used: u64 = gpus.iter().map(|g| g.used_mib).sum();
+        let figure = admission_figure(entry, &entry.lock().vram, model, replicas, load_override);
+        if figure.is_none() {
+            tracing::warn!(model = %entry.config.name, "no VRAM figure for the model: admitted without one");
+        }
+        let free_mib =
+            i64::try_from(allowed).unwrap_or(i64::MAX) - i64::try_from(used).unwrap_or(i64::MAX);
+        Some(Memory { free_mib, needed_mib: figure.map_or(0, |(mib, _)| mib) })
+    }
+
+    /// Before a GPU model's runtimes are unloaded: the GPUs' used memory now and what the
+    /// unload should free.
+    pub(crate) async fn before_release(&self, entry: &ModelEntry) -> Option<(u64, u64)> {
+        let held = vram_held(entry, &entry.lock());
+        let used = self.gpu_used_mib(entry).await?;
+        (held > 0).then_some((used, held))
+    }
+
+    /// After an unload: the next GPU load waits until the memory shows as released.
+    pub(crate) fn expect_release(&self, (used_before, held): (u64, u64)) {
+        let mut release = self.inner.release.lock().unwrap_or_else(PoisonError::into_inner);
+        // A release still pending is part of `used_before` if it has not shown yet.
+        let base = release.map_or(used_before, |r| r.target_used_mib.min(used_before));
+        *release = Some(Release {
+            target_used_mib: base.saturating_sub(held - held / 10),
+            deadline: Instant::now() + RELEASE_WAIT,
+        });
+    }
+
+    /// Waits until the memory of earlier unloads shows as released in the probe, at most
+    /// until [`RELEASE_WAIT`] after the last unload; at once when none is pending or
+    /// `device` has no GPU.
+    pub(crate) async fn wait_for_release(&self, entry: &ModelEntry) {
+        loop {
+            let pending = *self.inner.release.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(release) = pending else { return };
+            let Some(used) = self.gpu_used_mib(entry).await else { return };
+            let done = used <= release.target_used_mib;
+            if done || Instant::now() >= release.deadline {
+                if !done {
+                    tracing::warn!(model = %entry.config.name, used, target = release.target_used_mib, "the GPU memory of an unload did not show as released in time; loading anyway");
+                }
+                let mut slot = self.inner.release.lock().unwrap_or_else(PoisonError::into_inner);
+                if slot.is_some_and(|r| r.deadline == release.deadline) {
+                    *slot = None;
+                }
+                return;
+            }
+            tokio::time::sleep(RELEASE_POLL).await;
+        }
+    }
+}
+
+/// The GPU memory a loaded model holds as admission counts it (0 for a model not on a GPU).
+pub(crate) fn vram_held(entry: &ModelEntry, slot: &Slot) -> u64 {
+    if !entry.config.device.contains(Device::GPU) {
+        return 0;
+    }
+    let replicas = slot.loaded_replicas.max(1);
+    admission_figure(entry, &slot.vram, &slot.effective, replicas, &slot.load_override)
+        .map_or(0, |(mib, _)| mib)
 }

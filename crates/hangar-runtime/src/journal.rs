@@ -56,7 +56,7 @@ pub enum EventKind {
     },
     /// The model is being unloaded to make room (its `state` events follow).
     Evicted {
-        /// `slot_limit`, `exclusive_device` or `load_failure_retry`.
+        /// `slot_limit`, `exclusive_device`, `vram_budget` or `load_failure_retry`.
         reason: String,
         /// The model whose load needed the room.
         for_model: String,

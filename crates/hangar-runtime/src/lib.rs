@@ -20,6 +20,11 @@
 //!   `failed` with the reason, its queued requests get `model_failed`); crash quarantine (a
 //!   model that keeps failing is refused with `model_quarantined` until its backoff ends or
 //!   an explicit load);
+//! - VRAM figures (a subprocess engine's process-tree memory, a load's GPU delta, a GGUF
+//!   model's weights plus KV cache, the files' size), kept in `state_dir` across restarts,
+//!   and admission by them under a `vram_budget`: a load that does not fit evicts least
+//!   recently used idle models for memory or is refused with `insufficient_vram`, and a
+//!   load after an unload waits (bounded) for the driver to show the memory released;
 //! - [`ModelSnapshot`], one value per model carrying every field of the admin API's row.
 //!
 //! ```
@@ -40,7 +45,9 @@
 mod admission;
 mod entry;
 mod error;
+mod estimate;
 mod events;
+mod evict;
 mod gpu;
 mod journal;
 mod lease;
@@ -49,13 +56,16 @@ mod manager;
 mod pause;
 mod quarantine;
 mod snapshot;
+mod state;
 mod unload;
+mod vram;
 mod weights;
 
 pub use admission::{RequestGuard, Work};
 pub use error::{ErrorCode, ManagerError};
+pub use estimate::GgufEstimate;
 pub use events::{ManagerCounters, StateChange};
-pub use gpu::GpuMemory;
+pub use gpu::{GpuMemory, RELEASE_WAIT};
 pub use hangar_gpu::{GpuProbe, GpuProcess, GpuReading, Unavailable as GpuUnavailable};
 pub use journal::{EVENT_CAPACITY, EventKind, Follow, ManagerEvent};
 pub use lease::{Lease, LeaseChange, MAX_LEASE_SECONDS};
@@ -63,4 +73,6 @@ pub use manager::{Backends, LoadOptions, Manager};
 pub use pause::{PauseCause, PauseInfo, PauseMode};
 pub use quarantine::{Failure, FailureKind, QuarantineInfo, RECENT_FAILURES};
 pub use snapshot::{ModelFilter, ModelSnapshot, ModelStatus, VramEstimateSource};
+pub use state::VRAM_STATE_FILE;
+pub use vram::{ProcessTreeFigure, VramDetail, VramMethod};
 pub use weights::{WeightUpdate, WeightsAction, WeightsReport};

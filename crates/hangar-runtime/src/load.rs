@@ -12,21 +12,16 @@ use std::sync::Arc;
 use hangar_backend::{
     CrashSink, LoadError, LoadOverride, LoadRequest, ProgressSink, Runtime, validate_load_override,
 };
-use hangar_config::{ModelConfig, ModelName};
-use hangar_eviction::{
-    EvictionPlan, Incoming, LoadFailure, LoadedModel, plan_load, plan_retry_after_failure,
-};
+use hangar_config::ModelConfig;
+use hangar_eviction::{LoadFailure, plan_retry_after_failure};
 use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState, Scheduler, effective_target};
-use tokio::time::Instant;
 
 use crate::entry::{ModelEntry, Slot};
 use crate::error::{ManagerError, load_failed_message};
 use crate::events::Events;
-use crate::journal::EventKind;
 use crate::manager::{LoadOptions, Manager};
 use crate::quarantine::FailureKind;
 use crate::snapshot::{ModelSnapshot, snapshot_of};
-use crate::unload::UnloadCause;
 
 /// Load options checked against the model: what a load would run with.
 struct Prepared {
@@ -146,6 +141,7 @@ impl Manager {
                 slot.load_progress = Some(0.0);
                 slot.loaded_replicas = 0;
                 slot.blocked_by.clear();
+                slot.vram_shortfall = None;
                 entry.apply(&mut slot, LifecycleEvent::StartLoad, None, &self.inner.events);
                 true
             }
@@ -168,6 +164,12 @@ impl Manager {
         entry.wait_until(|s| s.lifecycle.state() != ModelState::Loading).await;
         let slot = entry.lock();
         let snapshot = snapshot_of(&entry, &slot);
+        if let Some(short) = &slot.vram_shortfall
+            && slot.lifecycle.state() == ModelState::Failed
+        {
+            let shortfall = Box::new(short.clone());
+            return Err(ManagerError::InsufficientVram { model: name.to_owned(), shortfall });
+        }
         match slot.lifecycle.state() {
             ModelState::Failed if !slot.blocked_by.is_empty() => Err(ManagerError::SlotsPinned {
                 model: name.to_owned(),
@@ -248,34 +250,16 @@ impl Manager {
         let result = if let Err(e) = preflight {
             Err(e.to_string())
         } else {
-            let incoming = Incoming {
-                name: entry.config.name.clone(),
-                model_type: entry.config.model_type,
-                device: entry.config.device,
-            };
-            let plan = plan_load(&self.loaded_models(), &incoming, &self.inner.limits);
-            let blocked = if plan.is_blocked() {
-                Err(plan.blocked_by.iter().map(|n| n.to_string()).collect())
-            } else {
-                self.execute(plan, &entry.config.name).await
-            };
-            match blocked {
+            match self.make_room(&entry, &model, replicas).await {
                 Ok(()) => {
                     let before = self.gpu_used_mib(&entry).await;
                     let loaded = self.load_with_retry(&entry, &model, replicas).await;
-                    if loaded.is_ok() {
-                        self.record_load_delta(&entry, before, replicas).await;
+                    if let Ok(runtimes) = &loaded {
+                        self.record_load(&entry, before, runtimes).await;
                     }
                     loaded
                 }
-                Err(held) => {
-                    let message = format!(
-                        "slots_pinned: no room without evicting pinned or leased model(s): {}",
-                        held.join(", ")
-                    );
-                    entry.lock().blocked_by = held;
-                    Err(message)
-                }
+                Err(message) => Err(message),
             }
         };
 
@@ -294,8 +278,8 @@ impl Manager {
                 let event = LifecycleEvent::LoadFailed;
                 entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
                 Events::bump(&self.inner.events.load_failures);
-                // Held models in the way are not the model's failure.
-                if slot.blocked_by.is_empty() {
+                // Held models or a full GPU in the way are not the model's failure.
+                if slot.blocked_by.is_empty() && slot.vram_shortfall.is_none() {
                     self.record_failure(&entry, &mut slot, FailureKind::LoadFailed, &message);
                 }
             }
@@ -357,6 +341,7 @@ impl Manager {
                 message: format!("the model is {state}; reload it once it is loaded"),
             });
         }
+        let before = self.gpu_used_mib(&entry).await;
         let loaded = self
             .load_replicas(&entry, &prepared.effective, prepared.replicas.get())
             .await
@@ -377,14 +362,15 @@ impl Manager {
                 slot.load_override = prepared.load_override;
                 slot.replicas = prepared.replicas;
                 slot.load_progress = None;
+                let installed = runtimes.clone();
                 self.install(&mut slot, runtimes);
                 entry.apply(&mut slot, LifecycleEvent::Reloaded, None, &self.inner.events);
-                Ok((old, snapshot_of(&entry, &slot)))
+                Ok((old, installed))
             } else {
                 Err(runtimes)
             }
         };
-        let (old, snapshot) = match swapped {
+        let (old, installed) = match swapped {
             Ok(swapped) => swapped,
             Err(runtimes) => {
                 // The old runtime crashed while the new one loaded: keep the failure.
@@ -394,6 +380,9 @@ impl Manager {
                 return Err(failed("the running runtime failed meanwhile".into(), &entry));
             }
         };
+        // The previous runtimes still hold their memory: the difference is the new ones'.
+        self.record_load(&entry, before, &installed).await;
+        let snapshot = snapshot_of(&entry, &entry.lock());
         Events::bump(&self.inner.events.loads);
         entry.notify();
         drop((resources, queue));
@@ -476,51 +465,6 @@ impl Manager {
             }
         }
         Ok(runtimes)
-    }
-
-    /// Loaded models as the eviction policy sees them.
-    fn loaded_models(&self) -> Vec<LoadedModel> {
-        let mut loaded = Vec::new();
-        for entry in &self.inner.order {
-            let slot = entry.lock();
-            if slot.lifecycle.state() != ModelState::Loaded {
-                continue;
-            }
-            let busy = slot.scheduler.as_ref().map_or(0, |s| {
-                let stats = s.stats();
-                stats.runtime_inflight + stats.queue_depth as u32
-            });
-            loaded.push(LoadedModel {
-                name: entry.config.name.clone(),
-                model_type: entry.config.model_type,
-                device: entry.config.device,
-                last_use: slot.last_use.map_or_else(Instant::now, |(t, _)| t).into_std(),
-                inflight: busy + slot.pins,
-                held: entry.config.pinned || slot.leased(),
-                vram_mib: 0,
-            });
-        }
-        loaded
-    }
-
-    /// Unloads the plan's victims to make room for `incoming`.
-    ///
-    /// # Errors
-    /// The victims a lease took hold of after the plan was made (they stay loaded).
-    async fn execute(&self, plan: EvictionPlan, incoming: &ModelName) -> Result<(), Vec<String>> {
-        let mut held = Vec::new();
-        for victim in plan.victims {
-            let Ok(entry) = self.entry(victim.name.as_str()) else { continue };
-            tracing::info!(model = %victim.name, reason = %victim.reason, wait = victim.wait_for_drain, "evicting");
-            let reason = victim.reason.as_str().to_owned();
-            let evicted = EventKind::Evicted { reason, for_model: incoming.to_string() };
-            if self.unload_entry(&entry, UnloadCause::Eviction(evicted)).await {
-                Events::bump(&self.inner.events.evictions);
-            } else if entry.lock().lifecycle.state() == ModelState::Loaded {
-                held.push(victim.name.to_string());
-            }
-        }
-        if held.is_empty() { Ok(()) } else { Err(held) }
     }
 }
 

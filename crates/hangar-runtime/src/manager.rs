@@ -92,6 +92,12 @@ pub(crate) struct Inner {
     pub(crate) quarantine: hangar_config::QuarantinePolicy,
     /// Where GPU memory is read ([`Manager::set_gpu_probe`]).
     pub(crate) gpu: std::sync::RwLock<Arc<dyn hangar_gpu::GpuProbe>>,
+    /// GPU memory models may fill; no admission by memory when `None`.
+    pub(crate) vram_budget: Option<hangar_config::VramBudget>,
+    /// Where measured figures persist (`state_dir`).
+    pub(crate) state: Option<crate::state::StateFile>,
+    /// Memory an unload should give back before the next GPU load.
+    pub(crate) release: std::sync::Mutex<Option<crate::gpu::Release>>,
 }
 
 impl Manager {
@@ -118,6 +124,10 @@ impl Manager {
             order.push(Arc::clone(&entry));
             models.insert(model.name.clone(), entry);
         }
+        let state = config.state_dir.as_deref().map(crate::state::StateFile::new);
+        if let Some(state) = &state {
+            state.restore(&order);
+        }
         Self {
             inner: Arc::new(Inner {
                 models,
@@ -138,6 +148,9 @@ impl Manager {
                 gpu: std::sync::RwLock::new(Arc::new(hangar_gpu::NoGpu(
                     "no GPU probe: the host configured none".into(),
                 ))),
+                vram_budget: config.vram_budget.clone(),
+                state,
+                release: std::sync::Mutex::new(None),
             }),
         }
     }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::entry::{ModelEntry, Slot};
 use crate::journal::unix_ms;
 use crate::pause::PauseInfo;
+use crate::vram::VramMethod;
 
 /// Where a VRAM estimate comes from.
 #[derive(
@@ -81,6 +82,10 @@ pub struct ModelSnapshot {
     pub vram_estimate_replica_count: u32,
     /// Where the estimate comes from.
     pub vram_estimate_source: VramEstimateSource,
+    /// For a GPU model: the figure admission uses, a subprocess engine's measured
+    /// process-tree memory and a GGUF model's weights-plus-KV-cache estimate; `None` for a
+    /// model not on a GPU or with no figure at all.
+    pub vram_detail: Option<crate::vram::VramDetail>,
     /// The runtime-only override of the current (or last) load; empty when none.
     pub load_override: LoadOverride,
     /// What the model supports (from the loaded runtime once loaded, else from config).
@@ -165,9 +170,10 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         _ => 0,
     };
     // Measured beats derived: a load's GPU delta, else the files' size per replica.
-    let vram = match slot.vram.estimate(replicas, &slot.load_override) {
-        Some((mib, count)) => (Some(mib), count, VramEstimateSource::ObservedLoadDelta),
-        None => match entry.artifact_mib {
+    let delta = slot.vram.get(VramMethod::ObservedLoadDelta, replicas, &slot.load_override);
+    let vram = match delta {
+        Some(f) => (Some(f.mib), f.replicas, VramEstimateSource::ObservedLoadDelta),
+        None => match entry.artifacts.mib {
             Some(mib) => {
                 (Some(mib * u64::from(replicas)), replicas, VramEstimateSource::ModelArtifactSize)
             }
@@ -197,6 +203,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         vram_estimate_mib: vram.0,
         vram_estimate_replica_count: vram.1,
         vram_estimate_source: vram.2,
+        vram_detail: crate::vram::vram_detail(entry, slot, replicas),
         load_override: slot.load_override.clone(),
         capabilities: Arc::clone(&slot.capabilities),
         runtime_details: match state {

@@ -121,8 +121,12 @@ impl Manager {
         if let Some(scheduler) = &scheduler {
             scheduler.close(AdmissionError::ModelUnloading);
             scheduler.drained().await;
+            let release = self.before_release(entry).await;
             for runtime in scheduler.runtimes() {
                 runtime.unload().await;
+            }
+            if let Some(release) = release {
+                self.expect_release(release);
             }
         }
         let mut slot = entry.lock();

@@ -112,6 +112,10 @@ pub enum ErrorCode {
     /// (and the `Retry-After` header) says when a request may load it again. An explicit
     /// load lifts the quarantine.
     ModelQuarantined,
+    /// 507: the model does not fit in the VRAM budget even after evicting every model that
+    /// may be evicted; `vram_shortfall` says how much is missing and which models hold the
+    /// memory. Nothing was evicted.
+    InsufficientVram,
 }
 
 impl ErrorCode {
@@ -135,6 +139,7 @@ impl ErrorCode {
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Unauthorized => StatusCode::UNAUTHORIZED,
             Forbidden => StatusCode::FORBIDDEN,
+            InsufficientVram => StatusCode::INSUFFICIENT_STORAGE,
         }
     }
 
@@ -167,6 +172,32 @@ pub struct ApiError {
     /// With `model_quarantined`: seconds until the quarantine ends (also sent as the
     /// `Retry-After` header).
     pub retry_after: Option<u64>,
+    /// With `insufficient_vram`: what is needed, free and missing, and who holds the memory.
+    pub vram_shortfall: Option<Box<VramShortfallBody>>,
+}
+
+/// Why a model does not fit in the VRAM budget (`insufficient_vram`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct VramShortfallBody {
+    /// What the model is expected to take, in MiB (`vram_detail.admission_mib`).
+    pub needed_mib: u64,
+    /// The VRAM budget left now over every GPU, in MiB (negative when over budget).
+    pub free_mib: i64,
+    /// What is still missing after evicting every model that may be evicted, in MiB.
+    pub missing_mib: u64,
+    /// Loaded models holding GPU memory, largest first.
+    pub holders: Vec<VramHolder>,
+}
+
+/// A loaded model holding GPU memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct VramHolder {
+    /// The model.
+    pub model: String,
+    /// The memory admission counts it as holding, in MiB.
+    pub vram_mib: u64,
+    /// Pinned or leased: it may not be evicted.
+    pub held: bool,
 }
 
 /// The error envelope of every non-2xx JSON answer (and of SSE error events).
@@ -196,6 +227,9 @@ pub struct ErrorObject {
     /// header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
+    /// With `insufficient_vram`: what is needed, free and missing, and who holds the memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vram_shortfall: Option<Box<VramShortfallBody>>,
 }
 
 /// The KServe v2 error envelope of the model-repository routes.
@@ -215,6 +249,7 @@ impl ApiError {
             field: None,
             runtime_state: None,
             retry_after: None,
+            vram_shortfall: None,
         }
     }
 
@@ -249,6 +284,7 @@ impl ApiError {
                 field: self.field.clone(),
                 runtime_state: self.runtime_state,
                 retry_after: self.retry_after,
+                vram_shortfall: self.vram_shortfall.clone(),
             },
         }
     }
@@ -280,6 +316,21 @@ impl From<ManagerError> for ApiError {
             ManagerError::Conflict { state, .. } => api.runtime_state = Some(state),
             ManagerError::Quarantined { quarantine, .. } => {
                 api.retry_after = Some(quarantine.retry_after_s);
+            }
+            ManagerError::InsufficientVram { shortfall, .. } => {
+                let holders = shortfall.holders.iter();
+                api.vram_shortfall = Some(Box::new(VramShortfallBody {
+                    needed_mib: shortfall.needed_mib,
+                    free_mib: shortfall.free_mib,
+                    missing_mib: shortfall.missing_mib,
+                    holders: holders
+                        .map(|(model, vram_mib, held)| VramHolder {
+                            model: model.to_string(),
+                            vram_mib: *vram_mib,
+                            held: *held,
+                        })
+                        .collect(),
+                }));
             }
             _ => {}
         }

@@ -218,6 +218,24 @@ impl Collector for ModelGauges {
             let bytes = i64::try_from(mib.saturating_mul(1024 * 1024)).unwrap_or(i64::MAX);
             ConstGauge::new(bytes).encode(family.encode_family(&labels)?)?;
         }
+        let mut family = encoder.encode_descriptor(
+            "hangar_model_vram_admission_bytes",
+            "What admission under vram_budget counts each GPU model as taking for `replicas` \
+             replicas, and how it was obtained (process_tree, observed_load_delta, \
+             gguf_estimate, model_artifact_size)",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (m, label) in models.iter().zip(&labels) {
+            let Some(detail) = &m.vram_detail else { continue };
+            let labels = VramLabels {
+                model: label.clone(),
+                source: detail.admission_method.into(),
+                replicas: detail.replica_count,
+            };
+            let bytes = i64::try_from(detail.admission_mib.saturating_mul(1024 * 1024));
+            ConstGauge::new(bytes.unwrap_or(i64::MAX)).encode(family.encode_family(&labels)?)?;
+        }
         encode_gpus(&self.0, &mut encoder)?;
         let c = self.0.counters();
         for (name, help, value) in [

@@ -56,6 +56,8 @@ const INFERENCE: &[ErrorCode] = &[
     SlotsPinned,
     // The model failed too often; `retry_after` says when a request may load it again.
     ModelQuarantined,
+    // An auto-load that does not fit in the VRAM budget.
+    InsufficientVram,
 ];
 
 /// Errors of pause and continue.
@@ -81,8 +83,15 @@ const SGLANG_PAUSE: &[ErrorCode] = &[InvalidRequest, UnknownModel, StateConflict
 const SGLANG_CHECKER: &[ErrorCode] =
     &[InvalidRequest, UnknownModel, WeightsUnreadable, NotImplemented, AdminBusy];
 
-const LOAD: &[ErrorCode] =
-    &[UnknownModel, InvalidLoadRequest, LoadFailed, SlotsPinned, StateConflict, AdminBusy];
+const LOAD: &[ErrorCode] = &[
+    UnknownModel,
+    InvalidLoadRequest,
+    LoadFailed,
+    SlotsPinned,
+    InsufficientVram,
+    StateConflict,
+    AdminBusy,
+];
 
 /// Every route of the service.
 pub(crate) fn all() -> Vec<Route> {
@@ -199,6 +208,7 @@ pub(crate) fn all() -> Vec<Route> {
                 InvalidLoadRequest,
                 LoadFailed,
                 SlotsPinned,
+                InsufficientVram,
                 StateConflict,
                 AdminBusy,
                 ModelQuarantined,
@@ -450,6 +460,7 @@ pub(crate) fn all() -> Vec<Route> {
                 InvalidLoadRequest,
                 LoadFailed,
                 SlotsPinned,
+                InsufficientVram,
                 StateConflict,
                 AdminBusy,
             ]),

@@ -27,30 +27,32 @@ const MIN_KV_BYTES: u64 = 8 + 4 + 1;
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
 
 /// GGUF metadata value types.
-mod value_type {
-    pub(super) const UINT8: u32 = 0;
-    pub(super) const INT8: u32 = 1;
-    pub(super) const UINT16: u32 = 2;
-    pub(super) const INT16: u32 = 3;
-    pub(super) const UINT32: u32 = 4;
-    pub(super) const INT32: u32 = 5;
-    pub(super) const FLOAT32: u32 = 6;
-    pub(super) const BOOL: u32 = 7;
-    pub(super) const STRING: u32 = 8;
-    pub(super) const ARRAY: u32 = 9;
-    pub(super) const UINT64: u32 = 10;
-    pub(super) const INT64: u32 = 11;
-    pub(super) const FLOAT64: u32 = 12;
+pub(crate) mod value_type {
+    pub(crate) const UINT8: u32 = 0;
+    pub(crate) const INT8: u32 = 1;
+    pub(crate) const UINT16: u32 = 2;
+    pub(crate) const INT16: u32 = 3;
+    pub(crate) const UINT32: u32 = 4;
+    pub(crate) const INT32: u32 = 5;
+    pub(crate) const FLOAT32: u32 = 6;
+    pub(crate) const BOOL: u32 = 7;
+    pub(crate) const STRING: u32 = 8;
+    pub(crate) const ARRAY: u32 = 9;
+    pub(crate) const UINT64: u32 = 10;
+    pub(crate) const INT64: u32 = 11;
+    pub(crate) const FLOAT64: u32 = 12;
 }
 
 /// A ggml tensor type: its id in GGUF, its name as gguf-py's `GGMLQuantizationType` spells
 /// it, and how many elements a block holds in how many bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct GgmlType {
+pub(crate) struct GgmlType {
     id: u32,
     name: &'static str,
-    block: u64,
-    size: u64,
+    /// Elements per block.
+    pub(crate) block: u64,
+    /// Bytes per block.
+    pub(crate) size: u64,
 }
 
 const fn ty(id: u32, name: &'static str, block: u64, size: u64) -> GgmlType {
@@ -103,6 +105,11 @@ fn ggml_type(id: u32) -> Option<GgmlType> {
     GGML_TYPES.iter().copied().find(|t| t.id == id)
 }
 
+/// The ggml type gguf-py names `name` (`F16`, `Q8_0`: exactly, upper case).
+pub(crate) fn ggml_type_named(name: &str) -> Option<GgmlType> {
+    GGML_TYPES.iter().copied().find(|t| t.name == name)
+}
+
 /// The bytes of a tensor of type `ty` and dimensions `dims` (`ne0` first, as stored).
 fn tensor_bytes(ty: GgmlType, dims: &[u64]) -> Result<u64, String> {
     let ne0 = dims.first().copied().unwrap_or(1);
@@ -124,34 +131,12 @@ fn tensor_bytes(ty: GgmlType, dims: &[u64]) -> Result<u64, String> {
 /// [`WeightsError::Io`] when the file cannot be read, [`WeightsError::Format`] when it is
 /// not a well-formed GGUF v2/v3 file or a tensor lies outside it.
 pub(crate) fn read_tensors(path: &Path) -> Result<Vec<TensorEntry>, WeightsError> {
-    let file = File::open(path).map_err(|e| WeightsError::io(path, e))?;
-    let len = file.metadata().map_err(|e| WeightsError::io(path, e))?.len();
-    let mut r = Reader { inner: BufReader::new(file), pos: 0, len, path };
-
-    let magic: [u8; 4] = r.array("the magic")?;
-    if &magic != MAGIC {
-        return Err(r.error(format!("not a GGUF file (magic {magic:02x?}, expected \"GGUF\")")));
-    }
-    let version = r.u32("the version")?;
-    if !(2..=3).contains(&version) {
-        return Err(r.error(format!("unsupported GGUF version {version} (2 and 3 are supported)")));
-    }
-    let tensor_count = r.u64("the tensor count")?;
-    let kv_count = r.u64("the key/value count")?;
-    if kv_count > r.remaining() / MIN_KV_BYTES {
-        return Err(r.error(format!("{kv_count} key/value pairs cannot fit in a {len}-byte file")));
-    }
-    if tensor_count > r.remaining() / MIN_TENSOR_INFO_BYTES {
-        return Err(r.error(format!("{tensor_count} tensors cannot fit in a {len}-byte file")));
-    }
+    let (mut r, counts) = open(path)?;
+    let (tensor_count, len) = (counts.tensors, r.len);
 
     let mut alignment = DEFAULT_ALIGNMENT;
-    for _ in 0..kv_count {
-        let key = r.bytes("a metadata key")?;
-        if key.is_empty() {
-            return Err(r.error(format!("an empty metadata key ends at offset {}", r.pos)));
-        }
-        let value_type = r.u32("a metadata value type")?;
+    for _ in 0..counts.kvs {
+        let (key, value_type) = read_key(&mut r)?;
         if key == b"general.alignment" {
             if value_type != value_type::UINT32 {
                 return Err(r.error(format!(
@@ -203,6 +188,53 @@ pub(crate) fn read_tensors(path: &Path) -> Result<Vec<TensorEntry>, WeightsError
         .collect()
 }
 
+/// The counts a GGUF header states, checked against the file's size.
+pub(crate) struct Counts {
+    pub(crate) tensors: u64,
+    pub(crate) kvs: u64,
+}
+
+/// Opens the GGUF file at `path` and reads its header up to the first key/value pair:
+/// the magic, a supported version, and counts that can fit in the file.
+///
+/// # Errors
+///
+/// [`WeightsError::Io`] when the file cannot be read, [`WeightsError::Format`] when it is
+/// not GGUF v2/v3 or states more pairs or tensors than it can hold.
+pub(crate) fn open(path: &Path) -> Result<(Reader<'_>, Counts), WeightsError> {
+    let file = File::open(path).map_err(|e| WeightsError::io(path, e))?;
+    let len = file.metadata().map_err(|e| WeightsError::io(path, e))?.len();
+    let mut r = Reader { inner: BufReader::new(file), pos: 0, len, path };
+
+    let magic: [u8; 4] = r.array("the magic")?;
+    if &magic != MAGIC {
+        return Err(r.error(format!("not a GGUF file (magic {magic:02x?}, expected \"GGUF\")")));
+    }
+    let version = r.u32("the version")?;
+    if !(2..=3).contains(&version) {
+        return Err(r.error(format!("unsupported GGUF version {version} (2 and 3 are supported)")));
+    }
+    let tensors = r.u64("the tensor count")?;
+    let kvs = r.u64("the key/value count")?;
+    if kvs > r.remaining() / MIN_KV_BYTES {
+        return Err(r.error(format!("{kvs} key/value pairs cannot fit in a {len}-byte file")));
+    }
+    if tensors > r.remaining() / MIN_TENSOR_INFO_BYTES {
+        return Err(r.error(format!("{tensors} tensors cannot fit in a {len}-byte file")));
+    }
+    Ok((r, Counts { tensors, kvs }))
+}
+
+/// A metadata pair's key (never empty) and value type; the value follows.
+pub(crate) fn read_key(r: &mut Reader<'_>) -> Result<(Vec<u8>, u32), WeightsError> {
+    let key = r.bytes("a metadata key")?;
+    if key.is_empty() {
+        return Err(r.error(format!("an empty metadata key ends at offset {}", r.pos)));
+    }
+    let value_type = r.u32("a metadata value type")?;
+    Ok((key, value_type))
+}
+
 /// A tensor info as the header states it.
 struct TensorInfo {
     name: String,
@@ -246,7 +278,7 @@ fn scalar_size(value_type: u32) -> Option<u64> {
 }
 
 /// Skips one metadata value. Nested arrays are refused, as llama.cpp refuses them.
-fn skip_value(r: &mut Reader<'_>, value_type: u32) -> Result<(), WeightsError> {
+pub(crate) fn skip_value(r: &mut Reader<'_>, value_type: u32) -> Result<(), WeightsError> {
     if let Some(size) = scalar_size(value_type) {
         return r.skip(size, "a metadata value");
     }
@@ -278,7 +310,7 @@ fn skip_value(r: &mut Reader<'_>, value_type: u32) -> Result<(), WeightsError> {
 
 /// A buffered reader that knows its position and the file's length, so every read is
 /// checked against the bytes left before it happens.
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     inner: BufReader<File>,
     pos: u64,
     len: u64,
@@ -290,7 +322,7 @@ impl Reader<'_> {
         self.len.saturating_sub(self.pos)
     }
 
-    fn error(&self, message: impl Into<String>) -> WeightsError {
+    pub(crate) fn error(&self, message: impl Into<String>) -> WeightsError {
         WeightsError::format(self.path, message)
     }
 
@@ -315,22 +347,22 @@ impl Reader<'_> {
         Ok(())
     }
 
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], WeightsError> {
+    pub(crate) fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], WeightsError> {
         let mut buf = [0; N];
         self.read_exact(&mut buf, what)?;
         Ok(buf)
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32, WeightsError> {
+    pub(crate) fn u32(&mut self, what: &str) -> Result<u32, WeightsError> {
         self.array(what).map(u32::from_le_bytes)
     }
 
-    fn u64(&mut self, what: &str) -> Result<u64, WeightsError> {
+    pub(crate) fn u64(&mut self, what: &str) -> Result<u64, WeightsError> {
         self.array(what).map(u64::from_le_bytes)
     }
 
     /// A length-prefixed string's bytes; the length is checked against the file first.
-    fn bytes(&mut self, what: &str) -> Result<Vec<u8>, WeightsError> {
+    pub(crate) fn bytes(&mut self, what: &str) -> Result<Vec<u8>, WeightsError> {
         let n = self.u64(what)?;
         self.need(n, what)?;
         let mut buf = vec![0; usize::try_from(n).map_err(|_| self.error("string too long"))?];

@@ -6,6 +6,10 @@
 //! snapshot taken earlier against the weights on disk now. It knows nothing of HTTP, of
 //! where snapshots are stored, or of loaded models.
 //!
+//! It also reads a GGUF model's attention shape from its metadata ([`gguf_shape`]): layers,
+//! KV heads per layer, head sizes, trained context; enough to size its KV cache
+//! ([`GgufShape::kv_cache_bytes`]) before the model is loaded.
+//!
 //! I/O is synchronous and blocking (an async caller runs [`digest`] in `spawn_blocking`).
 //! Tensor data is read in 1 MiB chunks, so memory stays bounded for multi-gigabyte files;
 //! every header count and length is checked against the file size before it is used, so a
@@ -43,6 +47,7 @@
 
 mod error;
 mod gguf;
+mod gguf_shape;
 mod hash;
 mod safetensors;
 
@@ -55,6 +60,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use error::{WeightsError, WeightsErrorCode};
+pub use gguf_shape::{GgufShape, gguf_shape};
 
 /// The container format of digested weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

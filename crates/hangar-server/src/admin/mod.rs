@@ -10,7 +10,7 @@ use std::num::NonZeroU32;
 
 use hangar_config::{LOAD_FIELDS, LoadValueType, ModelType};
 use hangar_lifecycle::ModelState;
-use hangar_runtime::{LoadOptions, ModelFilter, VramEstimateSource};
+use hangar_runtime::{LoadOptions, ModelFilter, VramDetail, VramEstimateSource};
 use http::StatusCode;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
@@ -113,6 +113,10 @@ pub struct GpuInfo {
     pub total_mib: u64,
     /// `used / total` as nvidia-smi shows it.
     pub used_over_total: String,
+    /// Hangar's addition: the memory models may fill on this GPU under `vram_budget`, in
+    /// MiB; absent without a budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_mib: Option<u64>,
 }
 
 /// One model's VRAM estimate.
@@ -134,6 +138,9 @@ pub struct ModelVram {
     pub vram_estimate_replica_count: u32,
     /// Where the estimate comes from.
     pub vram_estimate_source: VramEstimateSource,
+    /// Hangar's addition, as in the model row: the figure admission uses and the measured
+    /// and GGUF figures.
+    pub vram_detail: Option<VramDetail>,
 }
 
 /// `GET /v1/admin/gpu-memory`.
@@ -224,15 +231,18 @@ pub(crate) async fn gpu_memory(ctx: Ctx) -> Result<Response, ApiError> {
             vram_estimate_mib: m.vram_estimate_mib,
             vram_estimate_replica_count: m.vram_estimate_replica_count,
             vram_estimate_source: m.vram_estimate_source,
+            vram_detail: m.vram_detail,
         })
         .collect();
     let (gpus, error) = match memory.gpus {
         Ok(gpus) => (gpus, None),
         Err(unavailable) => (Vec::new(), Some(unavailable.to_string())),
     };
+    let budget = ctx.state.manager.vram_budget();
     let gpus = gpus
         .into_iter()
         .map(|g| GpuInfo {
+            budget_mib: budget.map(|b| b.mib_for(g.index, g.total_mib)),
             used_over_total: g.used_over_total(),
             index: g.index,
             name: g.name,

@@ -17,7 +17,7 @@ use hangar_backend::{
 use hangar_config::{BackendKind, Device, ModelType};
 use hangar_lifecycle::ModelState;
 use hangar_runtime::{
-    Failure, Lease, ModelSnapshot, PauseInfo, QuarantineInfo, VramEstimateSource,
+    Failure, Lease, ModelSnapshot, PauseInfo, QuarantineInfo, VramDetail, VramEstimateSource,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -82,6 +82,12 @@ pub struct ModelRow {
     pub vram_estimate_replica_count: u32,
     /// Where the estimate comes from.
     pub vram_estimate_source: VramEstimateSource,
+    /// Hangar's addition for a GPU model: the figure admission under `vram_budget` uses
+    /// (`admission_mib`, `admission_method`: `process_tree`, `observed_load_delta`,
+    /// `gguf_estimate` or `model_artifact_size`), a subprocess engine's measured
+    /// process-tree memory and a GGUF model's weights-plus-KV-cache estimate; `null` for a
+    /// model not on a GPU or with no figure.
+    pub vram_detail: Option<VramDetail>,
     /// The runtime-only override of the current (or last) load; `{}` when none.
     pub load_override: Map<String, Value>,
     /// What the model supports.
@@ -267,6 +273,7 @@ fn write_row(out: &mut Vec<u8>, prefix: &[u8], s: &ModelSnapshot) {
     value(out, b",\"vram_estimate_mib\":", &s.vram_estimate_mib);
     value(out, b",\"vram_estimate_replica_count\":", &s.vram_estimate_replica_count);
     name(out, b",\"vram_estimate_source\":", s.vram_estimate_source.into());
+    value(out, b",\"vram_detail\":", &s.vram_detail);
     value(out, b",\"load_override\":", s.load_override.fields());
     value(out, b",\"capabilities\":", &*s.capabilities);
     value(out, b",\"runtime_details\":", &*s.runtime_details);
@@ -324,6 +331,7 @@ impl ModelRow {
             vram_estimate_mib: s.vram_estimate_mib,
             vram_estimate_replica_count: s.vram_estimate_replica_count,
             vram_estimate_source: s.vram_estimate_source,
+            vram_detail: s.vram_detail.clone(),
             load_override: s.load_override.fields().clone(),
             capabilities: Arc::clone(&s.capabilities),
             runtime_details: s.runtime_details.to_vec(),

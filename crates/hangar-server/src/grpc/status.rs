@@ -22,6 +22,7 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
             Code::InvalidArgument
         }
         StateConflict | RequestsActive | SlotsPinned => Code::FailedPrecondition,
+        InsufficientVram => Code::ResourceExhausted,
         ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed | BackendUnavailable
         | UpstreamError | AdminBusy | GenerationAborted | ModelQuarantined => Code::Unavailable,
         QueueFull | PayloadTooLarge => Code::ResourceExhausted,
@@ -91,7 +92,7 @@ mod tests {
                 400 | 422 => &[Code::InvalidArgument, Code::Internal],
                 409 => &[Code::FailedPrecondition],
                 503 | 502 => &[Code::Unavailable],
-                429 | 413 => &[Code::ResourceExhausted],
+                429 | 413 | 507 => &[Code::ResourceExhausted],
                 500 => &[Code::Internal],
                 501 | 405 => &[Code::Unimplemented],
                 401 => &[Code::Unauthenticated],
