@@ -9,15 +9,7 @@ use hangar_weights::{WeightsError, WeightsErrorCode, digest};
 
 /// `digest(path)` is a format error naming the file whose message contains `needle`.
 fn check_format(path: &Path, needle: &str) {
-    match digest(path) {
-        Err(err @ WeightsError::Format { .. }) => {
-            let text = err.to_string();
-            assert!(text.contains(&path.display().to_string()), "names the file: {text}");
-            assert!(text.contains(needle), "{text:?} should mention {needle:?}");
-            assert_eq!(err.code(), WeightsErrorCode::WeightsFormat);
-        }
-        other => panic!("{}: expected a format error, got {other:?}", path.display()),
-    }
+    common::check_format(digest(path), path, needle);
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 
 use common::{Gguf, TempDir, fixture, kv, kv_string};
-use hangar_weights::{GgufShape, WeightsError, WeightsErrorCode, gguf_shape};
+use hangar_weights::{GgufShape, WeightsError, gguf_shape};
 
 // GGUF metadata value types.
 const UINT8: u32 = 0;
@@ -70,15 +70,7 @@ fn shape_of(kvs: Vec<Vec<u8>>) -> Result<GgufShape, WeightsError> {
 
 /// `gguf_shape(path)` is a format error naming the file whose message contains `needle`.
 fn check_format(path: &Path, needle: &str) {
-    match gguf_shape(path) {
-        Err(err @ WeightsError::Format { .. }) => {
-            let text = err.to_string();
-            assert!(text.contains(&path.display().to_string()), "names the file: {text}");
-            assert!(text.contains(needle), "{text:?} should mention {needle:?}");
-            assert_eq!(err.code(), WeightsErrorCode::WeightsFormat);
-        }
-        other => panic!("{}: expected a format error, got {other:?}", path.display()),
-    }
+    common::check_format(gguf_shape(path), path, needle);
 }
 
 #[test]

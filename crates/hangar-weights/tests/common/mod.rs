@@ -205,3 +205,21 @@ impl Gguf<'_> {
         out
     }
 }
+
+/// `result` (of reading `path`) is a format error naming the file whose message contains
+/// `needle`.
+pub fn check_format<T: std::fmt::Debug>(
+    result: Result<T, hangar_weights::WeightsError>,
+    path: &std::path::Path,
+    needle: &str,
+) {
+    match result {
+        Err(err @ hangar_weights::WeightsError::Format { .. }) => {
+            let text = err.to_string();
+            assert!(text.contains(&path.display().to_string()), "names the file: {text}");
+            assert!(text.contains(needle), "{text:?} should mention {needle:?}");
+            assert_eq!(err.code(), hangar_weights::WeightsErrorCode::WeightsFormat);
+        }
+        other => panic!("{}: expected a format error, got {other:?}", path.display()),
+    }
+}
