@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::json;
-use support::{Server, get, temp_dir};
+use support::{Server, get, load, post, temp_dir, unload};
 
 fn config() -> serde_json::Value {
     json!({ "models": { "chat": { "backend": "stub", "enabled": true } } })
@@ -92,4 +92,113 @@ async fn with_an_nvml_library_gpu_memory_lists_its_gpus_as_they_change() {
     let (_, body) = get(&server, "/v1/admin/gpu-memory").await;
     assert_eq!(body["gpus"].as_array().map(Vec::len), Some(1), "{body}");
     assert_eq!(body["gpus"][0]["used_over_total"], "5603MiB / 97887MiB", "{body}");
+}
+
+/// The fake `vllm serve`, whose engine-core child takes memory on the fake NVML's GPU 0.
+const FAKE_VLLM: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../crates/hangar-backend-process/tests/fake-vllm/vllm"
+);
+
+/// Two `vllm_serve` models on the fake (a takes 3,000 MiB, b 4,000, each plus 100 MiB no
+/// process owns) under a 6,000 MiB budget; measured figures kept in `state`.
+fn budgeted(state: &Path) -> serde_json::Value {
+    let model = |id: &str| {
+        json!({
+            "backend": "vllm_serve", "vllm_binary_path": FAKE_VLLM, "vllm_model": id,
+            "device": "gpu", "load_timeout_s": 60
+        })
+    };
+    json!({
+        "state_dir": state,
+        "vram_budget": 6000,
+        "max_loaded_models": { "llm": 3 },
+        "models": { "a": model("fake/a"), "b": model("fake/b") }
+    })
+}
+
+async fn row(server: &Server, model: &str) -> serde_json::Value {
+    let (status, body) = get(server, &format!("/v1/admin/models/{model}")).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test]
+async fn engines_are_measured_admitted_by_footprint_refused_when_held_and_remembered() {
+    let library = fake_nvml();
+    let script = library.with_file_name("nvml-script");
+    std::fs::write(&script, "gpu 0 1000 81920 NVIDIA Fake H100\n").unwrap();
+    let state = library.with_file_name("state");
+    let env = [
+        ("HANGAR_NVML_LIBRARY", library.to_str().unwrap()),
+        ("FAKE_VLLM_NVML_SCRIPT", script.to_str().unwrap()),
+        ("FAKE_VLLM_GPU_MIB", r#"{"a": 3000, "b": 4000}"#),
+        ("FAKE_VLLM_GPU_OVERHEAD_MIB", "100"),
+    ];
+    let server = Server::start_with(&budgeted(&state), &[], &env);
+
+    // a's load: the GPUs' delta (3,100) is the spec's estimate; the engine core's own
+    // memory (3,000, found through the child's process tree) is what admission counts.
+    let (status, a) = load(&server, "a", json!({})).await;
+    assert_eq!(status, 200, "{a}");
+    assert_eq!(
+        (&a["vram_estimate_mib"], &a["vram_estimate_source"]),
+        (&json!(3100), &json!("observed_load_delta")),
+        "{a}"
+    );
+    let detail = &a["vram_detail"];
+    assert_eq!(detail["admission_method"], "process_tree", "{detail}");
+    assert_eq!(
+        (&detail["admission_mib"], &detail["process_tree"]["mib"]),
+        (&json!(3000), &json!(3000))
+    );
+    assert_eq!(detail["process_tree"]["gpus"], json!([0]));
+    assert_eq!(unload(&server, "a").await.0, 200);
+    let released = std::fs::read_to_string(&script).unwrap();
+    assert!(released.starts_with("gpu 0 1000 "), "the engine gave its memory back: {released}");
+
+    // b takes 4,100: 5,100 of the 6,000 budget. a (3,000) does not fit beside it: b goes.
+    assert_eq!(load(&server, "b", json!({})).await.0, 200);
+    let (status, a) = load(&server, "a", json!({})).await;
+    assert_eq!(status, 200, "{a}");
+    assert_eq!(row(&server, "b").await["runtime_state"], "unloaded");
+
+    // With a leased, b cannot fit: 507, what is missing and who holds the memory.
+    let lease = json!({ "owner": "job-7", "ttl_seconds": 600 });
+    let (status, body) = post(&server, "/v1/admin/models/a/leases", lease).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, refused) = load(&server, "b", json!({})).await;
+    assert_eq!(status, 507, "{refused}");
+    assert_eq!(refused["error"]["code"], "insufficient_vram", "{refused}");
+    assert_eq!(
+        refused["error"]["vram_shortfall"],
+        json!({
+            "needed_mib": 4000, "free_mib": 1900, "missing_mib": 2100,
+            "holders": [{ "model": "a", "vram_mib": 3000, "held": true }]
+        })
+    );
+    assert_eq!(row(&server, "a").await["runtime_state"], "loaded", "nothing evicted");
+
+    // The budget per GPU, and the admission figures for Prometheus.
+    let (_, memory) = get(&server, "/v1/admin/gpu-memory").await;
+    assert_eq!(memory["gpus"][0]["budget_mib"], 6000, "{memory}");
+    let metrics = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
+    let line = format!(
+        "hangar_model_vram_admission_bytes{{model=\"a\",source=\"process_tree\",replicas=\"1\"}} {}",
+        3000u64 << 20
+    );
+    assert!(metrics.lines().any(|l| l == line), "no `{line}` in:\n{metrics}");
+    drop(server);
+
+    // The next start knows both figures before any load, without a GPU at all.
+    let restarted = Server::start(&budgeted(&state), &[]);
+    for (model, delta, tree) in [("a", 3100, 3000), ("b", 4100, 4000)] {
+        let row = row(&restarted, model).await;
+        assert_eq!(
+            (&row["vram_estimate_mib"], &row["vram_estimate_source"]),
+            (&json!(delta), &json!("observed_load_delta")),
+            "{row}"
+        );
+        assert_eq!(row["vram_detail"]["process_tree"]["mib"], tree, "{row}");
+    }
 }

@@ -358,3 +358,53 @@ async fn the_wait_for_a_release_is_bounded() {
     assert!(waited >= RELEASE_WAIT - Duration::from_secs(1), "waited {waited:?}");
     assert!(waited <= RELEASE_WAIT + Duration::from_secs(1), "waited {waited:?}");
 }
+
+#[tokio::test]
+async fn a_gguf_model_is_estimated_from_its_header_before_it_is_measured() {
+    // tiny-llama (xtask/src/fixtures.rs): 2 layers, 1 KV head of 32 (keys and values),
+    // trained context 2048.
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/models/tiny-llama.gguf");
+    let weights_mib = std::fs::metadata(path).unwrap().len().div_ceil(1 << 20);
+    let (manager, gpu) = setup(
+        json!({ "models": {
+            "m": { "backend": "llama_cpp", "model_path": path, "device": "gpu", "replica_max": 2 },
+            "cpu": { "backend": "llama_cpp", "model_path": path, "device": "cpu" }
+        } }),
+        hangar_config::BackendKind::LlamaCpp,
+    );
+    let row = manager.model("m").unwrap();
+    let detail = row.vram_detail.unwrap();
+    let gguf = detail.gguf_estimate.clone().unwrap();
+    // f16 K and V: 2 layers × 2048 tokens × (32 + 32) × 2 bytes = 512 KiB, a whole MiB.
+    assert_eq!(
+        (gguf.n_ctx, gguf.type_k.as_str(), gguf.layers, gguf.kv_cache_mib),
+        (2048, "f16", 2, 1)
+    );
+    assert_eq!((gguf.weights_mib, gguf.mib), (weights_mib, weights_mib + 1));
+    assert_eq!(
+        (detail.admission_method, detail.admission_mib),
+        (VramMethod::GgufEstimate, gguf.mib)
+    );
+    assert_eq!(row.vram_estimate_source, VramEstimateSource::ModelArtifactSize, "the spec's field");
+    assert_eq!(manager.model("cpu").unwrap().vram_detail, None, "not on a GPU");
+
+    // A load override of the context and cache types is estimated as it would load: 64Ki
+    // tokens of q8_0 (34 bytes a block of 32) = 2 × 65536 × 2 × 32 × 34 / 32 bytes.
+    let mut options = replicas(2);
+    options.overrides.insert("gguf_n_ctx".into(), json!(65536));
+    options.overrides.insert("gguf_type_k".into(), json!("q8_0"));
+    options.overrides.insert("gguf_type_v".into(), json!("q8_0"));
+    options.overrides.insert("gguf_flash_attn".into(), json!("on"));
+    gpu.set_footprint("m", 77);
+    let row = manager.load("m", options).await.unwrap();
+    let gguf = row.vram_detail.as_ref().unwrap().gguf_estimate.clone().unwrap();
+    let kv = (2u64 * 65536 * 2 * 32 * 34 / 32).div_ceil(1 << 20);
+    assert_eq!((gguf.n_ctx, gguf.type_v.as_str(), gguf.kv_cache_mib), (65536, "q8_0", kv));
+    assert_eq!((gguf.replica_count, gguf.mib), (2, 2 * (weights_mib + kv)));
+    // Once measured, the measurement wins.
+    let detail = row.vram_detail.unwrap();
+    assert_eq!(
+        (detail.admission_method, detail.admission_mib),
+        (VramMethod::ObservedLoadDelta, 154)
+    );
+}

@@ -119,7 +119,7 @@ pub(crate) fn all() -> Vec<Route> {
             .admin()
             .doc(
                 "Load a configured model",
-                "Loads a model of the merged config and answers when it is loaded or failed. Optional body: `replicas` and backend-specific runtime-only overrides (see the model's load_constraints). 200 when already loaded or loading (without options); 400 invalid_load_request for values wrong for the backend or options sent to a loaded model; 422 for bodies that fail the schema; 409 state_conflict while the model is unloading; 400 load_failed when the load ran and failed (the model is then `failed`, `error.model.last_error` says why). An explicit load lifts a quarantine (see the row's `quarantine`).",
+                "Loads a model of the merged config and answers when it is loaded or failed. Optional body: `replicas` and backend-specific runtime-only overrides (see the model's load_constraints). 200 when already loaded or loading (without options); 400 invalid_load_request for values wrong for the backend or options sent to a loaded model; 422 for bodies that fail the schema; 409 state_conflict while the model is unloading; 400 load_failed when the load ran and failed (the model is then `failed`, `error.model.last_error` says why). An explicit load lifts a quarantine (see the row's `quarantine`). With a `vram_budget`, a GPU model that does not fit evicts least recently used idle models for memory (journal reason `vram_budget`); when even that cannot make room: 507 insufficient_vram with `error.vram_shortfall` (needed, free and missing MiB, and the models holding memory), nothing evicted.",
             )
             .body::<admin::LoadBody>(true)
             .ok::<admin::ModelRow>()
@@ -315,7 +315,7 @@ pub(crate) fn all() -> Vec<Route> {
             .admin()
             .doc(
                 "GPU memory and per-model VRAM estimates",
-                "GPU memory per device (empty with an error string when no telemetry is available) and every model's VRAM estimate.",
+                "GPU memory per device (empty with an error string when no telemetry is available; `budget_mib` when a `vram_budget` is set) and every model's VRAM estimate, with `vram_detail` for GPU models: the figure admission uses and how it was obtained (`process_tree`: NVML's memory of the engine child and its descendants; `observed_load_delta`; `gguf_estimate`: the GGUF files plus the KV cache for the context and cache types; `model_artifact_size`).",
             )
             .ok::<admin::GpuMemoryResponse>(),
         // Inference: OpenAI-compatible
