@@ -41,6 +41,11 @@ impl StubGpu {
         s.base_mib + s.held_mib + s.lagging_mib
     }
 
+    /// Memory loaded replicas hold now (no base, no lagging releases).
+    pub fn loaded_mib(&self) -> u64 {
+        self.state().held_mib
+    }
+
     /// While on, unloaded memory stays in use until [`StubGpu::release_now`].
     pub fn lag_releases(&self, lag: bool) {
         self.state().lag = lag;

@@ -19,7 +19,8 @@ use crate::unload::UnloadCause;
 impl Manager {
     /// Plans and executes the evictions a load of `model` (`replicas` replicas) needs, after
     /// the memory of earlier unloads shows as released, and waits for the victims' memory
-    /// too.
+    /// too. `Ok(settled)`: whether every release showed in time (else a GPU delta measured
+    /// across the load would be wrong).
     ///
     /// # Errors
     /// The load's failure message when held models are in the way (`slots_pinned`, the
@@ -30,8 +31,8 @@ impl Manager {
         entry: &Arc<ModelEntry>,
         model: &Arc<ModelConfig>,
         replicas: u32,
-    ) -> Result<(), String> {
-        self.wait_for_release(entry).await;
+    ) -> Result<bool, String> {
+        let settled = self.wait_for_release(entry).await;
         let load_override = entry.lock().load_override.clone();
         let memory = self.memory_for(entry, model, replicas, &load_override).await;
         let incoming = Incoming {
@@ -55,10 +56,7 @@ impl Manager {
             self.execute(plan, &entry.config.name).await
         };
         match blocked {
-            Ok(()) => {
-                self.wait_for_release(entry).await;
-                Ok(())
-            }
+            Ok(()) => Ok(self.wait_for_release(entry).await && settled),
             Err(held) => {
                 let message = format!(
                     "slots_pinned: no room without evicting pinned or leased model(s): {}",

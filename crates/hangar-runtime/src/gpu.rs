@@ -93,7 +93,8 @@ impl Manager {
     }
 
     /// Records what a successful load of `runtimes` took: the GPUs' used memory now minus
-    /// `before`, and the memory of the engines' process trees when they run in child
+    /// `before` (`None`: not measured, or an earlier unload's release may have landed in
+    /// between), and the memory of the engines' process trees when they run in child
     /// processes; then saves the state file.
     pub(crate) async fn record_load(
         &self,
@@ -101,7 +102,6 @@ impl Manager {
         before: Option<u64>,
         runtimes: &[Arc<dyn Runtime>],
     ) {
-        let Some(before) = before else { return };
         let Some(gpus) = self.read_gpus(entry.config.device).await else { return };
         let roots: Vec<u32> = runtimes.iter().filter_map(|r| r.pid()).collect();
         let tree = if roots.is_empty() {
@@ -130,8 +130,10 @@ impl Manager {
                 gpus,
                 measured_unix_ms: now,
             };
-            let delta = after.saturating_sub(before);
-            slot.vram.record(figure(VramMethod::ObservedLoadDelta, delta, Vec::new()));
+            let delta = before.map(|before| after.saturating_sub(before));
+            if let Some(delta) = delta {
+                slot.vram.record(figure(VramMethod::ObservedLoadDelta, delta, Vec::new()));
+            }
             if let Some(tree) = &tree {
                 slot.vram.record(figure(VramMethod::ProcessTree, tree.mib, tree.gpus.clone()));
             }
@@ -199,12 +201,13 @@ impl Manager {
 
     /// Waits until the memory of earlier unloads shows as released in the probe, at most
     /// until [`RELEASE_WAIT`] after the last unload; at once when none is pending or
-    /// `device` has no GPU.
-    pub(crate) async fn wait_for_release(&self, entry: &ModelEntry) {
+    /// `device` has no GPU. False when the wait ran out: memory may still be released
+    /// meanwhile, so a GPU delta measured now would be wrong.
+    pub(crate) async fn wait_for_release(&self, entry: &ModelEntry) -> bool {
         loop {
             let pending = *self.inner.release.lock().unwrap_or_else(PoisonError::into_inner);
-            let Some(release) = pending else { return };
-            let Some(used) = self.gpu_used_mib(entry).await else { return };
+            let Some(release) = pending else { return true };
+            let Some(used) = self.gpu_used_mib(entry).await else { return true };
             let done = used <= release.target_used_mib;
             if done || Instant::now() >= release.deadline {
                 if !done {
@@ -214,7 +217,7 @@ impl Manager {
                 if slot.is_some_and(|r| r.deadline == release.deadline) {
                     *slot = None;
                 }
-                return;
+                return done;
             }
             tokio::time::sleep(RELEASE_POLL).await;
         }

@@ -251,8 +251,8 @@ impl Manager {
             Err(e.to_string())
         } else {
             match self.make_room(&entry, &model, replicas).await {
-                Ok(()) => {
-                    let before = self.gpu_used_mib(&entry).await;
+                Ok(settled) => {
+                    let before = if settled { self.gpu_used_mib(&entry).await } else { None };
                     let loaded = self.load_with_retry(&entry, &model, replicas).await;
                     if let Ok(runtimes) = &loaded {
                         self.record_load(&entry, before, runtimes).await;
@@ -341,7 +341,8 @@ impl Manager {
                 message: format!("the model is {state}; reload it once it is loaded"),
             });
         }
-        let before = self.gpu_used_mib(&entry).await;
+        let settled = self.wait_for_release(&entry).await;
+        let before = if settled { self.gpu_used_mib(&entry).await } else { None };
         let loaded = self
             .load_replicas(&entry, &prepared.effective, prepared.replicas.get())
             .await

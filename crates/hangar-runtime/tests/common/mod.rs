@@ -71,3 +71,18 @@ pub fn state(m: &Manager, name: &str) -> String {
 pub fn loaded(m: &Manager) -> Vec<String> {
     m.models().into_iter().filter(|s| s.is_loaded).map(|s| s.name().to_owned()).collect()
 }
+
+/// The stub engine's pretend GPU as NVML would show it: one 80 GiB GPU.
+pub struct PretendGpu(pub Arc<hangar_backend::stub::StubGpu>);
+
+impl hangar_runtime::GpuProbe for PretendGpu {
+    fn read(&self) -> Result<Vec<hangar_runtime::GpuReading>, hangar_runtime::GpuUnavailable> {
+        Ok(vec![hangar_runtime::GpuReading {
+            index: 0,
+            name: "pretend".into(),
+            used_mib: self.0.used_mib(),
+            total_mib: 81920,
+            processes: Vec::new(),
+        }])
+    }
+}
