@@ -109,11 +109,19 @@ fn budgeted(state: &Path) -> serde_json::Value {
             "device": "gpu", "load_timeout_s": 60
         })
     };
+    let tiny = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/models/tiny-llama.gguf");
     json!({
         "state_dir": state,
         "vram_budget": 6000,
         "max_loaded_models": { "llm": 3 },
-        "models": { "a": model("fake/a"), "b": model("fake/b") }
+        "models": {
+            "a": model("fake/a"), "b": model("fake/b"),
+            // Never loaded here: its GGUF header gives the estimate.
+            "g": {
+                "backend": "llama_server", "model_path": tiny, "device": "gpu",
+                "llama_server_n_ctx": 65536, "llama_server_extra_args": ["-ctk", "q8_0"]
+            }
+        }
     })
 }
 
@@ -136,6 +144,23 @@ async fn engines_are_measured_admitted_by_footprint_refused_when_held_and_rememb
         ("FAKE_VLLM_GPU_OVERHEAD_MIB", "100"),
     ];
     let server = Server::start_with(&budgeted(&state), &[], &env);
+
+    // Before any load: no local files for a hub id, and a GGUF model's header estimate
+    // (2 layers, 1 KV head of 32: 65,536 tokens of q8_0 keys and f16 values = 12.25 MiB).
+    let a = row(&server, "a").await;
+    assert_eq!(
+        (&a["vram_estimate_source"], &a["vram_detail"]),
+        (&json!("unavailable"), &json!(null))
+    );
+    let g = row(&server, "g").await;
+    assert_eq!(g["vram_estimate_source"], "model_artifact_size", "{g}");
+    let gguf = &g["vram_detail"]["gguf_estimate"];
+    assert_eq!(g["vram_detail"]["admission_method"], "gguf_estimate", "{g}");
+    assert_eq!(
+        (&gguf["n_ctx"], &gguf["type_k"], &gguf["type_v"], &gguf["kv_cache_mib"]),
+        (&json!(65536), &json!("q8_0"), &json!("f16"), &json!(13)),
+        "{g}"
+    );
 
     // a's load: the GPUs' delta (3,100) is the spec's estimate; the engine core's own
     // memory (3,000, found through the child's process tree) is what admission counts.

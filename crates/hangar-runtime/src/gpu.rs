@@ -181,9 +181,18 @@ impl Manager {
     }
 
     /// Before a GPU model's runtimes are unloaded: the GPUs' used memory now and what the
-    /// unload should free.
+    /// unload should free. Only a measured figure is trusted: an estimate that is too high would hold every
+    /// next load for the whole [`RELEASE_WAIT`].
     pub(crate) async fn before_release(&self, entry: &ModelEntry) -> Option<(u64, u64)> {
-        let held = vram_held(entry, &entry.lock());
+        let held = {
+            let slot = entry.lock();
+            let replicas = slot.loaded_replicas.max(1);
+            let (model, ov) = (&slot.effective, &slot.load_override);
+            match admission_figure(entry, &slot.vram, model, replicas, ov) {
+                Some((mib, VramMethod::ProcessTree | VramMethod::ObservedLoadDelta)) => mib,
+                _ => 0,
+            }
+        };
         let used = self.gpu_used_mib(entry).await?;
         (held > 0).then_some((used, held))
     }
