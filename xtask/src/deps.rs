@@ -3,6 +3,8 @@
 //! `llama-cpp-sys-2` builds llama.cpp with CMake and generates its bindings with bindgen,
 //! which loads libclang. On a machine without them this installs `cmake`, `clang` and
 //! `libclang-dev` through apt when running as root, and otherwise says what to install.
+//! `cargo xtask e2e` installs Debian's `chromium` the same way ([`ensure_chromium`]) for the
+//! workbench's browser test.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -42,6 +44,34 @@ pub(crate) fn ensure() -> Result<()> {
     let still = self::missing();
     if !still.is_empty() {
         bail!("still missing after apt-get install: {}", still.join(", "));
+    }
+    Ok(())
+}
+
+/// Where the workbench test finds Chromium: `HANGAR_CHROMIUM`, else Debian's.
+pub(crate) fn chromium_path() -> std::path::PathBuf {
+    std::env::var_os("HANGAR_CHROMIUM").map_or_else(|| "/usr/bin/chromium".into(), Into::into)
+}
+
+/// Checks for the Chromium the workbench's browser test drives; installs Debian's
+/// `chromium` with apt when missing and running as root (Playwright downloads no browser).
+pub(crate) fn ensure_chromium() -> Result<()> {
+    let path = chromium_path();
+    if path.exists() {
+        eprintln!("deps: chromium at {}", path.display());
+        return Ok(());
+    }
+    if !is_root() || !succeeds(Command::new("apt-get").arg("--version")) {
+        bail!(
+            "the workbench's browser test needs Chromium at {} (set HANGAR_CHROMIUM to another); \
+             install it (e.g. `sudo apt-get install -y chromium`) and run again",
+            path.display()
+        );
+    }
+    crate::run(apt(&["update"]))?;
+    crate::run(apt(&["install", "-y", "--no-install-recommends", "chromium"]))?;
+    if !path.exists() {
+        bail!("apt-get installed chromium, but {} is still missing", path.display());
     }
     Ok(())
 }

@@ -11,7 +11,10 @@
 //!    from `GET /readyz` (every enabled model loaded: the stub models, the llama.cpp GGUF
 //!    models and the `llama-server` model alike).
 //! 3. Each script of `xtask/e2e` with `HANGAR_URL` set; each asserts and exits non-zero on
-//!    failure. Every script runs even when one fails.
+//!    failure. Every script runs even when one fails. `workbench.py` drives `/ui` in Debian's
+//!    headless `chromium` (installed with apt when missing and root, see
+//!    [`deps::ensure_chromium`]) through Playwright, and saves its screenshots to
+//!    `target/e2e-screenshots` (`HANGAR_SCREENSHOTS` names another directory).
 //! 4. Schemathesis (`st run`, see [`schemathesis`]) against the live `/openapi.json`: every
 //!    check, every phase (examples, coverage, fuzzing, stateful), a fixed seed, no example
 //!    database and no failure cache (`xtask/e2e/schemathesis.toml`), so CI repeats the same
@@ -32,13 +35,19 @@ use crate::venv::{ensure_venv, quiet};
 use crate::{cargo, deps, llama_server, run as run_checked};
 
 /// The client scripts, in the order they run.
-const SCRIPTS: [&str; 4] =
-    ["openai_client.py", "triton_client.py", "triton_grpc.py", "validate_openapi.py"];
-/// The script run again against the server with an admin key (`HANGAR_ADMIN_KEY` set).
-const KEYED_SCRIPT: &str = "triton_grpc.py";
+const SCRIPTS: [&str; 5] = [
+    "openai_client.py",
+    "triton_client.py",
+    "triton_grpc.py",
+    "validate_openapi.py",
+    "workbench.py",
+];
+/// The scripts run again against the server with an admin key (`HANGAR_ADMIN_KEY` set):
+/// gRPC with its metadata, and the workbench asking for the key.
+const KEYED_SCRIPTS: [&str; 2] = ["triton_grpc.py", "workbench.py"];
 /// What the scripts import; when all import, nothing is installed.
-const IMPORTS: &str =
-    "import openai, tritonclient.http, tritonclient.grpc, openapi_spec_validator, schemathesis";
+const IMPORTS: &str = "import openai, tritonclient.http, tritonclient.grpc, openapi_spec_validator, \
+                       schemathesis, playwright.sync_api";
 const LISTENING: &str = "hangard listening on ";
 /// Schemathesis's seed: the same cases on every run.
 const SCHEMATHESIS_SEED: u64 = 20_240_611;
@@ -60,6 +69,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     ensure_packages(&python, &root.join("xtask/e2e/requirements.txt"))?;
 
     deps::ensure()?;
+    deps::ensure_chromium()?;
     llama_server::ensure(root)?;
     crate::venv::ensure_bridge(root)?;
     run_checked(test_build(root))?;
@@ -96,7 +106,9 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         key_log_path.display()
     );
     server.wait_ready(Duration::from_secs(60))?;
-    results.push(run_script(root, &python, KEYED_SCRIPT, &server.base, &grpc, Some(&key))?);
+    for script in KEYED_SCRIPTS {
+        results.push(run_script(root, &python, script, &server.base, &grpc, Some(&key))?);
+    }
     let key_reports = reports.join("admin-key");
     results.push(run_schemathesis(
         "schemathesis, with the admin key",

@@ -42,6 +42,7 @@ mod routes;
 mod sglang;
 mod state;
 mod tools;
+mod ui;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -280,6 +280,15 @@ fn success(route: &Route, generator: &mut SchemaGenerator) -> Value {
             let text = json!({ "schema": { "type": "string", "description": "Prometheus text exposition format." } });
             json!({ "description": "Success.", "content": { PROMETHEUS_TEXT: text.clone(), OPENMETRICS_TEXT: text } })
         }
+        Success::Html => {
+            let page = json!({ "schema": { "type": "string", "description": "An HTML page." } });
+            json!({ "description": "Success.", "content": { "text/html": page } })
+        }
+        Success::Text => {
+            let text = json!({ "schema": { "type": "string" } });
+            let content = json!({ "text/javascript": text.clone(), "text/css": text.clone(), "image/svg+xml": text });
+            json!({ "description": "Success.", "content": content })
+        }
         Success::Empty => json!({ "description": "Success, with an empty body." }),
     }
 }

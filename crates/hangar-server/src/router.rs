@@ -87,6 +87,10 @@ pub(crate) enum Success {
     Events(SchemaFn),
     /// Prometheus / OpenMetrics text.
     Metrics,
+    /// An HTML page.
+    Html,
+    /// A text file (a script, a style sheet).
+    Text,
     /// No body.
     Empty,
 }

@@ -9,7 +9,7 @@ use crate::error::ErrorCode::{self, *};
 use crate::openai::{chat, completions, embeddings, models, rerank, responses};
 use crate::router::Group::{Admin, Inference, MultiModel, Operations, Repository, WeightControl};
 use crate::router::{Route, Success};
-use crate::{admin, health, kserve, multi_model, openapi, sglang};
+use crate::{admin, health, kserve, multi_model, openapi, sglang, ui};
 
 /// Wraps an `async fn(Ctx) -> Result<Response, ApiError>` with the standard envelope.
 macro_rules! api {
@@ -491,6 +491,16 @@ pub(crate) fn all() -> Vec<Route> {
                 "The OpenAPI 3.1 document of the service, generated from the same types the handlers use.",
             )
             .ok::<Map<String, Value>>(),
+        Route::new(get.clone(), "/ui", Operations, api!(ui::index))
+            .doc(
+                "The web workbench",
+                "A single page over the public APIs: every model live (from `/v1/admin/events`, polling while the stream is down) with filters, a load dialog built from each model's `load_constraints` and `load_recommendations`, load / unload / pause / continue / lease / checksum, logs, GPU memory and a chat or embedding playground. It asks for the admin key when the server wants one and keeps it for the browser tab.",
+            )
+            .success(Success::Html),
+        Route::new(get.clone(), "/ui/{name}", Operations, api!(ui::file))
+            .doc("The workbench's assets", "`app.js` (an ES module), `app.css` and `favicon.svg`.")
+            .success(Success::Text)
+            .errors(&[NotFound]),
         Route::new(get.clone(), "/healthz", Operations, api!(health::healthz))
             .doc("Liveness", "200 while the process is up.")
             .ok::<health::Healthz>(),

@@ -58,6 +58,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v2/repository/models/{name}/unload"),
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
+    ("GET", "/ui"),
+    ("GET", "/ui/{name}"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
 ];

@@ -1,0 +1,211 @@
+"""The web workbench at /ui, driven in a real headless Chromium (Debian's `chromium`,
+through Playwright for Python; no browser download).
+
+Against the demo server at HANGAR_URL it: sees every model and the live stream; unloads a
+model and sees its row turn `unloaded` without a page reload; loads it through the dialog
+with an override and a preset, after seeing a 400 and a 422 shown at the fields they name;
+checks that fields absent from `load_constraints` are not offered and that the effective
+value follows the key-presence rule; follows a model's logs while it is reloaded; sends a
+streamed chat and an embedding in the playground; works the page by keyboard; and renders 1,000 models (the
+listing answered by the test) with the time it took printed. Any JavaScript error or console
+error fails it. Screenshots of the models view and the load dialog go to
+HANGAR_SCREENSHOTS (default target/e2e-screenshots).
+"""
+
+import json
+import os
+import sys
+import time
+import urllib.request
+
+from playwright.sync_api import expect, sync_playwright
+
+BASE = os.environ["HANGAR_URL"].rstrip("/")
+KEY = os.environ.get("HANGAR_ADMIN_KEY")
+CHROMIUM = os.environ.get("HANGAR_CHROMIUM", "/usr/bin/chromium")
+SHOTS = os.environ.get("HANGAR_SCREENSHOTS", "target/e2e-screenshots")
+STATUS_TEXT = {400: "Bad Request", 401: "Unauthorized", 422: "Unprocessable Entity"}
+MODEL = "tiny-llama-gguf"  # in-process llama.cpp: gguf_* constraints and cache presets
+ENGINE = "tiny-llama-server"  # a child process: it has logs
+
+
+def api(path, body=None):
+    request = urllib.request.Request(BASE + path, method="GET" if body is None else "POST")
+    if body is not None:
+        request.data = json.dumps(body).encode()
+        request.add_header("Content-Type", "application/json")
+    if KEY:
+        request.add_header("Authorization", f"Bearer {KEY}")
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.load(response)
+
+
+def main():
+    errors = []
+    # Refusals the test provokes: Chromium logs each failed fetch as a console error.
+    provoked = []
+
+    def console(message):
+        if message.type != "error":
+            return
+        for status in provoked:
+            if message.text.endswith(f"status of {status} ({STATUS_TEXT[status]})"):
+                provoked.remove(status)
+                return
+        errors.append(f"console: {message.text}")
+
+    os.makedirs(SHOTS, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], headless=True)
+        page = browser.new_page(viewport={"width": 1500, "height": 950})
+        page.on("console", console)
+        page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+        if KEY:
+            # The page learns that a key is needed from one refused listing, asks for the key
+            # once and keeps it for the tab: answer the dialog.
+            provoked.append(401)
+            page.goto(BASE + "/ui")
+            page.locator("#key-dialog input[name=key]").fill(KEY)
+            page.locator("#key-dialog button[type=submit]").click()
+        else:
+            page.goto(BASE + "/ui")
+        row = lambda name: page.locator(f'#models tbody tr[data-model="{name}"]')
+
+        # Every configured model, and the live stream.
+        configured = [m["name"] for m in api("/v1/admin/models")["models"]]
+        expect(page.locator("#models tbody tr")).to_have_count(len(configured))
+        expect(page.locator("#live")).to_have_attribute("data-state", "live", timeout=15000)
+        expect(row(MODEL)).to_have_attribute("data-state", "loaded", timeout=60000)
+        page.screenshot(path=os.path.join(SHOTS, "workbench-models.png"))
+
+        # Unload by its button: the row turns unloaded, live.
+        row(MODEL).locator('button[data-action="unload"]').click()
+        expect(row(MODEL)).to_have_attribute("data-state", "unloaded", timeout=30000)
+
+        # The load dialog, from load_constraints.
+        definition = api(f"/v1/admin/models/{MODEL}")
+        row(MODEL).locator('button[data-action="load"]').click()
+        dialog = page.locator("#load-dialog")
+        expect(dialog).to_be_visible()
+        offered = sorted(dialog.locator(".field").evaluate_all("fs => fs.map(f => f.dataset.field)"))
+        assert offered == sorted(["replicas", *definition["load_constraints"]]), offered
+        flash = dialog.locator("#load-gguf_flash_attn")
+        assert flash.evaluate("s => s.tagName") == "SELECT"
+        assert sorted(flash.locator("option").all_inner_texts()[1:]) == ["auto", "off", "on"]
+        # The effective value: the definition's, or the constraint's default when null.
+        effective_k = dialog.locator('[data-field="gguf_type_k"] .effective').inner_text()
+        assert "runtime default (f16)" in effective_k, effective_k
+        # A value the server refuses with 400 is shown at its field.
+        dialog.locator("#load-replicas").fill(str(definition["replica_max"] + 1))
+        provoked.append(400)
+        dialog.locator("#load-submit").click()
+        expect(dialog.locator("#error-replicas")).to_contain_text("invalid_load_request")
+        # And one the schema refuses (422) at its own.
+        dialog.locator("#load-replicas").fill("")
+        dialog.locator("#load-gguf_n_ctx").fill("0")
+        provoked.append(422)
+        dialog.locator("#load-submit").click()
+        expect(dialog.locator("#error-gguf_n_ctx")).to_contain_text("invalid_request_body")
+        assert api(f"/v1/admin/models/{MODEL}")["runtime_state"] == "unloaded", "refusals change nothing"
+
+        # An override and a preset, then the load.
+        dialog.locator("#load-gguf_n_ctx").fill("512")
+        dialog.locator('button[data-preset="q8_0/q8_0"]').click()
+        assert json.loads(dialog.locator("#load-gguf_type_v").input_value()) == "q8_0"
+        dialog.screenshot(path=os.path.join(SHOTS, "workbench-load-dialog.png"))
+        dialog.locator("#load-submit").click()
+        expect(dialog).to_be_hidden(timeout=120000)
+        expect(row(MODEL)).to_have_attribute("data-state", "loaded", timeout=60000)
+        override = api(f"/v1/admin/models/{MODEL}")["load_override"]
+        assert override == {"gguf_n_ctx": 512, "gguf_type_k": "q8_0", "gguf_type_v": "q8_0"}, override
+        # The dialog now shows the override as the effective value.
+        row(MODEL).locator('button[data-action="load"]').click()
+        expect(dialog.locator('[data-field="gguf_n_ctx"] .effective')).to_have_text("effective: 512")
+        page.keyboard.press("Escape")
+        expect(dialog).to_be_hidden()
+
+        # Logs, followed while the engine restarts.
+        row(ENGINE).locator('button[data-action="logs"]').click()
+        lines = page.locator("#log-lines")
+        expect(lines).to_contain_text("llama-server", timeout=15000)
+        before = lines.inner_text().count("\n")
+        api(f"/v1/admin/models/{ENGINE}/unload", {})
+        api(f"/v1/admin/models/{ENGINE}/load", {})
+        page.wait_for_function(
+            "n => document.querySelector('#log-lines').textContent.split('\\n').length > n + 1",
+            arg=before,
+            timeout=60000,
+        )
+
+        # A streamed chat in the playground: the same text the API answers.
+        page.locator('nav button[data-view="playground"]').click()
+        page.locator("#play-model").select_option("chat")
+        page.locator("#play-form textarea").fill("hello workbench")
+        page.locator('#play-form button[type="submit"]').click()
+        output = page.locator("#play-output")
+        expect(output).to_have_attribute("data-done", "true", timeout=30000)
+        answer = api(
+            "/v1/chat/completions",
+            {"model": "chat", "messages": [{"role": "user", "content": "hello workbench"}], "max_tokens": 32},
+        )["choices"][0]["message"]["content"]
+        assert output.inner_text() == answer, (output.inner_text(), answer)
+        # An embedding model shows its vector's size and first values.
+        page.locator("#play-model").select_option("embed")
+        page.locator('#play-form button[type="submit"]').click()
+        dims = len(api("/v1/embeddings", {"model": "embed", "input": "hello workbench"})["data"][0]["embedding"])
+        expect(output).to_contain_text(f"{dims} dimensions: [")
+
+        # GPU memory: the view answers (no GPU here: the reason is shown).
+        page.locator('nav button[data-view="gpu"]').click()
+        expect(page.locator("#gpu-models tbody tr")).to_have_count(len(configured))
+
+        # By keyboard: reach a row's Load button and open the dialog with Enter.
+        page.locator('nav button[data-view="models"]').click()
+        page.locator("#filters input[name=name]").focus()
+        page.keyboard.type("chat-slow")
+        for _ in range(4):
+            page.keyboard.press("Tab")
+            if page.evaluate("document.activeElement.dataset.action") == "load":
+                break
+        assert page.evaluate("document.activeElement.dataset.action") == "load"
+        page.keyboard.press("Enter")
+        expect(dialog).to_be_visible()
+        page.keyboard.press("Escape")
+        page.locator("#filters input[name=name]").fill("")
+
+        # 1,000 models: the listing answered by the test, from a real row.
+        template = api("/v1/admin/models")["models"][0]
+        many = []
+        for i in range(1000):
+            m = dict(template, name=f"model-{i:04}")
+            m["runtime_state"] = ["unloaded", "loaded", "failed", "loading", "unloading"][i % 5]
+            many.append(m)
+        page.route("**/v1/admin/models", lambda route: route.fulfill(json={"models": many}))
+        started = time.monotonic()
+        page.reload()
+        expect(page.locator("#models tbody tr")).to_have_count(1000, timeout=30000)
+        rendered = time.monotonic() - started
+        started = time.monotonic()
+        page.locator("#filters select[name=state]").select_option("failed")
+        expect(page.locator("#model-count")).to_have_text("(200 of 1000)")
+        filtered = time.monotonic() - started
+        # The page still answers at once: a click on a row's button opens its dialog.
+        started = time.monotonic()
+        row("model-0002").locator('button[data-action="load"]').click()
+        expect(dialog).to_be_visible()
+        opened = time.monotonic() - started
+        page.keyboard.press("Escape")
+        print(
+            f"1,000 models: listed and rendered in {rendered * 1000:.0f} ms, "
+            f"filtered in {filtered * 1000:.0f} ms, a dialog opened in {opened * 1000:.0f} ms"
+        )
+        browser.close()
+    errors.extend(f"a provoked {status} was not seen" for status in provoked)
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        sys.exit(1)
+    print("workbench: every check passed")
+
+
+if __name__ == "__main__":
+    main()
