@@ -4,8 +4,9 @@ through Playwright for Python; no browser download).
 Against the demo server at HANGAR_URL it: sees every model and the live stream; unloads a
 model and sees its row turn `unloaded` without a page reload; loads it through the dialog
 with an override and a preset, after seeing a 400 and a 422 shown at the fields they name;
-checks that fields absent from `load_constraints` are not offered and that the effective
-value follows the key-presence rule; follows a model's logs while it is reloaded; sends a
+checks that fields absent from `load_constraints` are not offered, that the effective
+value follows the key-presence rule and that bytes are typed in MiB; pauses, continues,
+leases and checksums by the row's buttons; follows a model's logs while it is reloaded; sends a
 streamed chat and an embedding in the playground; works the page by keyboard; and renders 1,000 models (the
 listing answered by the test) with the time it took printed. Any JavaScript error or console
 error fails it. Screenshots of the models view and the load dialog go to
@@ -29,8 +30,8 @@ MODEL = "tiny-llama-gguf"  # in-process llama.cpp: gguf_* constraints and cache 
 ENGINE = "tiny-llama-server"  # a child process: it has logs
 
 
-def api(path, body=None):
-    request = urllib.request.Request(BASE + path, method="GET" if body is None else "POST")
+def api(path, body=None, method=None):
+    request = urllib.request.Request(BASE + path, method=method or ("GET" if body is None else "POST"))
     if body is not None:
         request.data = json.dumps(body).encode()
         request.add_header("Content-Type", "application/json")
@@ -123,6 +124,43 @@ def main():
         expect(dialog.locator('[data-field="gguf_n_ctx"] .effective')).to_have_text("effective: 512")
         page.keyboard.press("Escape")
         expect(dialog).to_be_hidden()
+
+        # Bytes are shown and typed in MiB (vllm_kv_cache_memory_bytes: unit bytes, display
+        # MiB): the request carries bytes. The load is answered here, with an error naming the
+        # field, so the disabled vLLM model is never started.
+        bytes_model = "gemma4-vllm-serve"
+        sent = []
+
+        def refuse(route):
+            sent.append(route.request.post_data_json)
+            error = {"code": "invalid_load_request", "message": "too large for this GPU (test)",
+                     "field": "vllm_kv_cache_memory_bytes"}
+            route.fulfill(status=400, json={"error": error})
+
+        page.route(f"**/v1/admin/models/{bytes_model}/load", refuse)
+        row(bytes_model).locator('button[data-action="load"]').click()
+        field = dialog.locator('[data-field="vllm_kv_cache_memory_bytes"]')
+        expect(field.locator("label")).to_have_text("vllm_kv_cache_memory_bytes (MiB)")
+        field.locator("input[type=number]").fill("512")
+        provoked.append(400)
+        dialog.locator("#load-submit").click()
+        expect(dialog.locator("#error-vllm_kv_cache_memory_bytes")).to_contain_text("too large")
+        assert sent == [{"vllm_kv_cache_memory_bytes": 512 * 1024 * 1024}], sent
+        page.keyboard.press("Escape")
+        page.unroute(f"**/v1/admin/models/{bytes_model}/load")
+
+        # Pause and continue, a lease, a checksum: each shows in the row or the notice.
+        row("chat").locator('button[data-action="pause"]').click()
+        expect(row("chat").locator(".mark")).to_have_text("paused: in_place")
+        row("chat").locator('button[data-action="continue"]').click()
+        expect(row("chat").locator(".mark")).to_have_count(0)
+        row("rerank").locator('button[data-action="lease"]').click()
+        expect(row("rerank").locator(".mark")).to_have_text("leased ×1")
+        for lease in api("/v1/admin/models/rerank")["leases"]:
+            api(f"/v1/admin/models/rerank/leases/{lease['id']}", method="DELETE")
+        expect(row("rerank").locator(".mark")).to_have_count(0)
+        row(MODEL).locator('button[data-action="checksum"]').click()
+        expect(page.locator("#notice")).to_contain_text(f"{MODEL}: SHA-256 checksum ")
 
         # Logs, followed while the engine restarts.
         row(ENGINE).locator('button[data-action="logs"]').click()

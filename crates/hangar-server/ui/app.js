@@ -90,6 +90,11 @@ async function readEvents(path, onEvent, signal, onOpen) {
   }
   if (!response.ok || !response.body) throw new Error(`HTTP ${response.status}`);
   if (onOpen) onOpen();
+  return eachEvent(response, onEvent);
+}
+
+/** Calls `onEvent(data)` for each event of a server-sent-event response body. */
+async function eachEvent(response, onEvent) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
@@ -301,7 +306,8 @@ async function checksum(name) {
     method: "POST",
     body: { action: "checksum" },
   });
-  notice(status >= 400 ? `checksum ${name}: ${errorText(body, status)}` : `${name}: checksum ${body.checksum} over ${body.tensor_count ?? body.tensors ?? "?"} tensors.`);
+  const done = () => `${name}: SHA-256 checksum ${body.digest.checksum} over ${body.digest.tensors.length} tensors (${body.elapsed_ms} ms).`;
+  notice(status >= 400 ? `checksum ${name}: ${errorText(body, status)}` : done());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -636,30 +642,13 @@ async function play(event) {
     out.textContent = errorText(body, response.status);
     return;
   }
-  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += value;
-    let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
-      const line = buffer.slice(0, end).replace(/^data: ?/, "");
-      buffer = buffer.slice(end + 2);
-      if (line === "[DONE]") {
-        out.dataset.done = "true";
-        continue;
-      }
-      try {
-        const chunk = JSON.parse(line);
-        if (chunk.error) out.append(`\n${errorText(chunk, 500)}`);
-        const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
-        if (delta && delta.content) out.append(delta.content);
-      } catch {
-        // A comment or keep-alive line.
-      }
-    }
-  }
+  await eachEvent(response, (data) => {
+    if (data === "[DONE]") return;
+    const chunk = JSON.parse(data);
+    if (chunk.error) out.append(`\n${errorText(chunk, 500)}`);
+    const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+    if (delta && delta.content) out.append(delta.content);
+  });
   out.dataset.done = "true";
 }
 
