@@ -6,7 +6,8 @@ model and sees its row turn `unloaded` without a page reload; loads it through t
 with an override and a preset, after seeing a 400 and a 422 shown at the fields they name;
 checks that fields absent from `load_constraints` are not offered, that the effective
 value follows the key-presence rule and that bytes are typed in MiB; pauses, continues,
-leases and checksums by the row's buttons; follows a model's logs while it is reloaded; sends a
+leases and checksums by the row's buttons; follows a model's logs while it is reloaded; shows GPU memory as bars (two GPUs answered by
+the test, one under a budget); sends a
 streamed chat and an embedding in the playground; works the page by keyboard; and renders 1,000 models (the
 listing answered by the test) with the time it took printed. Any JavaScript error or console
 error fails it. Screenshots of the models view and the load dialog go to
@@ -193,9 +194,29 @@ def main():
         dims = len(api("/v1/embeddings", {"model": "embed", "input": "hello workbench"})["data"][0]["embedding"])
         expect(output).to_contain_text(f"{dims} dimensions: [")
 
-        # GPU memory: the view answers (no GPU here: the reason is shown).
+        # GPU memory: the view answers (no GPU here: the reason is shown) ...
         page.locator('nav button[data-view="gpu"]').click()
         expect(page.locator("#gpu-models tbody tr")).to_have_count(len(configured))
+        real = api("/v1/admin/gpu-memory")
+        if not real["gpus"]:
+            expect(page.locator("#gpu-error")).to_have_text(real["error"])
+        # ... and with two GPUs, one under a budget, a bar each (the answer given here).
+        gpus = [
+            {"index": 0, "name": "NVIDIA H100", "used_mib": 40000, "total_mib": 80000,
+             "used_over_total": "40000MiB / 80000MiB", "budget_mib": 72000},
+            {"index": 1, "name": "NVIDIA L4", "used_mib": 6000, "total_mib": 24000,
+             "used_over_total": "6000MiB / 24000MiB"},
+        ]
+        page.route("**/v1/admin/gpu-memory", lambda route: route.fulfill(json=dict(real, gpus=gpus, error=None)))
+        page.locator('nav button[data-view="models"]').click()
+        page.locator('nav button[data-view="gpu"]').click()
+        bars = page.locator("#gpus .bar")
+        expect(bars).to_have_count(2)
+        expect(bars.nth(0)).to_have_attribute("aria-label", "GPU 0: 40000MiB / 80000MiB")
+        assert bars.nth(0).locator(".used").evaluate("e => e.style.width") == "50%"
+        assert bars.nth(0).locator(".budget").evaluate("e => e.style.left") == "90%"
+        expect(bars.nth(1).locator(".budget")).to_have_count(0)
+        page.unroute("**/v1/admin/gpu-memory")
 
         # By keyboard: reach a row's Load button and open the dialog with Enter.
         page.locator('nav button[data-view="models"]').click()

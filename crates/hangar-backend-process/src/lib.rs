@@ -34,7 +34,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use hangar_backend::{
-    Backend, Capabilities, LoadError, LoadRequest, Modality, Runtime, ThinkingMode,
+    Backend, Capabilities, LoadError, LoadRequest, LogStream, Modality, ModelLogs, Runtime,
+    ThinkingMode,
 };
 use hangar_config::{BackendKind, BackendSettings, ModelConfig};
 use serde_json::Value;
@@ -80,13 +81,67 @@ impl ProcessBackend {
         self
     }
 
-    fn launch(&self, model: &ModelConfig, replica: u32) -> Result<Launch, LoadError> {
+    /// The launch of `model`'s replica, and whether Hangar picked its port (none configured).
+    fn launch(&self, model: &ModelConfig, replica: u32) -> Result<(Launch, bool), LoadError> {
         let port = free_port()?;
-        match self.kind {
-            BackendKind::VllmServe => launch::vllm_serve(model, replica, port),
-            _ => launch::llama_server(model, replica, port),
-        }
+        let launch = match self.kind {
+            BackendKind::VllmServe => launch::vllm_serve(model, replica, port)?,
+            _ => launch::llama_server(model, replica, port)?,
+        };
+        let picked = launch.port == port;
+        Ok((launch, picked))
     }
+
+    /// Starts the child and waits until it serves. A child that could not bind the port
+    /// Hangar picked for it (taken by another process between the pick and the bind) is
+    /// started again on another port, up to [`PORT_ATTEMPTS`] times in all.
+    async fn start(
+        &self,
+        model: &ModelConfig,
+        replica: u32,
+        logs: &ModelLogs,
+    ) -> Result<(Launch, Upstream, Arc<Child>), LoadError> {
+        let name = model.name.as_str();
+        for attempt in 1..=PORT_ATTEMPTS {
+            let (launch, picked) = self.launch(model, replica)?;
+            let upstream = Upstream::new(launch.base_url(), launch.api_key.as_deref(), None)
+                .map_err(|message| LoadError::Failed { message })?;
+            let child = self.spawner.spawn(&launch, name, replica, logs).await.map_err(|e| {
+                LoadError::Failed { message: format!("cannot start `{}`: {e}", launch.program) }
+            })?;
+            let child = Arc::new(child);
+            let limit = model.load_timeout();
+            match wait_ready(&child, &upstream, &launch.health_url(), limit).await {
+                Ok(()) => return Ok((launch, upstream, child)),
+                Err(why) => {
+                    child.stop(self.grace).await;
+                    if picked && attempt < PORT_ATTEMPTS && lost_port(&why) {
+                        let line = format!(
+                            "port {} was taken before the engine could bind it; starting it again on another port",
+                            launch.port
+                        );
+                        logs.push(replica, LogStream::Hangar, line);
+                        continue;
+                    }
+                    let message = format!("`{}`: {why}", launch.program);
+                    return Err(LoadError::Failed { message });
+                }
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+}
+
+/// Starts of one replica when the port Hangar picked is taken before the child binds it.
+const PORT_ATTEMPTS: u32 = 3;
+
+/// Whether a child's failure to start says it could not bind its port (llama-server,
+/// uvicorn and Python's own wording).
+fn lost_port(why: &str) -> bool {
+    let why = why.to_ascii_lowercase();
+    ["couldn't bind", "cannot bind", "address already in use", "errno 98"]
+        .iter()
+        .any(|needle| why.contains(needle))
 }
 
 #[async_trait]
@@ -114,19 +169,7 @@ impl Backend for ProcessBackend {
 
     async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
         let LoadRequest { model, replica, progress, crash, logs, .. } = request;
-        let launch = self.launch(&model, replica)?;
-        let name = model.name.as_str();
-        let upstream = Upstream::new(launch.base_url(), launch.api_key.as_deref(), None)
-            .map_err(|message| LoadError::Failed { message })?;
-        let child = self.spawner.spawn(&launch, name, replica, &logs).await.map_err(|e| {
-            LoadError::Failed { message: format!("cannot start `{}`: {e}", launch.program) }
-        })?;
-        let child = Arc::new(child);
-        let limit = model.load_timeout();
-        if let Err(why) = wait_ready(&child, &upstream, &launch.health_url(), limit).await {
-            child.stop(self.grace).await;
-            return Err(LoadError::Failed { message: format!("`{}`: {why}", launch.program) });
-        }
+        let (launch, upstream, child) = self.start(&model, replica, &logs).await?;
         progress.report(1.0);
         let stopping = Arc::new(AtomicBool::new(false));
         {

@@ -205,6 +205,51 @@ async fn a_child_that_crashes_at_start_fails_the_load_with_its_last_lines() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_port_taken_before_the_child_binds_it_is_replaced_but_a_configured_one_is_not() {
+    let dir = std::env::temp_dir().join(format!("hangar-lose-port-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("times");
+    let env = json!({ "vllm_env": { "FAKE_VLLM_LOSE_PORT_FILE": file.to_str().unwrap() } });
+
+    // Lost once: started again on another port, and the log says why.
+    std::fs::write(&file, "1").unwrap();
+    let (runtime, watch) = load(model(env.clone())).await;
+    let runtime = runtime.expect("loaded on the second port");
+    let hangar: Vec<String> = watch
+        .logs
+        .tail(100)
+        .into_iter()
+        .filter(|l| l.line.contains("was taken"))
+        .map(|l| l.line)
+        .collect();
+    assert_eq!(hangar.len(), 1, "{hangar:?}");
+    assert_eq!(
+        read_all(runtime.forward(chat("hi", false)).await.unwrap()).await.map(|t| t.is_empty()),
+        Ok(false)
+    );
+    runtime.unload().await;
+
+    // Lost every time: three starts, then the engine's own words.
+    std::fs::write(&file, "9").unwrap();
+    let (runtime, _) = load(model(env.clone())).await;
+    let Err(LoadError::Failed { message }) = runtime else { panic!("loaded?") };
+    assert!(message.contains("address already in use"), "{message}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "6", "three starts");
+
+    // A configured port is the operator's: no second start.
+    let mut configured = env.clone();
+    configured["vllm_port"] = json!(free_port());
+    let (runtime, _) = load(model(configured)).await;
+    assert!(runtime.is_err());
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "5", "one start");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_crash_while_loaded_is_reported_and_fails_inflight_requests() {
     let (runtime, watch) = load(model(
         json!({ "vllm_env": { "FAKE_VLLM_TOKEN_DELAY_MS": "200", "FAKE_VLLM_TOKENS": "50" } }),
