@@ -7,7 +7,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::json;
 use support::{Server, get, load, post, temp_dir, unload};
@@ -18,18 +17,7 @@ fn config() -> serde_json::Value {
 
 /// The fake NVML library, compiled into a fresh directory; its path.
 fn fake_nvml() -> PathBuf {
-    let dir = temp_dir("fake-nvml");
-    let out = dir.join("libnvidia-ml.so.1");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../crates/hangar-gpu/tests/fake/libnvidia-ml.c");
-    let status = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&out)
-        .arg(&source)
-        .status()
-        .expect("a C compiler (cc) runs");
-    assert!(status.success(), "cc failed on {}", source.display());
-    out
+    hangar_gpu::fake::build(&temp_dir("fake-nvml")).expect("a C compiler (cc) builds the fake NVML")
 }
 
 #[tokio::test]

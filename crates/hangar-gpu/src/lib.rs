@@ -9,9 +9,11 @@
 //!   once by the host ([`probe`]);
 //! - [`process_tree`] and [`tree_memory`]: the GPU memory a child engine and its
 //!   descendants hold, from the per-process readings;
+//! - [`fake`]: the fake NVML library Hangar's tests build and load instead of the driver's;
 //! - [`NoGpu`]: a probe that is always unavailable, with its reason, and [`ScriptedProbe`],
 //!   whose readings tests set.
 
+pub mod fake;
 mod nvml;
 mod process;
 

@@ -4,24 +4,13 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use hangar_gpu::{GpuProbe, GpuProcess, NvmlProbe};
 
 /// Compiles the fake library into a fresh directory; its path.
 fn fake_library(label: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("hangar-fake-nvml-{label}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("libnvidia-ml.so.1");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake/libnvidia-ml.c");
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&out)
-        .arg(&source)
-        .status()
-        .expect("a C compiler (cc) runs");
-    assert!(status.success(), "cc failed on {}", source.display());
-    out
+    hangar_gpu::fake::build(&dir).expect("a C compiler (cc) builds the fake NVML")
 }
 
 /// Writes the fake's script, `nvml-script` next to the library (read on every call).

@@ -4,13 +4,12 @@
 use std::sync::Arc;
 
 use hangar_config::{ModelConfig, ModelName};
-use hangar_eviction::{
-    EvictionPlan, Incoming, LoadedModel, VramShortfall, plan_load, plan_load_within,
-};
+use hangar_eviction::{EvictionPlan, Incoming, LoadedModel, plan_load, plan_load_within};
 use hangar_lifecycle::ModelState;
 use tokio::time::Instant;
 
 use crate::entry::ModelEntry;
+use crate::error::ManagerError;
 use crate::events::Events;
 use crate::journal::EventKind;
 use crate::manager::Manager;
@@ -46,7 +45,13 @@ impl Manager {
             None => plan_load(&loaded, &incoming, limits),
         };
         if let Some(short) = plan.shortfall {
-            let message = shortfall_message(&entry.config.name, &short);
+            // The refusal's own words, as the caller will get them.
+            let model = entry.config.name.to_string();
+            let shortfall = Box::new(short.clone());
+            let message = format!(
+                "insufficient_vram: {}",
+                ManagerError::InsufficientVram { model, shortfall }
+            );
             entry.lock().vram_shortfall = Some(short);
             return Err(message);
         }
@@ -116,24 +121,4 @@ impl Manager {
         }
         if held.is_empty() { Ok(()) } else { Err(held) }
     }
-}
-
-/// The failure message of a load that cannot fit in the VRAM budget.
-fn shortfall_message(model: &ModelName, short: &VramShortfall) -> String {
-    let holders: Vec<String> = short
-        .holders
-        .iter()
-        .map(|(name, mib, held)| {
-            format!("{name} {mib} MiB{}", if *held { " (pinned or leased)" } else { "" })
-        })
-        .collect();
-    format!(
-        "insufficient_vram: {model} needs {} MiB of GPU memory, the VRAM budget has {} MiB free, \
-         and evicting every model that may be evicted still leaves {} MiB missing; GPU memory \
-         held by: {}",
-        short.needed_mib,
-        short.free_mib,
-        short.missing_mib,
-        if holders.is_empty() { "no model".to_owned() } else { holders.join(", ") }
-    )
 }

@@ -181,17 +181,12 @@ impl Manager {
     }
 
     /// Before a GPU model's runtimes are unloaded: the GPUs' used memory now and what the
-    /// unload should free. Only a measured figure is trusted: an estimate that is too high would hold every
-    /// next load for the whole [`RELEASE_WAIT`].
+    /// unload should free. Only a measured figure is trusted: an estimate that is too high
+    /// would hold every next load for the whole [`RELEASE_WAIT`].
     pub(crate) async fn before_release(&self, entry: &ModelEntry) -> Option<(u64, u64)> {
-        let held = {
-            let slot = entry.lock();
-            let replicas = slot.loaded_replicas.max(1);
-            let (model, ov) = (&slot.effective, &slot.load_override);
-            match admission_figure(entry, &slot.vram, model, replicas, ov) {
-                Some((mib, VramMethod::ProcessTree | VramMethod::ObservedLoadDelta)) => mib,
-                _ => 0,
-            }
+        let held = match held_figure(entry, &entry.lock()) {
+            Some((mib, VramMethod::ProcessTree | VramMethod::ObservedLoadDelta)) => mib,
+            _ => 0,
         };
         let used = self.gpu_used_mib(entry).await?;
         (held > 0).then_some((used, held))
@@ -238,7 +233,11 @@ pub(crate) fn vram_held(entry: &ModelEntry, slot: &Slot) -> u64 {
     if !entry.config.device.contains(Device::GPU) {
         return 0;
     }
+    held_figure(entry, slot).map_or(0, |(mib, _)| mib)
+}
+
+/// The best figure of what a loaded model's replicas hold, and how it was obtained.
+fn held_figure(entry: &ModelEntry, slot: &Slot) -> Option<(u64, VramMethod)> {
     let replicas = slot.loaded_replicas.max(1);
     admission_figure(entry, &slot.vram, &slot.effective, replicas, &slot.load_override)
-        .map_or(0, |(mib, _)| mib)
 }

@@ -130,14 +130,24 @@ pub(crate) fn admission_figure(
     replicas: u32,
     load_override: &LoadOverride,
 ) -> Option<(u64, VramMethod)> {
+    let gguf = || gguf_estimate(&entry.artifacts, model, replicas);
+    best_figure(entry, vram, replicas, load_override, gguf)
+}
+
+/// Measured figures first, then the GGUF estimate (`gguf`, computed only when needed), then
+/// the files' size.
+fn best_figure(
+    entry: &ModelEntry,
+    vram: &ObservedVram,
+    replicas: u32,
+    load_override: &LoadOverride,
+    gguf: impl FnOnce() -> Option<GgufEstimate>,
+) -> Option<(u64, VramMethod)> {
     let measured = [VramMethod::ProcessTree, VramMethod::ObservedLoadDelta];
     measured
         .into_iter()
         .find_map(|m| vram.scaled(m, replicas, load_override).map(|mib| (mib, m)))
-        .or_else(|| {
-            gguf_estimate(&entry.artifacts, model, replicas)
-                .map(|g| (g.mib, VramMethod::GgufEstimate))
-        })
+        .or_else(|| gguf().map(|g| (g.mib, VramMethod::GgufEstimate)))
         .or_else(|| {
             let mib = entry.artifacts.mib?.saturating_mul(u64::from(replicas));
             Some((mib, VramMethod::ModelArtifactSize))
@@ -150,8 +160,9 @@ pub(crate) fn vram_detail(entry: &ModelEntry, slot: &Slot, replicas: u32) -> Opt
         return None;
     }
     let (model, ov) = (&slot.effective, &slot.load_override);
+    let gguf_estimate = gguf_estimate(&entry.artifacts, model, replicas);
     let (admission_mib, admission_method) =
-        admission_figure(entry, &slot.vram, model, replicas, ov)?;
+        best_figure(entry, &slot.vram, replicas, ov, || gguf_estimate.clone())?;
     let process_tree =
         slot.vram.get(VramMethod::ProcessTree, replicas, ov).map(|f| ProcessTreeFigure {
             mib: f.mib,
@@ -164,6 +175,6 @@ pub(crate) fn vram_detail(entry: &ModelEntry, slot: &Slot, replicas: u32) -> Opt
         admission_method,
         replica_count: replicas,
         process_tree,
-        gguf_estimate: gguf_estimate(&entry.artifacts, model, replicas),
+        gguf_estimate,
     })
 }

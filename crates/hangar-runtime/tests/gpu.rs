@@ -292,19 +292,28 @@ async fn a_load_that_cannot_fit_is_refused_with_what_is_missing_and_evicts_nothi
     assert_eq!(state(&manager, "a"), ModelState::Unloaded);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_load_after_an_unload_waits_until_the_memory_shows_as_released() {
+/// GPU models `a` (5,000 MiB), `b` (700 MiB) and a CPU model; `a` was loaded and unloaded,
+/// and the pretend driver has not yet shown its memory as free.
+async fn after_a_lagging_release() -> (Manager, Arc<StubGpu>) {
     let (manager, gpu) = stub(json!({
         "models": {
             "a": { "backend": "stub", "device": "gpu" },
-            "b": { "backend": "stub", "device": "gpu" }
+            "b": { "backend": "stub", "device": "gpu" },
+            "cpu": { "backend": "stub", "device": "cpu" }
         }
     }));
     gpu.set_footprint("a", 5000);
+    gpu.set_footprint("b", 700);
     manager.load("a", LoadOptions::default()).await.unwrap();
     gpu.lag_releases(true);
     manager.unload("a").await.unwrap();
     assert_eq!(gpu.used_mib(), 6000, "the driver still shows a's memory");
+    (manager, gpu)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_load_after_an_unload_waits_until_the_memory_shows_as_released() {
+    let (manager, gpu) = after_a_lagging_release().await;
 
     let load = tokio::spawn({
         let manager = manager.clone();
@@ -317,22 +326,13 @@ async fn a_load_after_an_unload_waits_until_the_memory_shows_as_released() {
     gpu.release_now();
     let row = load.await.unwrap().unwrap();
     assert_eq!(row.runtime_state, ModelState::Loaded);
-    assert_eq!(row.vram_estimate_mib, Some(0), "b measured from after the release, not before");
+    // Measured from before the release, b's delta would be 1,700 - 6,000: nothing.
+    assert_eq!(row.vram_estimate_mib, Some(700), "b measured from after the release");
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_wait_for_a_release_is_bounded() {
-    let (manager, gpu) = stub(json!({
-        "models": {
-            "a": { "backend": "stub", "device": "gpu" },
-            "b": { "backend": "stub", "device": "gpu" },
-            "cpu": { "backend": "stub", "device": "cpu" }
-        }
-    }));
-    gpu.set_footprint("a", 5000);
-    manager.load("a", LoadOptions::default()).await.unwrap();
-    gpu.lag_releases(true);
-    manager.unload("a").await.unwrap();
+    let (manager, _gpu) = after_a_lagging_release().await;
 
     // A CPU model does not wait for GPU memory.
     let start = tokio::time::Instant::now();
@@ -340,7 +340,6 @@ async fn the_wait_for_a_release_is_bounded() {
     assert!(start.elapsed() < Duration::from_secs(1));
 
     // The memory never shows as released: the load goes ahead once the wait ran out.
-    gpu.set_footprint("b", 700);
     let start = tokio::time::Instant::now();
     let row = manager.load("b", LoadOptions::default()).await.unwrap();
     let waited = start.elapsed();

@@ -201,40 +201,36 @@ impl Collector for ModelGauges {
                 value.encode(family.encode_family(&ModelLabel { model: label.clone() })?)?;
             }
         }
-        let mut family = encoder.encode_descriptor(
-            "hangar_model_vram_estimate_bytes",
-            "Each model's VRAM estimate for `replicas` replicas, and where it comes from \
-             (observed_load_delta, model_artifact_size); models without one are left out",
-            None,
-            gauge.metric_type(),
-        )?;
-        for (m, label) in models.iter().zip(&labels) {
-            let Some(mib) = m.vram_estimate_mib else { continue };
-            let labels = VramLabels {
-                model: label.clone(),
-                source: m.vram_estimate_source.into(),
-                replicas: m.vram_estimate_replica_count,
-            };
-            let bytes = i64::try_from(mib.saturating_mul(1024 * 1024)).unwrap_or(i64::MAX);
-            ConstGauge::new(bytes).encode(family.encode_family(&labels)?)?;
-        }
-        let mut family = encoder.encode_descriptor(
-            "hangar_model_vram_admission_bytes",
-            "What admission under vram_budget counts each GPU model as taking for `replicas` \
-             replicas, and how it was obtained (process_tree, observed_load_delta, \
-             gguf_estimate, model_artifact_size)",
-            None,
-            gauge.metric_type(),
-        )?;
-        for (m, label) in models.iter().zip(&labels) {
-            let Some(detail) = &m.vram_detail else { continue };
-            let labels = VramLabels {
-                model: label.clone(),
-                source: detail.admission_method.into(),
-                replicas: detail.replica_count,
-            };
-            let bytes = i64::try_from(detail.admission_mib.saturating_mul(1024 * 1024));
-            ConstGauge::new(bytes.unwrap_or(i64::MAX)).encode(family.encode_family(&labels)?)?;
+        // Each model's figure for `replicas` replicas and where it comes from.
+        type Figure = fn(&ModelSnapshot) -> Option<(u64, &'static str, u32)>;
+        let figures: [(&str, &str, Figure); 2] = [
+            (
+                "hangar_model_vram_estimate_bytes",
+                "Each model's VRAM estimate for `replicas` replicas, and where it comes from \
+                 (observed_load_delta, model_artifact_size); models without one are left out",
+                |m| {
+                    let source = m.vram_estimate_source.into();
+                    m.vram_estimate_mib.map(|mib| (mib, source, m.vram_estimate_replica_count))
+                },
+            ),
+            (
+                "hangar_model_vram_admission_bytes",
+                "What admission under vram_budget counts each GPU model as taking for \
+                 `replicas` replicas, and how it was obtained (process_tree, \
+                 observed_load_delta, gguf_estimate, model_artifact_size)",
+                |m| {
+                    let d = m.vram_detail.as_ref()?;
+                    Some((d.admission_mib, d.admission_method.into(), d.replica_count))
+                },
+            ),
+        ];
+        for (name, help, figure) in figures {
+            let mut family = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            for (m, label) in models.iter().zip(&labels) {
+                let Some((mib, source, replicas)) = figure(m) else { continue };
+                let labels = VramLabels { model: label.clone(), source, replicas };
+                ConstGauge::new(mib_bytes(mib)).encode(family.encode_family(&labels)?)?;
+            }
         }
         encode_gpus(&self.0, &mut encoder)?;
         let c = self.0.counters();
@@ -255,6 +251,11 @@ impl Collector for ModelGauges {
         }
         Ok(())
     }
+}
+
+/// MiB as bytes, for a gauge.
+fn mib_bytes(mib: u64) -> i64 {
+    i64::try_from(mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX)
 }
 
 /// `hangar_gpu_telemetry_available` and, per GPU, its used and total memory in bytes.
@@ -279,9 +280,8 @@ fn encode_gpus(
     for (name, help, mib) in fields {
         let mut family = encoder.encode_descriptor(name, help, None, available.metric_type())?;
         for gpu in &gpus {
-            let bytes = i64::try_from(mib(gpu).saturating_mul(1024 * 1024)).unwrap_or(i64::MAX);
             let labels = GpuLabel { gpu: gpu.index.to_string() };
-            ConstGauge::new(bytes).encode(family.encode_family(&labels)?)?;
+            ConstGauge::new(mib_bytes(mib(gpu))).encode(family.encode_family(&labels)?)?;
         }
     }
     Ok(())
