@@ -26,7 +26,6 @@ const el = (tag, attrs = {}, ...children) => {
 const page = {
   rows: new Map(), // name → admin row
   order: [], // names in config order
-  live: "connecting",
   pending: new Set(), // names whose row is to be re-read
   refreshing: null,
 };
@@ -338,7 +337,7 @@ function display(value, constraint) {
 
 const NULL = "__null__";
 
-function fieldControl(field, constraint, current) {
+function fieldControl(field, constraint) {
   const id = `load-${field}`;
   const bytesAsMib = constraint.unit === "bytes" && constraint.display_unit === "mib";
   const number = (attrs) =>
@@ -410,7 +409,7 @@ function openLoad(name) {
         "div",
         { class: "field", "data-field": field },
         el("label", { for: `load-${field}`, text: field + unit }),
-        fieldControl(field, constraint, effective(row, field)),
+        fieldControl(field, constraint),
         el("span", { class: "effective", text: `effective: ${describe(effective(row, field), constraint)}` }),
         el("p", { class: "field-error", id: `error-${field}` }),
       ),
@@ -533,7 +532,6 @@ async function follow() {
 }
 
 function setLive(how) {
-  page.live = how;
   $("#live").textContent = how === "live" ? "● live" : how === "polling" ? "○ polling" : how;
   $("#live").dataset.state = how;
 }
