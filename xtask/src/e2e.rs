@@ -20,6 +20,9 @@
 //!    database and no failure cache (`xtask/e2e/schemathesis.toml`), so CI repeats the same
 //!    cases. Its reports (JUnit XML, JSON) go to `target/e2e-schemathesis/<run>/`.
 //! 5. SIGTERM to the server, which must drain and exit 0.
+//! 5a. A small server on `[::1]` (one stub model) for `workbench_hosts.py`: the workbench
+//!    through `[::1]` and `localhost` (the main run covers `127.0.0.1`), and a name the
+//!    browser resolves to it, as DNS rebinding would, refused with 403.
 //! 6. A second server on the demo config with `--admin-api-key <random key>`: schemathesis
 //!    again, with the key as a bearer token, and the same SIGTERM check; then a report.
 //!    Every step is a row of the report; any failed row fails the run.
@@ -94,6 +97,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         &open_reports,
     )?);
     results.push(server.stop("hangard drains and exits 0 on SIGTERM"));
+    results.extend(workbench_hosts(root, &python, &target)?);
 
     let key = random_key()?;
     let key_log_path = target.join("e2e-hangard-admin-key.log");
@@ -133,6 +137,21 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     }
     eprintln!("all {} e2e checks passed", results.len());
     Ok(())
+}
+
+/// `workbench_hosts.py` against a server on `[::1]` with one stub model: the workbench
+/// through each loopback name, and a rebound name refused.
+fn workbench_hosts(root: &Path, python: &Path, target: &Path) -> Result<[Check; 2]> {
+    let config = target.join("e2e-hosts-config");
+    std::fs::create_dir_all(&config)?;
+    let settings = r#"{ "models": { "chat": { "backend": "stub" } } }"#;
+    std::fs::write(config.join("settings.json"), settings)?;
+    let binary = target.join("debug").join("hangard");
+    let log_path = target.join("e2e-hangard-hosts.log");
+    let (child, base) = spawn_serve(&binary, &config, &["--host", "::1"], root, &log_path)?;
+    let mut server = DemoServer { child, base, exited: false };
+    let check = run_script(root, python, "workbench_hosts.py", &server.base, "0", None)?;
+    Ok([check, server.stop("hangard on [::1] drains and exits 0 on SIGTERM")])
 }
 
 /// Runs `xtask/e2e/<script>` against the server at `base` (gRPC on `grpc_port`), with

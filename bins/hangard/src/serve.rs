@@ -60,6 +60,10 @@ pub(crate) struct ServeArgs {
         hide_env_values = true
     )]
     inference_api_keys: Vec<String>,
+    /// Listen beyond loopback without an admin key: anyone who reaches the port can then
+    /// load, unload and reconfigure models. Without this flag such a start is refused.
+    #[arg(long)]
+    insecure_no_admin_key: bool,
     /// Log line format (on stderr). The filter comes from `RUST_LOG`, default `info`.
     #[arg(long, value_enum, default_value_t = LogFormat::Pretty)]
     log_format: LogFormat,
@@ -105,7 +109,11 @@ pub(crate) fn run(args: ServeArgs) -> Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    runtime.block_on(serve(config))
+    let code = runtime.block_on(serve(config, args.insecure_no_admin_key));
+    // Tasks still running (a stalled connection past the shutdown bound) are dropped, not
+    // waited for.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }
 
 fn init_logging(format: LogFormat) {
@@ -286,10 +294,29 @@ fn llama_backend() -> Result<Arc<hangar_backend_llamacpp::llama_cpp_2::llama_bac
     Ok(Arc::clone(LLAMA.get_or_init(|| llama)))
 }
 
-async fn serve(mut config: Config) -> Result<ExitCode> {
+async fn serve(mut config: Config, insecure_no_admin_key: bool) -> Result<ExitCode> {
     // Handlers first: a signal that arrives right after the listening line must drain, not
     // kill the process.
     let mut signals = Signals::install()?;
+    let listener = TcpListener::bind((config.host.as_str(), config.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
+    let addr = listener.local_addr().context("cannot read the bound address")?;
+    if !addr.ip().is_loopback() && config.admin_api_key.is_none() {
+        if !insecure_no_admin_key {
+            anyhow::bail!(
+                "refusing to listen on {addr} (beyond loopback, HTTP and gRPC) without an admin \
+                 key: anyone who can reach it could load, unload and reconfigure models. Set \
+                 admin_api_key, --admin-api-key or HANGAR_ADMIN_KEY, listen on 127.0.0.1, or \
+                 pass --insecure-no-admin-key to accept that"
+            );
+        }
+        tracing::warn!(
+            %addr,
+            "--insecure-no-admin-key: listening beyond loopback without an admin key; anyone \
+             who can reach this port can load, unload and reconfigure models"
+        );
+    }
     let manager = Manager::new(&config, backends());
     // NVML, initialised once; without a driver GPU telemetry says why it is unavailable.
     let gpu = hangar_gpu::probe();
@@ -298,24 +325,16 @@ async fn serve(mut config: Config) -> Result<ExitCode> {
         Err(e) => tracing::info!(reason = %e.reason, "GPU telemetry unavailable"),
     }
     manager.set_gpu_probe(gpu);
-    let service = HangarService::new(manager.clone(), ServerOptions::from_config(&config));
+    let mut options = ServerOptions::from_config(&config);
+    // The address bound decides the Host rule, whatever name `host` gave.
+    options.loopback_listener = addr.ip().is_loopback();
+    let shutdown_timeout = options.http.shutdown_timeout;
+    let service = HangarService::new(manager.clone(), options);
     // The manager owns the model definitions from here on; this copy would only hold memory.
     let model_count = std::mem::take(&mut config.models).len();
-    let listener = TcpListener::bind((config.host.as_str(), config.port))
-        .await
-        .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
-    let addr = listener.local_addr().context("cannot read the bound address")?;
     let grpc = grpc_listener(&config).await?;
     announce(addr)?;
     tracing::info!(%addr, models = model_count, auto_load = config.auto_load, "listening");
-    if !addr.ip().is_loopback() && config.admin_api_key.is_none() {
-        tracing::warn!(
-            %addr,
-            "listening beyond loopback without an admin key: anyone who can reach this port can \
-             load, unload and reconfigure models (set admin_api_key, --admin-api-key or \
-             HANGAR_ADMIN_KEY)"
-        );
-    }
 
     let loading = tokio::spawn(load_enabled(manager.clone()));
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -340,6 +359,10 @@ async fn serve(mut config: Config) -> Result<ExitCode> {
             tracing::info!(signal = name, "shutting down: no new connections, draining in-flight requests");
         }
     }
+    // From here the whole shutdown takes at most `shutdown_timeout`: requests drain for
+    // the first part (event streams end at once), engines stop in the rest.
+    let deadline = tokio::time::Instant::now() + shutdown_timeout;
+    let stop_reserve = (shutdown_timeout / 2).min(STOP_RESERVE);
     let _ = stop.send(true);
     let drained = async {
         let http = server.await.context("the server task panicked")?;
@@ -352,6 +375,12 @@ async fn serve(mut config: Config) -> Result<ExitCode> {
     };
     tokio::select! {
         drained = drained => drained?,
+        () = tokio::time::sleep_until(deadline - stop_reserve) => {
+            tracing::warn!(
+                timeout = ?shutdown_timeout,
+                "requests still running at the drain deadline: they are cut off"
+            );
+        }
         name = signals.next() => {
             tracing::warn!(signal = name, "second signal: exiting without waiting for in-flight requests");
             return Ok(ExitCode::FAILURE);
@@ -359,10 +388,21 @@ async fn serve(mut config: Config) -> Result<ExitCode> {
     }
     // A load still running at shutdown is abandoned; loaded models are released.
     loading.abort();
-    let unloaded = manager.unload_all().await;
-    tracing::info!(models = unloaded.len(), "stopped");
+    tokio::select! {
+        unloaded = manager.unload_all() => {
+            tracing::info!(models = unloaded.len(), "stopped");
+        }
+        () = tokio::time::sleep_until(deadline) => {
+            // Engine children die with this process (PR_SET_PDEATHSIG).
+            tracing::warn!(timeout = ?shutdown_timeout, "engines still stopping at the shutdown deadline: exiting");
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
+
+/// The part of the shutdown bound kept for stopping engines (their SIGTERM grace is 10 s),
+/// at most half of it.
+const STOP_RESERVE: std::time::Duration = std::time::Duration::from_secs(12);
 
 /// The gRPC listener on the HTTP host, unless `grpc_port` is 0. Announced on stdout before
 /// the HTTP line, so it is bound once that line is out.

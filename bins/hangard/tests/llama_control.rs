@@ -212,11 +212,18 @@ async fn the_checksum_changes_with_one_tensor_byte_and_compare_names_that_tensor
     assert_eq!(compared["comparison"]["changed"], json!(["blk.0.attn_q.weight"]), "{compared}");
     assert_eq!(compared["comparison"]["identical"], false);
     assert_ne!(compared["digest"]["checksum"], snap["digest"]["checksum"]);
-    // SGLang's GET form reads the same digest.
+    // SGLang's GET form changes nothing: a checksum would pause the serving model, so it
+    // is refused; once an operator has paused the model, the GET reads the same digest.
+    let (status, refused) = get(&server, "/weights_checker?action=checksum").await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (405, Some("would_pause")));
+    assert_eq!(row(&server).await["pause"], Value::Null, "the refused GET paused nothing");
+    let pause = json!({ "mode": "in_place" });
+    assert_eq!(post(&server, "/v1/admin/models/tiny/pause", pause).await.0, 200);
     let (status, sglang) = get(&server, "/weights_checker?action=checksum").await;
     assert_eq!((status, sglang["success"].as_bool()), (200, Some(true)), "{sglang}");
     assert_eq!(sglang["digest"]["checksum"], compared["digest"]["checksum"]);
-    // The model is not left paused by the checksum.
+    assert_eq!(post(&server, "/v1/admin/models/tiny/continue", json!({})).await.0, 200);
+    // The model is not left paused.
     assert_eq!(row(&server).await["pause"], Value::Null);
     let (status, body) = post(&server, checker, json!({ "action": "reset_tensors" })).await;
     assert_eq!((status, body["error"]["code"].as_str()), (501, Some("not_implemented")));

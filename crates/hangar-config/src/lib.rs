@@ -34,6 +34,7 @@
 
 mod config;
 mod constraint;
+mod http;
 mod kinds;
 mod load_fields;
 mod merge;
@@ -52,6 +53,10 @@ pub use config::{
     MaxLoadedModels, QuarantinePolicy,
 };
 pub use constraint::{ConstraintKind, LoadConstraint, LoadConstraints};
+pub use http::{
+    DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_STREAM_WRITE_TIMEOUT_S, HttpPolicy, normalize_origin,
+    split_port,
+};
 pub use kinds::{BackendKind, Device, GgmlType, ModelType, PromptFormat, SpecType, Switch};
 pub use load_fields::{
     LOAD_FIELDS, LoadField, LoadValueType, context_size_field, load_constraints, load_field,

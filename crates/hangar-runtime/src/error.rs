@@ -167,6 +167,17 @@ pub enum ManagerError {
         /// What is refused, and what to do instead.
         message: String,
     },
+    /// A read-only weights check (the checker's `GET` form) would have paused the loaded
+    /// model, which serves requests: nothing was done.
+    #[error(
+        "model '{model}' is loaded and serving: a {action} would pause it, which a read-only check may not do; use POST"
+    )]
+    WouldPause {
+        /// The model.
+        model: String,
+        /// The action asked for (`checksum`, `compare`).
+        action: &'static str,
+    },
     /// The model failed too often and is quarantined: requests, auto-loads and lease loads
     /// are refused until it ends; an explicit load lifts it.
     #[error(
@@ -281,6 +292,8 @@ pub enum ErrorCode {
     ModelQuarantined,
     /// The model does not fit in the VRAM budget.
     InsufficientVram,
+    /// A read-only weights check would have paused the loaded model.
+    WouldPause,
 }
 
 impl ErrorCode {
@@ -321,6 +334,7 @@ impl ManagerError {
             Self::SlotsPinned { .. } => ErrorCode::SlotsPinned,
             Self::InsufficientVram { .. } => ErrorCode::InsufficientVram,
             Self::Quarantined { .. } => ErrorCode::ModelQuarantined,
+            Self::WouldPause { .. } => ErrorCode::WouldPause,
             Self::Runtime(e) => match e.code() {
                 R::BackendCrashed => ErrorCode::BackendCrashed,
                 R::Cancelled => ErrorCode::Cancelled,

@@ -210,6 +210,30 @@ impl Manager {
         name: &str,
         action: WeightsAction,
     ) -> Result<WeightsReport, ManagerError> {
+        self.check_weights_with(name, action, true).await
+    }
+
+    /// [`Self::check_weights`] for callers that may change nothing (the checker's `GET`
+    /// form): it never pauses the model. Only `checksum` and `compare` read without
+    /// writing; refusing `snapshot` (which stores a digest) is the caller's part.
+    ///
+    /// # Errors
+    /// As [`Self::check_weights`]; [`ManagerError::WouldPause`] when the model is loaded
+    /// and not paused, so the check would hold its requests.
+    pub async fn check_weights_read_only(
+        &self,
+        name: &str,
+        action: WeightsAction,
+    ) -> Result<WeightsReport, ManagerError> {
+        self.check_weights_with(name, action, false).await
+    }
+
+    async fn check_weights_with(
+        &self,
+        name: &str,
+        action: WeightsAction,
+        may_pause: bool,
+    ) -> Result<WeightsReport, ManagerError> {
         let entry = self.entry(name)?;
         if action == WeightsAction::ResetTensors {
             return Err(ManagerError::NotImplemented {
@@ -236,6 +260,10 @@ impl Manager {
             });
         };
         let holds = loaded && before.is_none();
+        if holds && !may_pause {
+            let action = if action == WeightsAction::Compare { "compare" } else { "checksum" };
+            return Err(ManagerError::WouldPause { model: name.to_owned(), action });
+        }
         if holds {
             self.pause_entry(&entry, PauseMode::InPlace, PauseCause::Checksum)?;
         }

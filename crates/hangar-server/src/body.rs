@@ -3,6 +3,7 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
@@ -147,14 +148,64 @@ impl Body for ChannelBody {
 }
 
 /// A `text/event-stream` response and the sender that feeds it. When the client goes
-/// away, the body is dropped and sends fail: that is the cancellation signal.
-pub(crate) fn sse_response() -> (Response, mpsc::Sender<Bytes>) {
-    let (tx, rx) = mpsc::channel(64);
+/// away, the body is dropped and sends fail: that is the cancellation signal. A client that
+/// stays connected but stops reading fails sends too, after `write_timeout`.
+pub(crate) fn sse_response(write_timeout: Duration) -> (Response, SseSender) {
+    let (sender, rx) = SseSender::channel(64, write_timeout);
     let mut resp = http::Response::new(ChannelBody(rx).boxed());
     let headers = resp.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    (resp, tx)
+    (resp, sender)
+}
+
+/// The sending side of a streamed body. A send fails once the client is gone, or when the
+/// client has not taken the queued chunks for the write timeout (a reader that stopped
+/// reading holds its generation's slot otherwise, for ever).
+#[derive(Debug, Clone)]
+pub(crate) struct SseSender {
+    tx: mpsc::Sender<Bytes>,
+    write_timeout: Duration,
+}
+
+/// Why a chunk was not sent: the client went away, or stopped reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gone {
+    /// The client closed the connection.
+    Closed,
+    /// The client kept the connection open but read nothing for the write timeout.
+    Stalled,
+}
+
+impl SseSender {
+    /// A sender and the receiver a [`ChannelBody`] reads, `capacity` chunks apart.
+    pub(crate) fn channel(
+        capacity: usize,
+        write_timeout: Duration,
+    ) -> (Self, mpsc::Receiver<Bytes>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        (Self { tx, write_timeout }, rx)
+    }
+
+    /// Queues `chunk`, waiting at most the write timeout for room.
+    ///
+    /// # Errors
+    /// [`Gone`] when the client went away or stopped reading.
+    pub(crate) async fn send(&self, chunk: Bytes) -> Result<(), Gone> {
+        match self.tx.send_timeout(chunk, self.write_timeout).await {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(Gone::Closed),
+            Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
+                tracing::debug!(timeout = ?self.write_timeout, "stream reader stalled: ending the stream");
+                Err(Gone::Stalled)
+            }
+        }
+    }
+
+    /// Resolves when the client has gone away.
+    pub(crate) async fn closed(&self) {
+        self.tx.closed().await;
+    }
 }
 
 #[cfg(test)]

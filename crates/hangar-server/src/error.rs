@@ -116,6 +116,15 @@ pub enum ErrorCode {
     /// may be evicted; `vram_shortfall` says how much is missing and which models hold the
     /// memory. Nothing was evicted.
     InsufficientVram,
+    /// 403: a browser request from an origin other than the server's own pages and
+    /// `http.allowed_origins` (or `Origin: null`, or `Sec-Fetch-Site: cross-site`).
+    OriginNotAllowed,
+    /// 403: the `Host` is not a name this listener answers (on a loopback listener: not a
+    /// loopback name, an IP address or in `http.allowed_hosts`; DNS rebinding).
+    HostNotAllowed,
+    /// 405: `GET /weights_checker` would pause the loaded model (a checksum or compare while
+    /// it serves); a `GET` changes nothing, so use `POST`.
+    WouldPause,
 }
 
 impl ErrorCode {
@@ -135,10 +144,10 @@ impl ErrorCode {
             BackendCrashed | RuntimeError => StatusCode::INTERNAL_SERVER_ERROR,
             UpstreamError => StatusCode::BAD_GATEWAY,
             Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            MethodNotAllowed | WouldPause => StatusCode::METHOD_NOT_ALLOWED,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Unauthorized => StatusCode::UNAUTHORIZED,
-            Forbidden => StatusCode::FORBIDDEN,
+            Forbidden | OriginNotAllowed | HostNotAllowed => StatusCode::FORBIDDEN,
             InsufficientVram => StatusCode::INSUFFICIENT_STORAGE,
         }
     }

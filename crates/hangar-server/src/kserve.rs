@@ -250,18 +250,24 @@ pub(crate) fn model_metadata(manager: &Manager, name: &str) -> Result<ModelMetad
 }
 
 /// Whether a configured model is ready: `Ok(Ok(()))` when loaded, `Ok(Err(why))` when it
-/// is not (its state, and the error of a failed one).
+/// is not (its state, and with `with_error` the error of a failed one).
 ///
 /// # Errors
 /// 404 `unknown_model`.
-pub(crate) fn readiness(manager: &Manager, name: &str) -> Result<Result<(), String>, ApiError> {
+pub(crate) fn readiness(
+    manager: &Manager,
+    name: &str,
+    with_error: bool,
+) -> Result<Result<(), String>, ApiError> {
     let model = manager.model(name)?;
     if model.is_loaded {
         return Ok(Ok(()));
     }
     let mut message =
         format!("model '{}' is not ready: it is {}", model.name(), model.runtime_state);
-    if let (ModelState::Failed, Some(error)) = (model.runtime_state, &model.last_error) {
+    if let (ModelState::Failed, Some(error), true) =
+        (model.runtime_state, &model.last_error, with_error)
+    {
         message.push_str(&format!(" ({error})"));
     }
     Ok(Err(message))
@@ -371,8 +377,10 @@ pub(crate) async fn ready(ctx: Ctx) -> Result<Response, ApiError> {
 
 /// `GET /v2/models/{name}/ready`: 200 with an empty body when loaded; 400 when configured
 /// and not loaded (Triton's answer for not ready); 404 when not configured.
+/// While keys are set, a caller without one is told the state, not the error text.
 pub(crate) async fn model_ready(ctx: Ctx) -> Result<Response, ApiError> {
-    match readiness(&ctx.state.manager, ctx.name())? {
+    let disclose = crate::auth::discloses(&ctx.state.options, &ctx.headers);
+    match readiness(&ctx.state.manager, ctx.name(), disclose)? {
         Ok(()) => Ok(empty_response(StatusCode::OK)),
         Err(why) => Err(ApiError::new(ErrorCode::ModelNotReady, why)),
     }

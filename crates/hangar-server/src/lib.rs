@@ -28,7 +28,9 @@
 //! ```
 
 mod admin;
+mod auth;
 mod body;
+mod edge;
 mod error;
 pub mod grpc;
 mod health;
@@ -57,7 +59,6 @@ use hyper::body::Body;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
 pub use admin::{GpuInfo, GpuMemoryResponse, ModelRow, ModelVram, ModelsResponse};
@@ -84,6 +85,12 @@ impl HangarService {
         let keys = openapi::Keys {
             admin: options.admin_api_key.is_some(),
             inference: !options.inference_api_keys.is_empty(),
+            metrics: options.http.metrics_require_key,
+        };
+        let edge = edge::EdgePolicy {
+            loopback_listener: options.loopback_listener,
+            allowed_origins: options.http.allowed_origins.clone(),
+            allowed_hosts: options.http.allowed_hosts.clone(),
         };
         let openapi = openapi::encoded(keys, &examples);
         Self {
@@ -91,6 +98,8 @@ impl HangarService {
                 metrics: metrics::Metrics::new(manager.clone()),
                 manager,
                 options,
+                edge,
+                shutdown: tokio::sync::watch::Sender::new(false),
                 rows,
                 openapi,
                 started: Instant::now(),
@@ -105,7 +114,42 @@ impl HangarService {
     }
 
     /// Answers one request. Never fails: every error is an error response.
+    ///
+    /// The browser rules come first ([`edge`]): a refused `Origin` or `Host` is answered
+    /// before routing, authentication or reading the body. `HEAD` is answered as `GET`
+    /// without the body.
     pub async fn handle<B>(&self, req: Request<B>) -> Response
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let verdict = edge::decide(&self.state.edge, req.method(), req.uri(), req.headers());
+        let cors = match verdict {
+            edge::Verdict::Pass { cors } => cors,
+            edge::Verdict::Preflight { origin } => {
+                let mut response = body::empty_response(http::StatusCode::NO_CONTENT);
+                edge::cors_headers(response.headers_mut(), &origin, true);
+                return response;
+            }
+            edge::Verdict::BadOrigin(message) => {
+                return ApiError::new(ErrorCode::OriginNotAllowed, message).into_response();
+            }
+            edge::Verdict::BadHost(message) => {
+                return ApiError::new(ErrorCode::HostNotAllowed, message).into_response();
+            }
+        };
+        let head = req.method() == http::Method::HEAD;
+        let mut response = self.route(req).await;
+        if let Some(origin) = cors {
+            edge::cors_headers(response.headers_mut(), &origin, false);
+        }
+        if head {
+            response = without_body(response);
+        }
+        response
+    }
+
+    async fn route<B>(&self, req: Request<B>) -> Response
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -162,52 +206,32 @@ impl HangarService {
         (route.handler)(ctx).await
     }
 
-    /// Checks the bearer key a route of class `auth` needs: admin routes the admin key;
-    /// inference routes an inference key or the admin key; each class is open while it has
-    /// no key configured.
+    /// Checks the bearer key a route of class `auth` needs (see [`auth::authorize`]).
     pub(crate) fn authorize(
         &self,
         auth: router::Auth,
         headers: &http::HeaderMap,
     ) -> Result<(), ApiError> {
-        let options = &self.state.options;
-        // The keys of the class itself: open while there are none; the admin key opens
-        // inference routes too. No allocation: this runs on every inference request.
-        let (own, class): (&[hangar_config::Secret], &str) = match auth {
-            router::Auth::Open => return Ok(()),
-            router::Auth::Admin => (options.admin_api_key.as_slice(), "admin"),
-            router::Auth::Inference => (&options.inference_api_keys, "inference"),
-        };
-        if own.is_empty() {
-            return Ok(());
-        }
-        let admin: &[hangar_config::Secret] =
-            if auth == router::Auth::Inference { options.admin_api_key.as_slice() } else { &[] };
-        let keys = own.iter().chain(admin);
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let Some(given) = given else {
-            return Err(ApiError::new(
-                ErrorCode::Unauthorized,
-                format!("{class} routes need `Authorization: Bearer <{class} key>`"),
-            ));
-        };
-        // `subtle` compares without an early exit on the first differing byte, and every
-        // key is compared.
-        let valid = keys.fold(subtle::Choice::from(0), |found, key| {
-            found | given.as_bytes().ct_eq(key.expose().as_bytes())
-        });
-        if bool::from(valid) {
-            Ok(())
-        } else {
-            Err(ApiError::new(
-                ErrorCode::Forbidden,
-                format!("the key is not valid for {class} routes"),
-            ))
-        }
+        auth::authorize(&self.state.options, auth, headers)
     }
+
+    /// Starts the shutdown of the service's long-lived streams: event and log streams send
+    /// a last `shutdown` event and end, so a graceful drain is not held open by an idle
+    /// browser tab. Requests and generations in flight are not touched.
+    pub fn begin_shutdown(&self) {
+        self.state.shutdown.send_replace(true);
+    }
+}
+
+/// `response` without its body (the answer to `HEAD`), keeping the length `GET` would send.
+fn without_body(response: Response) -> Response {
+    let (mut parts, body) = response.into_parts();
+    if let Some(length) = body.size_hint().exact()
+        && !parts.headers.contains_key(header::CONTENT_LENGTH)
+    {
+        parts.headers.insert(header::CONTENT_LENGTH, header::HeaderValue::from(length));
+    }
+    http::Response::from_parts(parts, http_body_util::Empty::new().map_err(|e| match e {}).boxed())
 }
 
 fn too_large(limit: usize) -> ApiError {
@@ -275,6 +299,7 @@ pub async fn serve(
         }
     }
     drop(listener);
+    service.begin_shutdown();
     tracing::info!("shutting down: waiting for in-flight requests");
     graceful.shutdown().await;
     Ok(())

@@ -99,7 +99,7 @@ constant!(
 pub(crate) struct LoadedModel {
     /// The model.
     model_name: String,
-    /// Its `model_path`.
+    /// Its `model_path`; `null` without a key while keys are configured.
     checkpoint: Option<String>,
     /// Last access, Unix milliseconds.
     last_use: Option<u64>,
@@ -109,7 +109,8 @@ pub(crate) struct LoadedModel {
     /// Devices it occupies.
     #[schemars(with = "Vec<String>")]
     device: Device,
-    /// The URL of the engine's own server; `null` for engines in Hangar's process.
+    /// The URL of the engine's own server; `null` for engines in Hangar's process, and
+    /// without a key while keys are configured.
     backend_url: Option<String>,
     /// The backend (Lemonade's name for it).
     recipe: BackendKind,
@@ -118,10 +119,11 @@ pub(crate) struct LoadedModel {
 }
 
 impl LoadedModel {
-    fn of(model: &ModelSnapshot) -> Self {
+    /// `model`'s entry; its checkpoint path and engine URL only when `disclose`.
+    fn of(model: &ModelSnapshot, disclose: bool) -> Self {
         Self {
             model_name: model.name().to_owned(),
-            checkpoint: model.config.model_path.clone(),
+            checkpoint: model.config.model_path.clone().filter(|_| disclose),
             last_use: model.last_use_unix_ms,
             model_type: model.model_type,
             device: model.device,
@@ -131,6 +133,7 @@ impl LoadedModel {
                 .first()
                 .and_then(|d| d.get("backend_url"))
                 .and_then(|u| u.as_str())
+                .filter(|_| disclose)
                 .map(str::to_owned),
             recipe: model.resolved_backend,
             backend: model.resolved_backend,
@@ -145,7 +148,7 @@ pub(crate) struct HealthResponse {
     status: StatusOk,
     /// The most recently loaded model still loaded (else the most recently used loaded one).
     model_loaded: Option<String>,
-    /// Its `model_path`.
+    /// Its `model_path`; `null` without a key while keys are configured.
     checkpoint_loaded: Option<String>,
     /// Every loaded model.
     all_models_loaded: Vec<LoadedModel>,
@@ -198,11 +201,13 @@ pub(crate) async fn health(ctx: Ctx) -> Result<Response, ApiError> {
         None => None,
     }
     .or_else(|| loaded.iter().max_by_key(|m| m.last_use_unix_ms));
+    // An open route: while keys are set, paths and engine URLs only for key holders.
+    let disclose = crate::auth::discloses(&ctx.state.options, &ctx.headers);
     let answer = HealthResponse {
         status: StatusOk::Value,
         model_loaded: last.map(|m| m.name().to_owned()),
-        checkpoint_loaded: last.and_then(|m| m.config.model_path.clone()),
-        all_models_loaded: loaded.iter().map(LoadedModel::of).collect(),
+        checkpoint_loaded: last.and_then(|m| m.config.model_path.clone()).filter(|_| disclose),
+        all_models_loaded: loaded.iter().map(|m| LoadedModel::of(m, disclose)).collect(),
     };
     Ok(json_response(StatusCode::OK, &answer))
 }

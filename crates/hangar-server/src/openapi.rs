@@ -38,17 +38,29 @@ pub(crate) struct Keys {
     pub(crate) admin: bool,
     /// At least one inference key.
     pub(crate) inference: bool,
+    /// `http.metrics_require_key`.
+    pub(crate) metrics: bool,
 }
 
 impl Keys {
+    /// Whether a route of class `auth` is keyed like an inference route: inference routes
+    /// always, `/metrics` when the operator asks.
+    fn metrics(self, auth: Auth) -> bool {
+        auth != Auth::Metrics || self.metrics
+    }
+
     /// The security requirements of a route of class `auth` (empty: open).
     fn requirements(self, auth: Auth) -> Vec<Value> {
         match auth {
             Auth::Admin if self.admin => vec![json!({ BEARER_AUTH: [] })],
-            Auth::Inference if self.inference && self.admin => {
+            Auth::Inference | Auth::Metrics
+                if self.inference && self.admin && self.metrics(auth) =>
+            {
                 vec![json!({ INFERENCE_AUTH: [] }), json!({ BEARER_AUTH: [] })]
             }
-            Auth::Inference if self.inference => vec![json!({ INFERENCE_AUTH: [] })],
+            Auth::Inference | Auth::Metrics if self.inference && self.metrics(auth) => {
+                vec![json!({ INFERENCE_AUTH: [] })]
+            }
             _ => Vec::new(),
         }
     }
@@ -189,7 +201,7 @@ fn operation(
     description.push_str(match (route.auth, secured) {
         (Auth::Admin, true) => "\n\nAdmin route: requires `Authorization: Bearer <admin key>` (401 without it, 403 with a wrong key).",
         (Auth::Admin, false) => "\n\nAdmin route: open, as no admin key is configured.",
-        (Auth::Inference, true) => "\n\nInference route: requires `Authorization: Bearer <inference key or admin key>` (401 without it, 403 with a wrong key).",
+        (Auth::Inference | Auth::Metrics, true) => "\n\nInference route: requires `Authorization: Bearer <inference key or admin key>` (401 without it, 403 with a wrong key).",
         _ => "",
     });
     op.insert("description".into(), description.into());

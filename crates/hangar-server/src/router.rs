@@ -73,6 +73,8 @@ pub(crate) enum Auth {
     /// The holder of an inference key (or of the admin key), when inference keys are
     /// configured.
     Inference,
+    /// Anyone, unless `http.metrics_require_key`: then as [`Auth::Inference`].
+    Metrics,
 }
 
 /// What a route answers on success.
@@ -184,6 +186,11 @@ impl Route {
         self
     }
 
+    pub(crate) fn metrics(mut self) -> Self {
+        self.auth = Auth::Metrics;
+        self
+    }
+
     pub(crate) fn doc(mut self, summary: &'static str, description: &'static str) -> Self {
         self.summary = summary;
         self.description = description;
@@ -270,8 +277,9 @@ pub(crate) fn routes() -> &'static [Route] {
     &TABLE.routes
 }
 
-/// Finds the route for `method` and `path`.
+/// Finds the route for `method` and `path`; `HEAD` finds the `GET` route.
 pub(crate) fn find<'a>(method: &Method, path: &str) -> Match<'a> {
+    let method = if method == Method::HEAD { &Method::GET } else { method };
     let path = if path.len() > 1 { path.trim_end_matches('/') } else { path };
     let Ok(matched) = TABLE.paths.at(path) else { return Match::NotFound };
     let table: &'a Table = &TABLE;
@@ -289,6 +297,9 @@ pub(crate) fn find<'a>(method: &Method, path: &str) -> Match<'a> {
             return Match::Found(route, params);
         }
         allowed.push(route.method.as_str());
+        if route.method == Method::GET {
+            allowed.push(Method::HEAD.as_str());
+        }
     }
     Match::MethodNotAllowed(allowed.join(", "))
 }
@@ -317,6 +328,14 @@ mod tests {
         }
         match find(&Method::GET, "/v1/admin/models/x/load") {
             Match::MethodNotAllowed(allow) => assert_eq!(allow, "POST"),
+            _ => panic!("expected 405"),
+        }
+        match find(&Method::HEAD, "/v1/admin/models/x") {
+            Match::Found(route, _) => assert_eq!(route.method, Method::GET),
+            _ => panic!("HEAD finds the GET route"),
+        }
+        match find(&Method::DELETE, "/healthz") {
+            Match::MethodNotAllowed(allow) => assert_eq!(allow, "GET, HEAD"),
             _ => panic!("expected 405"),
         }
         assert!(matches!(find(&Method::GET, "/nope"), Match::NotFound));

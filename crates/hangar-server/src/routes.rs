@@ -82,6 +82,8 @@ const CHECKER: &[ErrorCode] = &[UnknownModel, WeightsUnreadable, NotImplemented,
 const SGLANG_PAUSE: &[ErrorCode] = &[InvalidRequest, UnknownModel, StateConflict, AdminBusy];
 const SGLANG_CHECKER: &[ErrorCode] =
     &[InvalidRequest, UnknownModel, WeightsUnreadable, NotImplemented, AdminBusy];
+const SGLANG_CHECKER_GET: &[ErrorCode] =
+    &[InvalidRequest, UnknownModel, WeightsUnreadable, MethodNotAllowed, WouldPause, AdminBusy];
 
 const LOAD: &[ErrorCode] = &[
     UnknownModel,
@@ -291,10 +293,13 @@ pub(crate) fn all() -> Vec<Route> {
             .errors(SGLANG_CHECKER),
         Route::new(get.clone(), "/weights_checker", WeightControl, plain!(sglang::weights_checker_get))
             .admin()
-            .doc("Weights checker (SGLang)", "As POST, with `?action=` (default `checksum`) and `?model=`.")
+            .doc(
+                "Weights checker, read-only (SGLang)",
+                "As POST, with `?action=` (default `checksum`) and `?model=`, for the read-only actions only: a GET can be sent by any web page, so it changes nothing. `snapshot` and `reset_tensors` answer 405 `method_not_allowed`; a `checksum` or `compare` of a loaded model that is not paused (it would pause it while the files are read) answers 405 `would_pause`. Use POST for those.",
+            )
             .query::<sglang::WeightsCheckerQuery>()
             .ok::<sglang::CheckerResult>()
-            .errors(SGLANG_CHECKER),
+            .errors(SGLANG_CHECKER_GET),
         Route::new(post.clone(), "/update_weights_from_tensor", WeightControl, plain!(sglang::no_tensor_plane))
             .admin()
             .doc("Update weights from tensors (SGLang): 501", "Not served: Hangar has no tensor data plane. Write the weights to disk and call /update_weights_from_disk.")
@@ -480,6 +485,7 @@ pub(crate) fn all() -> Vec<Route> {
         .errors(&[UnknownModel, InvalidRequest, StateConflict, AdminBusy]),
         // Operations
         Route::new(get.clone(), "/metrics", Operations, api!(health::metrics))
+            .metrics()
             .doc(
                 "Prometheus metrics",
                 "Per-model state, in-flight and queue gauges, request counts and latency histograms by model and outcome, load / unload / eviction / crash counters. OpenMetrics text when the `Accept` header asks for it, else the Prometheus text format.",

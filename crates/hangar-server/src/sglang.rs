@@ -217,16 +217,27 @@ pub(crate) async fn update_weights_from_disk(ctx: Ctx) -> Response {
 pub(crate) async fn weights_checker_post(ctx: Ctx) -> Response {
     sglang(async {
         let body: WeightsCheckerBody = parse_json(&ctx.body, false)?;
-        check(&ctx, body.model, body.action).await
+        check(&ctx, body.model, body.action, true).await
     })
     .await
 }
 
-/// `GET /weights_checker`.
+/// `GET /weights_checker`: the read-only actions only. `snapshot` and `reset_tensors`
+/// answer 405 `method_not_allowed`, and a `checksum` or `compare` that would pause the
+/// loaded model 405 `would_pause`: a `GET` can be sent by any web page, so it changes
+/// nothing (a decision recorded in docs/ARCHITECTURE.md).
 pub(crate) async fn weights_checker_get(ctx: Ctx) -> Response {
     sglang(async {
         let query: WeightsCheckerQuery = ctx.query()?;
-        check(&ctx, query.model, query.action.unwrap_or(WeightsAction::Checksum)).await
+        let action = query.action.unwrap_or(WeightsAction::Checksum);
+        if matches!(action, WeightsAction::Snapshot | WeightsAction::ResetTensors) {
+            return Err(ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                "GET /weights_checker runs only the read-only actions (checksum, compare);                  snapshot and reset_tensors need POST /weights_checker",
+            )
+            .with_field("action"));
+        }
+        check(&ctx, query.model, action, false).await
     })
     .await
 }
@@ -235,9 +246,14 @@ async fn check(
     ctx: &Ctx,
     model: Option<String>,
     action: WeightsAction,
+    may_pause: bool,
 ) -> Result<Response, ApiError> {
     let model = ctx.state.manager.target_model(model.as_deref())?;
-    let report = ctx.state.manager.check_weights(model.name(), action).await?;
+    let manager = &ctx.state.manager;
+    let report = match may_pause {
+        true => manager.check_weights(model.name(), action).await?,
+        false => manager.check_weights_read_only(model.name(), action).await?,
+    };
     let message = match &report.comparison {
         Some(c) if c.identical => "the weights match the snapshot".to_owned(),
         Some(c) => format!(

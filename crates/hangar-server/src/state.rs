@@ -18,6 +18,12 @@ pub struct ServerOptions {
     pub inference_api_keys: Vec<Secret>,
     /// Largest accepted request body; larger ones answer 413.
     pub max_request_body_bytes: usize,
+    /// Whether the service listens on a loopback address only: then a `Host` that is not a
+    /// loopback name, an IP address or in `http.allowed_hosts` is refused (DNS rebinding).
+    /// True by default; `hangard` sets it from the address it bound.
+    pub loopback_listener: bool,
+    /// Browser origins and hosts, what open routes show, stream and shutdown bounds.
+    pub http: hangar_config::HttpPolicy,
 }
 
 impl Default for ServerOptions {
@@ -26,14 +32,23 @@ impl Default for ServerOptions {
             admin_api_key: None,
             inference_api_keys: Vec::new(),
             max_request_body_bytes: hangar_config::DEFAULT_MAX_REQUEST_BODY_BYTES as usize,
+            loopback_listener: true,
+            http: hangar_config::HttpPolicy::default(),
         }
     }
 }
 
 impl ServerOptions {
-    /// Options from a loaded config (keys and body limit).
+    /// Options from a loaded config (keys, body limit, the `http` section). The listener
+    /// counts as loopback when `host` is a loopback address or `localhost`; a host that
+    /// embeds the service on another listener sets [`Self::loopback_listener`] itself.
     pub fn from_config(config: &hangar_config::Config) -> Self {
+        let host = config.host.trim_start_matches('[').trim_end_matches(']');
+        let loopback_listener = host.eq_ignore_ascii_case("localhost")
+            || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
         Self {
+            loopback_listener,
+            http: config.http.clone(),
             admin_api_key: config.admin_api_key.clone(),
             inference_api_keys: config.inference_api_keys.clone(),
             max_request_body_bytes: usize::try_from(config.max_request_body_bytes.get())
@@ -45,6 +60,10 @@ impl ServerOptions {
 pub(crate) struct AppState {
     pub(crate) manager: Manager,
     pub(crate) options: ServerOptions,
+    /// The browser rules, from `options`.
+    pub(crate) edge: crate::edge::EdgePolicy,
+    /// True once the service shuts down: long-lived streams end.
+    pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
     pub(crate) metrics: Metrics,
     /// Every model's static row parts, encoded once.
     pub(crate) rows: StaticRows,

@@ -371,3 +371,59 @@ async fn sglang_paths_take_the_specs_bodies_and_pick_the_loaded_model() {
         post(&s, "/update_weights_from_disk", json!({ "model": "chat", "bogus": 1 })).await;
     assert_eq!(status, 422);
 }
+
+#[tokio::test]
+async fn the_get_form_of_the_weights_checker_changes_nothing() {
+    let gguf = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/models/tiny-llama.gguf");
+    let s = service_of(json!({ "chat": { "backend": "stub", "model_path": gguf } }));
+    let get = |query: &'static str| {
+        let s = s.clone();
+        async move {
+            call(&s, Method::GET, &format!("/weights_checker?model=chat&{query}"), Value::Null)
+                .await
+        }
+    };
+    // The actions that write are POST only, whatever the model's state.
+    for query in ["action=snapshot", "action=reset_tensors"] {
+        let (status, body) = get(query).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (405, Some("method_not_allowed")),
+            "{query}: {body}"
+        );
+    }
+    let (status, body) = get("action=compare").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("weights_unreadable")),
+        "the refused snapshot stored nothing: {body}"
+    );
+    // Unloaded, nothing is paused: the GET checksum runs.
+    let (status, unloaded) = get("action=checksum").await;
+    assert_eq!(status, 200, "{unloaded}");
+    // Loaded and serving, a checksum or compare would pause it: refused, nothing paused.
+    load(&s, "chat").await;
+    assert_eq!(
+        post(&s, "/weights_checker", json!({ "model": "chat", "action": "snapshot" })).await.0,
+        200
+    );
+    for query in ["action=checksum", "action=compare", ""] {
+        let (status, body) = get(query).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (405, Some("would_pause")),
+            "{query}: {body}"
+        );
+        assert_eq!(row(&s, "chat").await["pause"], Value::Null, "{query}");
+    }
+    // Paused by an operator, the GET reads without pausing anything more.
+    assert_eq!(post(&s, "/v1/admin/models/chat/pause", json!({ "mode": "in_place" })).await.0, 200);
+    let (status, compared) = get("action=compare").await;
+    assert_eq!(
+        (status, compared["comparison"]["identical"].as_bool()),
+        (200, Some(true)),
+        "{compared}"
+    );
+    assert_eq!(compared["digest"]["checksum"], unloaded["digest"]["checksum"]);
+    assert_eq!(row(&s, "chat").await["pause"]["mode"], "in_place", "still the operator's pause");
+}

@@ -8,9 +8,8 @@ use hangar_runtime::{Follow, Manager, ManagerEvent};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc;
 
-use crate::body::{Response, sse_response};
+use crate::body::{Response, SseSender, sse_response};
 use crate::error::ApiError;
 use crate::openai::data_event;
 use crate::router::Ctx;
@@ -28,31 +27,48 @@ pub(crate) struct EventsQuery {
     last_event_id: Option<String>,
 }
 
-/// The `data` of each event: a journaled change, or a resync notice.
+/// The `data` of each event: a journaled change, or a notice.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub(crate) enum EventOut {
     /// A change, with its id.
     Event(ManagerEvent),
-    /// Events the client asked for are gone: re-read the models.
-    Resync(Resync),
+    /// Events the client asked for are gone, or the server is shutting down.
+    Notice(Notice),
 }
 
-/// Sent first, without an id, when events after the client's `Last-Event-ID` are no longer
-/// kept (it is too far behind, or the server restarted).
+/// An event without an id: `resync`, sent first when events after the client's
+/// `Last-Event-ID` are no longer kept (it is too far behind, or the server restarted);
+/// `shutdown`, sent last when the server shuts down and ends the stream.
 #[derive(Debug, Serialize, JsonSchema)]
-pub(crate) struct Resync {
-    /// Always `resync`.
+pub(crate) struct Notice {
+    /// `resync` or `shutdown`.
     #[serde(rename = "type")]
-    kind: ResyncKind,
-    /// What to do.
+    kind: NoticeKind,
+    /// What happened and what to do.
     message: String,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+/// What a [`Notice`] says.
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-enum ResyncKind {
+pub(crate) enum NoticeKind {
+    /// Re-read `GET /v1/admin/models`: events were lost.
     Resync,
+    /// The server is shutting down; the stream ends after this event.
+    Shutdown,
+}
+
+/// The `shutdown` notice that ends event and log streams.
+pub(crate) fn shutdown_event() -> Bytes {
+    let message = "hangard is shutting down: this stream ends; reconnect when it is back";
+    data_event(&Notice { kind: NoticeKind::Shutdown, message: message.to_owned() })
+}
+
+/// Resolves once the service shuts down (at once when it already does).
+pub(crate) async fn shutting_down(mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    // An error means the service is gone: shut down too.
+    let _ = shutdown.wait_for(|down| *down).await;
 }
 
 /// `GET /v1/admin/events`.
@@ -62,8 +78,16 @@ pub(crate) async fn events(ctx: Ctx) -> Result<Response, ApiError> {
     let after = query.last_event_id.as_deref().or(header).map(parse_id).transpose()?;
     let manager = ctx.state.manager.clone();
     let follow = manager.follow_events(after);
-    let (response, sse) = sse_response();
-    tokio::spawn(pump(manager, follow, sse));
+    let (response, sse) = sse_response(ctx.state.options.http.stream_write_timeout);
+    let shutdown = shutting_down(ctx.state.shutdown.subscribe());
+    tokio::spawn(async move {
+        tokio::select! {
+            () = pump(manager, follow, &sse) => {}
+            () = shutdown => {
+                let _ = sse.send(shutdown_event()).await;
+            }
+        }
+    });
     Ok(response)
 }
 
@@ -81,7 +105,7 @@ fn parse_id(id: &str) -> Result<(u64, u64), ApiError> {
 
 /// Sends the backlog, then the live feed, until the client goes away. A follower that
 /// falls behind the live feed picks up again from the journal.
-async fn pump(manager: Manager, mut follow: Follow, sse: mpsc::Sender<Bytes>) {
+async fn pump(manager: Manager, mut follow: Follow, sse: &SseSender) {
     let epoch = manager.events_epoch();
     // The id of the last event sent (or skipped as already known).
     let mut cursor = follow.backlog.first().map_or(follow.last_id, |e| e.id - 1);
@@ -89,13 +113,13 @@ async fn pump(manager: Manager, mut follow: Follow, sse: mpsc::Sender<Bytes>) {
         if follow.gap {
             let message = "events after the given Last-Event-ID are no longer kept: re-read \
                            GET /v1/admin/models";
-            let resync = Resync { kind: ResyncKind::Resync, message: message.to_owned() };
-            if sse.send(data_event(&EventOut::Resync(resync))).await.is_err() {
+            let resync = Notice { kind: NoticeKind::Resync, message: message.to_owned() };
+            if sse.send(data_event(&EventOut::Notice(resync))).await.is_err() {
                 return;
             }
         }
         for event in std::mem::take(&mut follow.backlog) {
-            if !send(&sse, epoch, &mut cursor, event).await {
+            if !send(sse, epoch, &mut cursor, event).await {
                 return;
             }
         }
@@ -103,7 +127,7 @@ async fn pump(manager: Manager, mut follow: Follow, sse: mpsc::Sender<Bytes>) {
             tokio::select! {
                 next = follow.live.recv() => match next {
                     Ok(event) => {
-                        if !send(&sse, epoch, &mut cursor, event).await {
+                        if !send(sse, epoch, &mut cursor, event).await {
                             return;
                         }
                     }
@@ -126,12 +150,7 @@ async fn pump(manager: Manager, mut follow: Follow, sse: mpsc::Sender<Bytes>) {
 
 /// Sends `event` with its id unless the cursor is already past it; false once the client
 /// is gone.
-async fn send(
-    sse: &mpsc::Sender<Bytes>,
-    epoch: u64,
-    cursor: &mut u64,
-    event: ManagerEvent,
-) -> bool {
+async fn send(sse: &SseSender, epoch: u64, cursor: &mut u64, event: ManagerEvent) -> bool {
     if event.id <= *cursor {
         return true;
     }

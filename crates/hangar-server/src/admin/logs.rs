@@ -68,26 +68,35 @@ pub(crate) async fn logs(ctx: Ctx) -> Result<Response, ApiError> {
         return Ok(json_response(StatusCode::OK, &LogsResponse { model, lines }));
     }
     let (lines, mut live) = logs.follow(tail);
-    let (response, sse) = sse_response();
+    let (response, sse) = sse_response(ctx.state.options.http.stream_write_timeout);
+    let shutdown = super::events::shutting_down(ctx.state.shutdown.subscribe());
     tokio::spawn(async move {
-        for line in lines {
-            if sse.send(data_event(&LogLineOut::from(line))).await.is_err() {
-                return;
+        let follow = async {
+            for line in lines {
+                if sse.send(data_event(&LogLineOut::from(line))).await.is_err() {
+                    return;
+                }
             }
-        }
-        loop {
-            let event = tokio::select! {
-                next = live.recv() => match next {
-                    Ok(line) => data_event(&LogLineOut::from(line)),
-                    Err(RecvError::Lagged(skipped)) => {
-                        data_event(&serde_json::json!({ "skipped_lines": skipped }))
-                    }
-                    Err(RecvError::Closed) => return,
-                },
-                () = sse.closed() => return,
-            };
-            if sse.send(event).await.is_err() {
-                return;
+            loop {
+                let event = tokio::select! {
+                    next = live.recv() => match next {
+                        Ok(line) => data_event(&LogLineOut::from(line)),
+                        Err(RecvError::Lagged(skipped)) => {
+                            data_event(&serde_json::json!({ "skipped_lines": skipped }))
+                        }
+                        Err(RecvError::Closed) => return,
+                    },
+                    () = sse.closed() => return,
+                };
+                if sse.send(event).await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            () = follow => {}
+            () = shutdown => {
+                let _ = sse.send(super::events::shutdown_event()).await;
             }
         }
     });

@@ -163,7 +163,7 @@ impl GrpcInferenceService for Grpc {
         let _call = self.authorize(&request, Method::GET, "/v2/models/m/ready")?;
         let ModelReadyRequest { name, version } = request.into_inner();
         kserve::check_version(&name, &version).map_err(fail)?;
-        let ready = kserve::readiness(self.manager(), &name).map_err(fail)?.is_ok();
+        let ready = kserve::readiness(self.manager(), &name, false).map_err(fail)?.is_ok();
         Ok(Response::new(ModelReadyResponse { ready }))
     }
 

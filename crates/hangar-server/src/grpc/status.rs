@@ -28,9 +28,9 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         QueueFull | PayloadTooLarge => Code::ResourceExhausted,
         // Triton answers a failed load with INTERNAL too.
         LoadFailed | BackendCrashed | RuntimeError => Code::Internal,
-        NotImplemented | MethodNotAllowed => Code::Unimplemented,
+        NotImplemented | MethodNotAllowed | WouldPause => Code::Unimplemented,
         Unauthorized => Code::Unauthenticated,
-        Forbidden => Code::PermissionDenied,
+        Forbidden | OriginNotAllowed | HostNotAllowed => Code::PermissionDenied,
         Cancelled => Code::Cancelled,
     }
 }

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::stream::{data_event, done_event};
 use super::{Recorder, Reply};
-use crate::body::{ChannelBody, Response};
+use crate::body::{ChannelBody, Response, SseSender};
 use crate::error::ApiError;
 use crate::router::Ctx;
 
@@ -92,7 +92,7 @@ async fn forward(
         response.headers_mut().insert(header::CONTENT_TYPE, content_type);
         return Ok(Reply::Done(response));
     }
-    let (tx, rx) = mpsc::channel(32);
+    let (tx, rx) = SseSender::channel(32, ctx.state.options.http.stream_write_timeout);
     let mut response: Response = http::Response::new(ChannelBody::new(rx).boxed());
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, content_type);
@@ -111,7 +111,7 @@ async fn forward(
 async fn pump(
     guard: &RequestGuard,
     mut body: mpsc::Receiver<Result<Bytes, RuntimeError>>,
-    tx: &mpsc::Sender<Bytes>,
+    tx: &SseSender,
 ) -> &'static str {
     let aborted = guard.aborted();
     tokio::pin!(aborted);

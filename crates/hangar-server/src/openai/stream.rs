@@ -11,7 +11,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use super::Recorder;
-use crate::body::{Response, sse_response};
+use crate::body::{Response, SseSender, sse_response};
 use crate::error::{ApiError, ErrorCode};
 
 /// A finished generation: its text, tool calls and summary.
@@ -105,7 +105,7 @@ pub(crate) async fn stream_generation(
     mut format: impl StreamFormat,
     rec: Recorder,
 ) -> Result<Response, ApiError> {
-    let (response, sse) = sse_response();
+    let (response, sse) = sse_response(rec.state.options.http.stream_write_timeout);
     let (mut ready, opened) = oneshot::channel::<Result<(), ApiError>>();
     tokio::spawn(async move {
         let guard = Arc::new(guard);
@@ -195,7 +195,7 @@ fn event_bytes(format: &mut impl StreamFormat, event: GenerateEvent) -> Vec<Byte
 /// goes away (`false`). Returning drops `rx`, which tells the backend to stop.
 async fn forward(
     mut rx: mpsc::Receiver<GenerateEvent>,
-    sse: &mpsc::Sender<Bytes>,
+    sse: &SseSender,
     format: &mut impl StreamFormat,
     connected: bool,
     first: &mut Option<Instant>,
@@ -220,7 +220,7 @@ async fn forward(
 }
 
 /// Sends events in order; `false` once the client is gone.
-async fn send_all(sse: &mpsc::Sender<Bytes>, events: Vec<Bytes>) -> bool {
+async fn send_all(sse: &SseSender, events: Vec<Bytes>) -> bool {
     for event in events {
         if sse.send(event).await.is_err() {
             return false;
