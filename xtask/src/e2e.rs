@@ -19,10 +19,10 @@
 //!    check, every phase (examples, coverage, fuzzing, stateful), a fixed seed, no example
 //!    database and no failure cache (`xtask/e2e/schemathesis.toml`), so CI repeats the same
 //!    cases. Its reports (JUnit XML, JSON) go to `target/e2e-schemathesis/<run>/`.
-//! 5. SIGTERM to the server, which must drain and exit 0.
-//! 5a. A small server on `[::1]` (one stub model) for `workbench_hosts.py`: the workbench
-//!    through `[::1]` and `localhost` (the main run covers `127.0.0.1`), and a name the
-//!    browser resolves to it, as DNS rebinding would, refused with 403.
+//! 5. SIGTERM to the server, which must drain and exit 0. Then a small server on `[::1]`
+//!    (one stub model) for `workbench_hosts.py`: the workbench through `[::1]` and
+//!    `localhost` (the main run covers `127.0.0.1`), and a name the browser resolves to
+//!    it, as DNS rebinding would, refused with 403.
 //! 6. A second server on the demo config with `--admin-api-key <random key>`: schemathesis
 //!    again, with the key as a bearer token, and the same SIGTERM check; then a report.
 //!    Every step is a row of the report; any failed row fails the run.

@@ -184,7 +184,9 @@ mod tests {
         let open = policy(false, &[], &[]);
         let gated = policy(false, &[], &[".svc.cluster.local"]);
         let host = ("host", "localhost:8080");
-        let cases: &[(&EdgePolicy, &str, &[(&str, &str)], &str)] = &[
+        /// `(policy, method, headers, expected verdict)`.
+        type Case<'a> = (&'a EdgePolicy, &'a str, &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case<'_>] = &[
             // Scripts and SDKs send no Origin: served, JSON or not.
             (&local, "POST", &[host], "pass"),
             (&local, "POST", &[host, ("content-type", "text/plain")], "pass"),
