@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::kinds::{BackendKind, ModelType};
+use crate::limits::{Limits, LimitsFields};
 use crate::model::ModelConfig;
 use crate::name::ModelName;
 use crate::secret::Secret;
@@ -97,6 +98,8 @@ pub(crate) struct SettingsFields {
     pub(crate) max_request_body_bytes: Option<u64>,
     /// When a model that keeps failing to load or crashing stops being loaded on demand.
     pub(crate) quarantine: Option<QuarantineFields>,
+    /// Caps on what one request may ask (list lengths, a deadline) and on leases per model.
+    pub(crate) limits: Option<LimitsFields>,
     /// Directory for Hangar's own state (the VRAM each model was measured to take), created
     /// when missing; relative to the working directory. Nothing persists across restarts
     /// when unset.
@@ -130,6 +133,9 @@ impl Section for SettingsFields {
         }
         if let Some(q) = &self.quarantine {
             q.check(&mut p.nested("quarantine"));
+        }
+        if let Some(l) = &self.limits {
+            l.check(&mut p.nested("limits"));
         }
         p.non_empty("state_dir", self.state_dir.as_deref());
         match self.vram_budget.as_ref().map(VramBudget::parse) {
@@ -314,6 +320,8 @@ pub struct Config {
     pub max_request_body_bytes: NonZeroU64,
     /// When models that keep failing are quarantined.
     pub quarantine: QuarantinePolicy,
+    /// Caps on what one request may ask, and on leases per model.
+    pub limits: Limits,
     /// Where Hangar keeps its own state across restarts; nowhere when `None`.
     pub state_dir: Option<PathBuf>,
     /// GPU memory models may fill; no admission by memory when `None`.
@@ -356,6 +364,7 @@ impl Config {
                 ("models", |_, _, _| {}),
                 ("max_loaded_models", check_nested::<MaxLoadedModelsFields>),
                 ("quarantine", check_nested::<QuarantineFields>),
+                ("limits", check_nested::<LimitsFields>),
             ],
             &mut errors,
         );
@@ -416,6 +425,7 @@ impl Config {
             ),
             idle_unload_seconds: s.idle_unload_seconds.and_then(NonZeroU32::new),
             quarantine: s.quarantine.unwrap_or_default().into(),
+            limits: s.limits.unwrap_or_default().into(),
             state_dir: s.state_dir.map(PathBuf::from),
             // Checked by `SettingsFields::check`.
             vram_budget: s.vram_budget.as_ref().and_then(|v| VramBudget::parse(v).ok()),
@@ -454,6 +464,7 @@ impl Config {
                 "backoff_seconds": self.quarantine.backoff.as_secs(),
                 "max_backoff_seconds": self.quarantine.max_backoff.as_secs(),
             },
+            "limits": self.limits.to_json(),
             "state_dir": self.state_dir,
             "vram_budget": self.vram_budget.as_ref().map(VramBudget::to_json),
             "models": models,

@@ -35,6 +35,7 @@
 mod config;
 mod constraint;
 mod kinds;
+mod limits;
 mod load_fields;
 mod merge;
 mod model;
@@ -53,6 +54,11 @@ pub use config::{
 };
 pub use constraint::{ConstraintKind, LoadConstraint, LoadConstraints};
 pub use kinds::{BackendKind, Device, GgmlType, ModelType, PromptFormat, SpecType, Switch};
+pub use limits::{
+    DEFAULT_MAX_EMBEDDING_INPUTS, DEFAULT_MAX_LEASES_PER_MODEL, DEFAULT_MAX_MESSAGES,
+    DEFAULT_MAX_RERANK_DOCUMENTS, DEFAULT_MAX_STOP_SEQUENCE_BYTES, DEFAULT_MAX_STOP_SEQUENCES,
+    DEFAULT_MAX_TOOLS, Limits,
+};
 pub use load_fields::{
     LOAD_FIELDS, LoadField, LoadValueType, context_size_field, load_constraints, load_field,
     load_fields,
