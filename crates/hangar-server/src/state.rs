@@ -18,6 +18,9 @@ pub struct ServerOptions {
     pub inference_api_keys: Vec<Secret>,
     /// Largest accepted request body; larger ones answer 413.
     pub max_request_body_bytes: usize,
+    /// Caps on the lists of one inference request (`limits`); a list over its cap answers
+    /// 400 `limit_exceeded`. (The request deadline and the lease cap are the manager's.)
+    pub limits: hangar_config::Limits,
 }
 
 impl Default for ServerOptions {
@@ -26,18 +29,20 @@ impl Default for ServerOptions {
             admin_api_key: None,
             inference_api_keys: Vec::new(),
             max_request_body_bytes: hangar_config::DEFAULT_MAX_REQUEST_BODY_BYTES as usize,
+            limits: hangar_config::Limits::default(),
         }
     }
 }
 
 impl ServerOptions {
-    /// Options from a loaded config (keys and body limit).
+    /// Options from a loaded config (keys, body limit and request limits).
     pub fn from_config(config: &hangar_config::Config) -> Self {
         Self {
             admin_api_key: config.admin_api_key.clone(),
             inference_api_keys: config.inference_api_keys.clone(),
             max_request_body_bytes: usize::try_from(config.max_request_body_bytes.get())
                 .unwrap_or(usize::MAX),
+            limits: config.limits,
         }
     }
 }
