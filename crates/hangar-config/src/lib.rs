@@ -13,6 +13,7 @@
 //!   (`models.qwen.gguf_n_ctx: must be >= 1`), unknown keys with a "did you mean", and
 //!   fields that belong to another backend;
 //! - the JSON Schema of the whole config ([`config_schema`]);
+//! - the caps on what one request may ask and on leases per model ([`Limits`]);
 //! - the live-load fields a load request may override, each declared once with its UI
 //!   constraint ([`LOAD_FIELDS`], [`load_constraints`]).
 //!
