@@ -9,7 +9,9 @@
 //! reuse); without `gguf_n_threads` the replicas loaded at once split the cores this process
 //! may use ([`threads`]). The weights (`LlamaModel`, read-only once loaded) are
 //! loaded by the first replica's worker and shared by the model's other replicas, so `N`
-//! replicas cost one copy of the weights plus `N` contexts (KV caches). The llama.cpp backend
+//! replicas cost one copy of the weights plus `N` contexts (KV caches). A generation's prompt
+//! is rendered and tokenized from the shared weights on a blocking thread before it is sent to
+//! the worker, so a prompt of megabytes never stalls the batch. The llama.cpp backend
 //! itself (`LlamaBackend`, global init) is created once by the composition root and passed in
 //! as a token; the composition root also routes llama.cpp's log lines into `tracing`
 //! ([`LlamaCppBackend::new`] says why). Architecture invariant: this crate installs no
@@ -232,6 +234,7 @@ impl LlamaCppBackend {
         );
         Ok(Arc::new(LlamaCppRuntime {
             capabilities: capabilities(model),
+            prompt_format: model.prompt_format.unwrap_or(PromptFormat::Auto),
             info,
             claim: Mutex::new(claim),
             weights: Arc::downgrade(&weights),
@@ -276,6 +279,8 @@ pub struct RuntimeInfo {
 /// One loaded replica: a handle to its worker thread.
 pub struct LlamaCppRuntime {
     capabilities: Capabilities,
+    /// How chat prompts are rendered.
+    prompt_format: PromptFormat,
     info: RuntimeInfo,
     /// This replica's share of the cores, returned at unload.
     claim: Mutex<Option<Claim>>,
@@ -352,12 +357,25 @@ impl Runtime for LlamaCppRuntime {
         }
     }
 
+    /// Renders and tokenizes the prompt on a blocking thread (never on the worker, whose batch
+    /// would wait for it), then sends the tokens to the worker.
     async fn generate(
         &self,
         request: GenerateRequest,
         events: mpsc::Sender<GenerateEvent>,
     ) -> Result<GenerateSummary, RuntimeError> {
-        self.call(|reply| Command::Generate { request: Box::new(request), events, reply }).await
+        self.sender()?;
+        let shared = self.weights.upgrade().ok_or_else(worker_gone)?;
+        let (format, n_ctx) = (self.prompt_format, self.info.n_ctx_seq as usize);
+        let (request, prepared) = tokio::task::spawn_blocking(move || {
+            let prepared = worker::prepare(&shared.model, shared.bound, format, n_ctx, &request);
+            (request, prepared)
+        })
+        .await
+        .map_err(|e| RuntimeError::Failed { message: format!("prompt preparation failed: {e}") })?;
+        let prepared = prepared?;
+        self.call(|reply| Command::Generate { request: Box::new(request), prepared, events, reply })
+            .await
     }
 
     async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, RuntimeError> {

@@ -191,6 +191,28 @@ async fn a_prompt_that_does_not_fit_is_refused_before_it_takes_a_slot() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_prompt_of_megabytes_is_refused_by_its_length_untokenized_while_the_batch_runs_on() {
+    let runtime = load(2, 64).await;
+    let running = start(&runtime, text(PROMPTS[0], 30));
+    until_busy(&runtime, 1).await;
+    // The request body limit's worth of text: its length alone shows it cannot fit 64 tokens.
+    let huge = "hangar ".repeat((8 << 20) / 7);
+    let (tx, _rx) = mpsc::channel(16);
+    let refused = hangar_backend::Runtime::generate(&*runtime, text(&huge, 4), tx).await;
+    let Err(RuntimeError::InvalidRequest { message }) = refused else {
+        panic!("expected the context's refusal, got {refused:?}");
+    };
+    // The same refusal as a tokenized prompt's, saying it was counted by length.
+    let bytes = format!("({} bytes), the context holds 64", huge.len());
+    assert!(message.starts_with("prompt is at least ") && message.ends_with(&bytes), "{message}");
+    // The running sequence was not disturbed, and no slot was taken.
+    let slots = runtime.slots().await.expect("slots");
+    assert_eq!(slots.iter().filter(|s| s.busy).count(), 1, "{slots:?}");
+    assert_eq!(running.finish().await.1.completion_tokens, 30);
+    hangar_backend::Runtime::unload(&*runtime).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_next_turn_reuses_the_kv_prefix_a_slot_holds() {
     let runtime = load(2, 512).await;
     let first = "The hangar doors opened and the first aeroplane rolled out";

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 
 use crate::http::{HttpFields, HttpPolicy};
 use crate::kinds::{BackendKind, ModelType};
+use crate::limits::{Limits, LimitsFields};
 use crate::model::ModelConfig;
 use crate::name::ModelName;
 use crate::secret::Secret;
@@ -101,6 +102,8 @@ pub(crate) struct SettingsFields {
     /// The HTTP edge: browser origins and hosts, what open routes show, stream and
     /// shutdown bounds.
     pub(crate) http: Option<HttpFields>,
+    /// Caps on what one request may ask (list lengths, a deadline) and on leases per model.
+    pub(crate) limits: Option<LimitsFields>,
     /// Directory for Hangar's own state (the VRAM each model was measured to take), created
     /// when missing; relative to the working directory. Nothing persists across restarts
     /// when unset.
@@ -137,6 +140,9 @@ impl Section for SettingsFields {
         }
         if let Some(http) = &self.http {
             http.check(&mut p.nested("http"));
+        }
+        if let Some(l) = &self.limits {
+            l.check(&mut p.nested("limits"));
         }
         p.non_empty("state_dir", self.state_dir.as_deref());
         match self.vram_budget.as_ref().map(VramBudget::parse) {
@@ -323,6 +329,8 @@ pub struct Config {
     pub quarantine: QuarantinePolicy,
     /// The HTTP edge's browser, disclosure, stream and shutdown rules.
     pub http: HttpPolicy,
+    /// Caps on what one request may ask, and on leases per model.
+    pub limits: Limits,
     /// Where Hangar keeps its own state across restarts; nowhere when `None`.
     pub state_dir: Option<PathBuf>,
     /// GPU memory models may fill; no admission by memory when `None`.
@@ -366,6 +374,7 @@ impl Config {
                 ("max_loaded_models", check_nested::<MaxLoadedModelsFields>),
                 ("quarantine", check_nested::<QuarantineFields>),
                 ("http", check_nested::<HttpFields>),
+                ("limits", check_nested::<LimitsFields>),
             ],
             &mut errors,
         );
@@ -427,6 +436,7 @@ impl Config {
             idle_unload_seconds: s.idle_unload_seconds.and_then(NonZeroU32::new),
             quarantine: s.quarantine.unwrap_or_default().into(),
             http: s.http.unwrap_or_default().into(),
+            limits: s.limits.unwrap_or_default().into(),
             state_dir: s.state_dir.map(PathBuf::from),
             // Checked by `SettingsFields::check`.
             vram_budget: s.vram_budget.as_ref().and_then(|v| VramBudget::parse(v).ok()),
@@ -466,6 +476,7 @@ impl Config {
                 "max_backoff_seconds": self.quarantine.max_backoff.as_secs(),
             },
             "http": self.http.to_json(),
+            "limits": self.limits.to_json(),
             "state_dir": self.state_dir,
             "vram_budget": self.vram_budget.as_ref().map(VramBudget::to_json),
             "models": models,

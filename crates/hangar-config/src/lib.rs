@@ -13,6 +13,7 @@
 //!   (`models.qwen.gguf_n_ctx: must be >= 1`), unknown keys with a "did you mean", and
 //!   fields that belong to another backend;
 //! - the JSON Schema of the whole config ([`config_schema`]);
+//! - the caps on what one request may ask and on leases per model ([`Limits`]);
 //! - the live-load fields a load request may override, each declared once with its UI
 //!   constraint ([`LOAD_FIELDS`], [`load_constraints`]).
 //!
@@ -36,6 +37,7 @@ mod config;
 mod constraint;
 mod http;
 mod kinds;
+mod limits;
 mod load_fields;
 mod merge;
 mod model;
@@ -58,6 +60,11 @@ pub use http::{
     split_port,
 };
 pub use kinds::{BackendKind, Device, GgmlType, ModelType, PromptFormat, SpecType, Switch};
+pub use limits::{
+    DEFAULT_MAX_EMBEDDING_INPUTS, DEFAULT_MAX_LEASES_PER_MODEL, DEFAULT_MAX_MESSAGES,
+    DEFAULT_MAX_RERANK_DOCUMENTS, DEFAULT_MAX_STOP_SEQUENCE_BYTES, DEFAULT_MAX_STOP_SEQUENCES,
+    DEFAULT_MAX_TOOLS, Limits,
+};
 pub use load_fields::{
     LOAD_FIELDS, LoadField, LoadValueType, context_size_field, load_constraints, load_field,
     load_fields,

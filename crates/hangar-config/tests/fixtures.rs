@@ -160,3 +160,46 @@ fn quarantine_defaults_and_bad_values() {
         assert!(errors.iter().any(|e| e.path == path), "{bad}: {errors:?}");
     }
 }
+
+#[test]
+fn limits_defaults_exceed_openai_maxima_and_bad_values_are_refused() {
+    let limits = Config::from_value(&json!({})).unwrap().limits;
+    assert_eq!(limits, hangar_config::Limits::default());
+    // A request OpenAI accepts is never refused: 2,048 embedding inputs and chat messages,
+    // 128 tools, 4 stop sequences.
+    assert!(limits.max_embedding_inputs.get() > 2_048);
+    assert!(limits.max_messages.get() > 2_048);
+    assert!(limits.max_tools.get() > 128);
+    assert!(limits.max_stop_sequences.get() > 4);
+    assert_eq!(limits.request_timeout, None);
+
+    let set = json!({ "limits": { "max_tools": 3, "request_timeout_s": 30 } });
+    let config = Config::from_value(&set).unwrap();
+    assert_eq!(config.limits.max_tools.get(), 3);
+    assert_eq!(config.limits.request_timeout, Some(std::time::Duration::from_secs(30)));
+    assert_eq!(config.limits.max_messages.get(), hangar_config::DEFAULT_MAX_MESSAGES);
+    let shown = config.to_effective_json();
+    assert_eq!(shown["limits"]["max_tools"], 3);
+    assert_eq!(shown["limits"]["request_timeout_s"], 30);
+    assert_eq!(
+        shown["limits"]["max_embedding_inputs"],
+        hangar_config::DEFAULT_MAX_EMBEDDING_INPUTS
+    );
+    let unset = Config::from_value(&json!({})).unwrap().to_effective_json();
+    assert_eq!(unset["limits"]["request_timeout_s"], Value::Null);
+
+    let validator = jsonschema::draft202012::new(&config_schema()).unwrap();
+    assert!(validator.is_valid(&set));
+    for (bad, path) in [
+        (json!({ "limits": { "max_tools": 0 } }), "limits.max_tools"),
+        (json!({ "limits": { "request_timeout_s": 0 } }), "limits.request_timeout_s"),
+        (json!({ "limits": { "max_stop_sequences": -1 } }), "limits.max_stop_sequences"),
+        (json!({ "limits": { "max_tool": 3 } }), "limits.max_tool"),
+    ] {
+        let Err(hangar_config::ConfigError::Invalid(errors)) = Config::from_value(&bad) else {
+            panic!("accepted {bad}");
+        };
+        assert!(errors.iter().any(|e| e.path == path), "{bad}: {errors:?}");
+        assert!(!validator.is_valid(&bad), "schema accepted {bad}");
+    }
+}

@@ -12,6 +12,7 @@ use hangar_backend::{
 use hangar_config::ModelType;
 use hangar_lifecycle::{AdmissionError, ModelState, Permit, Scheduler, admit};
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
@@ -69,6 +70,8 @@ impl Work {
 /// model's pauses: an `abort` ends it with `generation_aborted`, a `retract` puts a running
 /// generation back at the head of the queue and resumes it afterwards. (A request still on a
 /// reload's previous runtimes runs to its end: pauses are for the runtimes in service.)
+/// With `limits.request_timeout_s` set, a request still running that long after it got its
+/// slot is cancelled and ends with `deadline_exceeded`.
 pub struct RequestGuard {
     /// The slot; `None` only while a retracted generation waits for a new one.
     permit: Mutex<Option<Permit<dyn Runtime>>>,
@@ -77,6 +80,8 @@ pub struct RequestGuard {
     entry: Arc<ModelEntry>,
     generation: AtomicU64,
     manager: Manager,
+    /// When the request is cancelled (`limits.request_timeout_s` after its slot was granted).
+    deadline: Option<Instant>,
 }
 
 /// Pieces a retractable generation buffers between its engine and its client.
@@ -100,8 +105,10 @@ impl RequestGuard {
     ///
     /// # Errors
     /// The runtime's error (a crash also marks the model failed); `generation_aborted` when
-    /// an operator aborted it; the admission code of a retracted generation that could not
-    /// get its slot back (the model was unloaded meanwhile).
+    /// an operator aborted it; `deadline_exceeded` when it ran past the request deadline
+    /// (the engine's generation is dropped, which cancels it); the admission code of a
+    /// retracted generation that could not get its slot back (the model was unloaded
+    /// meanwhile).
     pub async fn generate(
         &self,
         mut request: GenerateRequest,
@@ -146,6 +153,8 @@ impl RequestGuard {
                         _ if !self.in_service() => {}
                         action => break action,
                     },
+                    // Returning drops `run`: the engine stops generating.
+                    error = self.expired() => return Err(error),
                 }
             };
             match action {
@@ -154,7 +163,10 @@ impl RequestGuard {
                     // Stop the engine's generation, give the slot back, wait at the head of
                     // the queue, then go on from what the client already has.
                     drop((run, relay));
-                    self.requeue(&mut interrupts).await?;
+                    tokio::select! {
+                        requeued = self.requeue(&mut interrupts) => requeued?,
+                        error = self.expired() => return Err(error),
+                    }
                     request.resume = Some(produced.clone());
                 }
             }
@@ -200,8 +212,32 @@ impl RequestGuard {
     }
 
     /// Resolves with `generation_aborted` when an operator aborts this request (a pause with
-    /// mode `abort`); never otherwise. A forwarded answer is cut when it does.
+    /// mode `abort`), or with `deadline_exceeded` when it runs past the request deadline;
+    /// never otherwise. A forwarded answer is cut when it does.
     pub async fn aborted(&self) -> ManagerError {
+        tokio::select! {
+            error = self.operator_abort() => error,
+            error = self.expired() => error,
+        }
+    }
+
+    /// Resolves with `deadline_exceeded` once the request's deadline has passed; never
+    /// without one.
+    async fn expired(&self) -> ManagerError {
+        match self.deadline {
+            Some(deadline) => {
+                tokio::time::sleep_until(deadline).await;
+                ManagerError::DeadlineExceeded {
+                    model: self.entry.config.name.to_string(),
+                    timeout: self.manager.inner.request_timeout.unwrap_or_default(),
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Resolves with `generation_aborted` when an operator aborts this request.
+    async fn operator_abort(&self) -> ManagerError {
         let mut interrupts = self.interrupts.clone();
         loop {
             if let Action::Abort(reason) = next_action(&mut interrupts).await
@@ -226,7 +262,7 @@ impl RequestGuard {
         }
     }
 
-    /// Runs `work` unless an abort comes first.
+    /// Runs `work` unless an abort or the deadline comes first (dropping `work` cancels it).
     async fn unless_aborted<T>(
         &self,
         work: impl Future<Output = Result<T, RuntimeError>>,
@@ -384,6 +420,7 @@ impl Manager {
             entry,
             generation: AtomicU64::new(generation),
             manager: self.clone(),
+            deadline: self.inner.request_timeout.map(|timeout| Instant::now() + timeout),
         })
     }
 

@@ -156,6 +156,11 @@ impl ModelEntry {
         events: &crate::events::Events,
     ) -> Option<ModelState> {
         let from = slot.lifecycle.state();
+        // `last_error` is kept as long as the model stays failed, and journaled.
+        let error = error.map(|mut e| {
+            crate::journal::bound(&mut e);
+            e
+        });
         match slot.lifecycle.apply(event, error.clone()) {
             Ok(to) => {
                 let cause = event;

@@ -128,6 +128,27 @@ pub enum ManagerError {
         /// The lease id asked for.
         id: String,
     },
+    /// The model already has `limits.max_leases_per_model` live leases; nothing was done.
+    #[error(
+        "model '{model}' already has {limit} live leases (limits.max_leases_per_model); release or let one expire first"
+    )]
+    TooManyLeases {
+        /// The model.
+        model: String,
+        /// The cap.
+        limit: u32,
+    },
+    /// The request ran past `limits.request_timeout_s` and was cancelled; its slot is free.
+    #[error(
+        "the request to model '{model}' ran past its deadline of {} s (limits.request_timeout_s) and was cancelled",
+        timeout.as_secs()
+    )]
+    DeadlineExceeded {
+        /// The model.
+        model: String,
+        /// The deadline, counted from the moment the request got its slot.
+        timeout: std::time::Duration,
+    },
     /// The load could only proceed by evicting held (pinned or leased) models; nothing was
     /// evicted.
     #[error(
@@ -294,6 +315,10 @@ pub enum ErrorCode {
     InsufficientVram,
     /// A read-only weights check would have paused the loaded model.
     WouldPause,
+    /// The model already has `limits.max_leases_per_model` live leases.
+    TooManyLeases,
+    /// The request ran past `limits.request_timeout_s` and was cancelled.
+    DeadlineExceeded,
 }
 
 impl ErrorCode {
@@ -331,6 +356,8 @@ impl ManagerError {
             Self::NotImplemented { .. } => ErrorCode::NotImplemented,
             Self::ModelRequired { .. } => ErrorCode::InvalidRequest,
             Self::LeaseNotFound { .. } => ErrorCode::LeaseNotFound,
+            Self::TooManyLeases { .. } => ErrorCode::TooManyLeases,
+            Self::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
             Self::SlotsPinned { .. } => ErrorCode::SlotsPinned,
             Self::InsufficientVram { .. } => ErrorCode::InsufficientVram,
             Self::Quarantined { .. } => ErrorCode::ModelQuarantined,

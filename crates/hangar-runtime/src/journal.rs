@@ -15,6 +15,15 @@ use tokio::sync::broadcast;
 /// Events the journal keeps for followers that resume.
 pub const EVENT_CAPACITY: usize = 1_024;
 
+/// Longest text an event (and a model's `last_error`, a failure's message) keeps, in bytes:
+/// an engine can print megabytes into an error, and the journal keeps
+/// [`EVENT_CAPACITY`] events. Longer text is cut on a character boundary and ends with a
+/// marker saying how much was cut.
+pub const MAX_EVENT_TEXT_BYTES: usize = 4_096;
+
+/// Room kept for the marker (`" … [<n> bytes cut]"`) within [`MAX_EVENT_TEXT_BYTES`].
+const MARKER_ROOM: usize = 48;
+
 /// Load progress is journaled in steps of this much (and at 100 %), not at every report.
 const PROGRESS_STEP: f32 = 0.05;
 
@@ -141,8 +150,18 @@ impl Journal {
         }
     }
 
-    /// Journals `kind` for `model` and sends it to followers.
-    pub(crate) fn record(&self, model: &ModelName, kind: EventKind) {
+    /// Journals `kind` for `model` (its text [bounded](bound)) and sends it to followers.
+    pub(crate) fn record(&self, model: &ModelName, mut kind: EventKind) {
+        match &mut kind {
+            EventKind::State { error: Some(text), .. }
+            | EventKind::Lease { owner: text, .. }
+            | EventKind::WeightsUpdated { model_path: text, .. } => bound(text),
+            EventKind::Evicted { reason, for_model } => {
+                bound(reason);
+                bound(for_model);
+            }
+            _ => {}
+        }
         let unix_ms = unix_ms(SystemTime::now());
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let event = ManagerEvent { id: state.next_id, unix_ms, model: model.to_string(), kind };
@@ -189,13 +208,48 @@ impl Journal {
         let backlog: Vec<ManagerEvent> =
             state.events.iter().filter(|e| e.id > after).cloned().collect();
         let first_kept = state.events.front().map_or(state.next_id, |e| e.id);
-        // An id from the future (another process's journal) is a gap too.
-        let gap = after + 1 < first_kept || after >= state.next_id;
+        // An id from the future (another process's journal) is a gap too. Any `after` is
+        // possible here (a client's `Last-Event-ID`): no arithmetic on it may overflow.
+        let gap = after >= state.next_id || after.saturating_add(1) < first_kept;
         Follow { backlog, gap, last_id, live }
     }
 }
 
-/// Now, in Unix milliseconds.
+/// Where text longer than [`MAX_EVENT_TEXT_BYTES`] is cut: a character boundary that leaves
+/// room for the marker. `None` for text that fits.
+fn cut_at(text: &str) -> Option<usize> {
+    if text.len() <= MAX_EVENT_TEXT_BYTES {
+        return None;
+    }
+    let mut keep = MAX_EVENT_TEXT_BYTES - MARKER_ROOM;
+    while !text.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    Some(keep)
+}
+
+fn marker(cut: usize) -> String {
+    format!(" … [{cut} bytes cut]")
+}
+
+/// Cuts `text` to at most [`MAX_EVENT_TEXT_BYTES`] on a character boundary, ending it with
+/// a marker saying how many bytes were cut; shorter text stays as it is.
+pub(crate) fn bound(text: &mut String) {
+    if let Some(keep) = cut_at(text) {
+        let cut = text.len() - keep;
+        text.truncate(keep);
+        text.push_str(&marker(cut));
+    }
+}
+
+/// `text`, [bounded](bound), copying only what is kept.
+pub(crate) fn bounded(text: &str) -> String {
+    match cut_at(text) {
+        Some(keep) => text[..keep].to_owned() + &marker(text.len() - keep),
+        None => text.to_owned(),
+    }
+}
+
 /// Unix milliseconds of `at` (0 before the epoch).
 pub(crate) fn unix_ms(at: SystemTime) -> u64 {
     at.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -252,6 +306,64 @@ mod tests {
         let just_kept = journal.follow(Some((epoch, 10)));
         assert!(!just_kept.gap, "event 11 is the oldest kept: nothing missed");
         assert!(journal.follow(Some((epoch, 1_000_000))).gap);
+        let largest = journal.follow(Some((epoch, u64::MAX)));
+        assert!(largest.gap && largest.backlog.is_empty());
+    }
+
+    #[test]
+    fn long_text_is_cut_on_a_char_boundary_with_a_marker() {
+        let check = |text: String| {
+            let mut bounded = text.clone();
+            bound(&mut bounded);
+            assert_eq!(bounded, super::bounded(&text));
+            if text.len() <= MAX_EVENT_TEXT_BYTES {
+                assert_eq!(bounded, text);
+                return;
+            }
+            assert!(bounded.len() <= MAX_EVENT_TEXT_BYTES, "{}", bounded.len());
+            let kept = bounded.split(" … [").next().unwrap();
+            assert!(text.starts_with(kept) && kept.len() + MARKER_ROOM + 3 >= MAX_EVENT_TEXT_BYTES);
+            let cut = text.len() - kept.len();
+            assert!(bounded.ends_with(&format!(" … [{cut} bytes cut]")), "{bounded:?}");
+        };
+        check("short".to_owned());
+        check("x".repeat(MAX_EVENT_TEXT_BYTES));
+        check("x".repeat(MAX_EVENT_TEXT_BYTES + 1));
+        check("x".repeat(8 << 20));
+        // Multi-byte characters across the cut, at every offset.
+        for pad in 0..4 {
+            check(format!("{}{}", "a".repeat(pad), "é€😀".repeat(MAX_EVENT_TEXT_BYTES)));
+        }
+    }
+
+    #[test]
+    fn journaled_errors_and_owners_are_bounded() {
+        let journal = Journal::new();
+        let huge = "engine says: ".to_owned() + &"0123456789".repeat(1 << 20);
+        journal.record(
+            &name(),
+            EventKind::State {
+                from: ModelState::Loading,
+                to: ModelState::Failed,
+                cause: LifecycleEvent::LoadFailed,
+                error: Some(huge.clone()),
+            },
+        );
+        let owner = crate::lease::LeaseChange::Acquired;
+        journal.record(&name(), EventKind::Lease { change: owner, id: "l".into(), owner: huge });
+        let events = journal.follow(Some((journal.epoch, 0))).backlog;
+        let texts: Vec<&String> = events
+            .iter()
+            .map(|e| match &e.kind {
+                EventKind::State { error: Some(text), .. }
+                | EventKind::Lease { owner: text, .. } => text,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        for text in texts {
+            assert!(text.len() <= MAX_EVENT_TEXT_BYTES && text.starts_with("engine says: 0123"));
+            assert!(text.ends_with("bytes cut]"), "{}", &text[text.len() - 40..]);
+        }
     }
 
     #[test]

@@ -32,6 +32,10 @@ use crate::unload::UnloadCause;
 /// Longest lease: a week.
 pub const MAX_LEASE_SECONDS: u32 = 7 * 24 * 3600;
 
+/// Longest lease `owner`, in bytes: it is kept with the lease, listed in the admin row and
+/// journaled with every change.
+pub const MAX_LEASE_OWNER_BYTES: usize = 256;
+
 /// How often housekeeping looks for expired leases and idle models.
 const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(1);
 
@@ -102,8 +106,11 @@ impl Manager {
     /// Takes a lease on `name` for `ttl_seconds`, loading the model if it is not loaded.
     ///
     /// # Errors
-    /// `unknown_model`; [`ManagerError::InvalidLoadRequest`] for an empty owner or a ttl
-    /// outside 1..=[`MAX_LEASE_SECONDS`]; the load's errors (the lease is not kept then).
+    /// `unknown_model`; [`ManagerError::InvalidLoadRequest`] for an empty owner, one over
+    /// [`MAX_LEASE_OWNER_BYTES`] or a ttl outside 1..=[`MAX_LEASE_SECONDS`];
+    /// [`ManagerError::TooManyLeases`] when the model already has
+    /// `limits.max_leases_per_model` live leases; the load's errors (the lease is not kept
+    /// then). A refusal changes nothing.
     pub async fn acquire_lease(
         &self,
         name: &str,
@@ -117,18 +124,37 @@ impl Manager {
                 message: "must not be empty".into(),
             });
         }
+        if owner.len() > MAX_LEASE_OWNER_BYTES {
+            return Err(ManagerError::InvalidLoadRequest {
+                field: Some("owner".into()),
+                message: format!(
+                    "must be at most {MAX_LEASE_OWNER_BYTES} bytes, got {}",
+                    owner.len()
+                ),
+            });
+        }
         let ttl = check_ttl(ttl_seconds)?;
-        self.start_housekeeping();
-        let n = self.inner.next_lease.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let lease = Lease {
-            id: format!("lease-{n}"),
-            owner: owner.to_owned(),
-            ttl_seconds,
-            expires_unix_ms: unix_ms(SystemTime::now() + ttl),
+        let lease = {
+            // Counted and taken under one lock, so concurrent acquires cannot pass the cap
+            // together. Held before the load, so no eviction planned meanwhile can take the
+            // model.
+            let mut slot = entry.lock();
+            let limit = self.inner.max_leases;
+            if slot.live_leases().count() >= limit.get() as usize {
+                let model = entry.config.name.to_string();
+                return Err(ManagerError::TooManyLeases { model, limit: limit.get() });
+            }
+            let n = self.inner.next_lease.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let lease = Lease {
+                id: format!("lease-{n}"),
+                owner: owner.to_owned(),
+                ttl_seconds,
+                expires_unix_ms: unix_ms(SystemTime::now() + ttl),
+            };
+            slot.leases.push(Held { lease: lease.clone(), deadline: Instant::now() + ttl });
+            lease
         };
-        // Held before the load, so no eviction planned meanwhile can take the model.
-        let held = Held { lease: lease.clone(), deadline: Instant::now() + ttl };
-        entry.lock().leases.push(held);
+        self.start_housekeeping();
         if let Err(e) = self.load_on_demand(name).await {
             entry.lock().leases.retain(|h| h.lease.id != lease.id);
             return Err(e);

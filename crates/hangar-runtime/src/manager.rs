@@ -90,6 +90,10 @@ pub(crate) struct Inner {
     pub(crate) housekeeping: std::sync::OnceLock<()>,
     /// When a model that keeps failing is quarantined.
     pub(crate) quarantine: hangar_config::QuarantinePolicy,
+    /// How long an admitted request may run (`limits.request_timeout_s`).
+    pub(crate) request_timeout: Option<std::time::Duration>,
+    /// Live leases one model may have (`limits.max_leases_per_model`).
+    pub(crate) max_leases: NonZeroU32,
     /// Where GPU memory is read ([`Manager::set_gpu_probe`]).
     pub(crate) gpu: std::sync::RwLock<Arc<dyn hangar_gpu::GpuProbe>>,
     /// GPU memory models may fill; no admission by memory when `None`.
@@ -145,6 +149,8 @@ impl Manager {
                 next_lease: std::sync::atomic::AtomicU64::new(1),
                 housekeeping: std::sync::OnceLock::new(),
                 quarantine: config.quarantine,
+                request_timeout: config.limits.request_timeout,
+                max_leases: config.limits.max_leases_per_model,
                 gpu: std::sync::RwLock::new(Arc::new(hangar_gpu::NoGpu(
                     "no GPU probe: the host configured none".into(),
                 ))),

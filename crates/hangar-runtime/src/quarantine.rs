@@ -97,7 +97,8 @@ impl FailureLog {
             // A whole window without failing: the backoff starts over.
             self.strikes = 0;
         }
-        let failure = Failure { kind, message: message.to_owned(), at_unix_ms: unix_ms(wall) };
+        let message = crate::journal::bounded(message);
+        let failure = Failure { kind, message, at_unix_ms: unix_ms(wall) };
         self.recent.push_back((now, self.recorded, failure));
         self.recorded += 1;
         let keep = RECENT_FAILURES.max(policy.failures.get() as usize);

@@ -153,7 +153,7 @@ impl Manager {
             if slot.lifecycle.state() != ModelState::Loaded || slot.generation != generation {
                 return;
             }
-            let message = format!("backend crashed: {reason}");
+            let message = format!("backend crashed: {}", crate::journal::bounded(reason));
             let event = LifecycleEvent::Crashed;
             entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
             let crashed = crate::FailureKind::Crashed;

@@ -479,3 +479,40 @@ async fn pause_during_a_reload() {
     m.resume("a").await.unwrap();
     assert_eq!(new.await.unwrap().unwrap().split_whitespace().count(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_past_its_deadline_is_cancelled_and_frees_its_slot() {
+    let (m, _) = manager(json!({
+        "limits": { "request_timeout_s": 1 },
+        "models": { "a": chat(json!({ "target_inflight": 1, "stub": { "token_latency_ms": 100 } })) }
+    }));
+    m.load("a", LoadOptions::default()).await.unwrap();
+    // 50 tokens take 5 s; the deadline is 1 s after the slot was granted.
+    let slow = spawn_generate(&m, "a", 50);
+    settle().await;
+    let queued = spawn_generate(&m, "a", 5);
+    let err = slow.await.unwrap().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded, "{err}");
+    assert!(err.to_string().contains("limits.request_timeout_s"), "{err}");
+    // The slot went to the queued request, which finishes within its own deadline.
+    assert_eq!(queued.await.unwrap().unwrap().split_whitespace().count(), 5);
+    let snap = m.model("a").unwrap();
+    assert_eq!((snap.runtime_inflight, snap.queue_depth), (0, 0));
+    assert_eq!(snap.runtime_state, ModelState::Loaded, "a deadline is not a failure");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_error_of_megabytes_is_kept_bounded_in_last_error_and_failures() {
+    let huge = "CUDA error: ".to_owned() + &"out of memory; ".repeat(100_000);
+    let (m, _) =
+        manager(json!({ "models": { "a": chat(json!({ "stub": { "fail_load": huge } })) } }));
+    let err = m.load("a", LoadOptions::default()).await.unwrap_err();
+    assert!(err.to_string().len() <= hangar_runtime::MAX_EVENT_TEXT_BYTES + 64, "error too long");
+    let snap = m.model("a").unwrap();
+    let last_error = snap.last_error.unwrap();
+    assert!(last_error.len() <= hangar_runtime::MAX_EVENT_TEXT_BYTES, "{}", last_error.len());
+    assert!(last_error.contains("CUDA error: out of memory;"), "{}", &last_error[..80]);
+    assert!(last_error.ends_with(" bytes cut]"), "{}", &last_error[last_error.len() - 40..]);
+    let failure = &snap.failures.last().unwrap().message;
+    assert!(failure.len() <= hangar_runtime::MAX_EVENT_TEXT_BYTES, "{}", failure.len());
+}

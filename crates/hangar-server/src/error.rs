@@ -125,6 +125,17 @@ pub enum ErrorCode {
     /// 405: `GET /weights_checker` would pause the loaded model (a checksum or compare while
     /// it serves); a `GET` changes nothing, so use `POST`.
     WouldPause,
+    /// 400: a list in the request is longer than its `limits` allow (messages, input items,
+    /// embedding inputs, documents, tools, stop sequences) or a stop sequence is too long;
+    /// the message names the field, its size and the limit, `field` the field. Nothing
+    /// reached the engine.
+    LimitExceeded,
+    /// 504: the request ran past `limits.request_timeout_s` and was cancelled, its slot
+    /// freed. A stream that had started ends with this error as its last event instead.
+    DeadlineExceeded,
+    /// 429: the model already has `limits.max_leases_per_model` live leases; nothing was
+    /// done. Retry once a lease is released or expires.
+    TooManyLeases,
 }
 
 impl ErrorCode {
@@ -135,12 +146,15 @@ impl ErrorCode {
             UnknownModel | NotFound | NothingToUnload | LeaseNotFound => StatusCode::NOT_FOUND,
             ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed | BackendUnavailable
             | AdminBusy | GenerationAborted | ModelQuarantined => StatusCode::SERVICE_UNAVAILABLE,
-            QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            QueueFull | TooManyLeases => StatusCode::TOO_MANY_REQUESTS,
             StateConflict | RequestsActive | SlotsPinned => StatusCode::CONFLICT,
             InvalidRequestBody | WeightsUnreadable => StatusCode::UNPROCESSABLE_ENTITY,
             NotImplemented => StatusCode::NOT_IMPLEMENTED,
             InvalidLoadRequest | LoadFailed | InvalidRequest | Unsupported
-            | ThinkingUnsupported | ModelTypeMismatch | ModelNotReady => StatusCode::BAD_REQUEST,
+            | ThinkingUnsupported | ModelTypeMismatch | ModelNotReady | LimitExceeded => {
+                StatusCode::BAD_REQUEST
+            }
+            DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             BackendCrashed | RuntimeError => StatusCode::INTERNAL_SERVER_ERROR,
             UpstreamError => StatusCode::BAD_GATEWAY,
             Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
@@ -226,7 +240,8 @@ pub struct ErrorObject {
     /// With `load_failed`: the model after the attempt, `last_error` saying why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<Box<ModelRow>>,
-    /// With `invalid_request_body` / `invalid_load_request`: the offending field.
+    /// With `invalid_request_body` / `invalid_load_request` / `limit_exceeded`: the
+    /// offending field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
     /// With `state_conflict`: the model's state that does not allow the operation.
@@ -410,6 +425,15 @@ mod tests {
                 "model_quarantined",
             ),
             (ManagerError::NotImplemented { message: "m".into() }, 501, "not_implemented"),
+            (ManagerError::TooManyLeases { model: "m".into(), limit: 2 }, 429, "too_many_leases"),
+            (
+                ManagerError::DeadlineExceeded {
+                    model: "m".into(),
+                    timeout: std::time::Duration::from_secs(5),
+                },
+                504,
+                "deadline_exceeded",
+            ),
             (
                 ManagerError::Conflict { state: ModelState::Unloading, message: "m".into() },
                 409,

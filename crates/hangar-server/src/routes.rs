@@ -58,6 +58,10 @@ const INFERENCE: &[ErrorCode] = &[
     ModelQuarantined,
     // An auto-load that does not fit in the VRAM budget.
     InsufficientVram,
+    // A list longer than `limits` allow (messages, inputs, documents, tools, stop sequences).
+    LimitExceeded,
+    // The request ran past `limits.request_timeout_s`.
+    DeadlineExceeded,
 ];
 
 /// Errors of pause and continue.
@@ -201,7 +205,7 @@ pub(crate) fn all() -> Vec<Route> {
             .admin()
             .doc(
                 "Hold a model loaded for a job",
-                "Takes a lease (`owner`, `ttl_seconds` up to a week), loading the model first if needed (the load's errors come back, and no lease is kept). A model with a live lease is never evicted nor unloaded for idleness; a load that could only proceed by evicting it fails with 409 slots_pinned. Renew before `expires_unix_ms`; expired leases are dropped. An explicit unload still unloads the model and revokes its leases. Leases are listed in the row. A quarantined model is not loaded for a lease: 503 model_quarantined with `retry_after`.",
+                "Takes a lease (`owner`, `ttl_seconds` up to a week), loading the model first if needed (the load's errors come back, and no lease is kept). A model with a live lease is never evicted nor unloaded for idleness; a load that could only proceed by evicting it fails with 409 slots_pinned. Renew before `expires_unix_ms`; expired leases are dropped. An explicit unload still unloads the model and revokes its leases. Leases are listed in the row. A quarantined model is not loaded for a lease: 503 model_quarantined with `retry_after`. A model holds at most `limits.max_leases_per_model` live leases: one more is 429 too_many_leases (retry once one is released or expires); `owner` is at most 256 bytes.",
             )
             .body::<admin::LeaseBody>(false)
             .ok::<admin::LeaseResponse>()
@@ -214,6 +218,7 @@ pub(crate) fn all() -> Vec<Route> {
                 StateConflict,
                 AdminBusy,
                 ModelQuarantined,
+                TooManyLeases,
             ]),
         Route::new(post.clone(), "/v1/admin/models/{name}/leases/{id}", Admin, api!(admin::renew_lease))
             .admin()

@@ -24,6 +24,9 @@ pub struct ServerOptions {
     pub loopback_listener: bool,
     /// Browser origins and hosts, what open routes show, stream and shutdown bounds.
     pub http: hangar_config::HttpPolicy,
+    /// Caps on the lists of one inference request (`limits`); a list over its cap answers
+    /// 400 `limit_exceeded`. (The request deadline and the lease cap are the manager's.)
+    pub limits: hangar_config::Limits,
 }
 
 impl Default for ServerOptions {
@@ -34,12 +37,13 @@ impl Default for ServerOptions {
             max_request_body_bytes: hangar_config::DEFAULT_MAX_REQUEST_BODY_BYTES as usize,
             loopback_listener: true,
             http: hangar_config::HttpPolicy::default(),
+            limits: hangar_config::Limits::default(),
         }
     }
 }
 
 impl ServerOptions {
-    /// Options from a loaded config (keys, body limit, the `http` section). The listener
+    /// Options from a loaded config (keys, body limit, the `http` section and request limits). The listener
     /// counts as loopback when `host` is a loopback address or `localhost`; a host that
     /// embeds the service on another listener sets [`Self::loopback_listener`] itself.
     pub fn from_config(config: &hangar_config::Config) -> Self {
@@ -53,6 +57,7 @@ impl ServerOptions {
             inference_api_keys: config.inference_api_keys.clone(),
             max_request_body_bytes: usize::try_from(config.max_request_body_bytes.get())
                 .unwrap_or(usize::MAX),
+            limits: config.limits,
         }
     }
 }

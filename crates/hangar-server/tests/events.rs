@@ -198,3 +198,24 @@ async fn a_slow_reader_falls_behind_the_live_feed_and_still_gets_every_event_onc
     assert!(ids.len() > 320, "{} events", ids.len());
     assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "consecutive ids: {ids:?}");
 }
+
+#[tokio::test]
+async fn last_event_ids_at_the_edge_of_u64_resync_and_ids_that_are_not_text_answer_400() {
+    let s = service();
+    let mut events = Events::open(&s, None).await;
+    call(&s, Method::POST, "/v1/admin/models/b/load", json!({})).await;
+    let seen = events.until(|e| is_state(e, "b", "loaded")).await;
+    let (epoch, _) = seen[0].0.as_deref().unwrap().split_once('-').unwrap();
+    // This server's epoch with the largest id there is: from the future, so a resync (the
+    // journal once added 1 to it).
+    let mut future = Events::open(&s, Some(&format!("{epoch}-{}", u64::MAX))).await;
+    assert_eq!(future.next().await.1["type"], "resync");
+    // A header that is not text is a bad id, not a missing one.
+    let not_text = http::HeaderValue::from_bytes(b"7-\xff").unwrap();
+    let req = Request::builder().uri("/v1/admin/events").header("last-event-id", not_text);
+    let resp = s.handle(req.body(Full::new(Bytes::new())).unwrap()).await;
+    assert_eq!(resp.status(), 400);
+    let body: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+}

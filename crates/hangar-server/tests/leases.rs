@@ -174,3 +174,35 @@ async fn unloading_everything_revokes_leases_like_an_explicit_unload() {
     let (status, body) = post(&s, "/v1/admin/models/b/load", json!({})).await;
     assert_eq!(status, 200, "{body}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn leases_past_the_cap_answer_429_and_change_nothing() {
+    let s = service(json!({ "limits": { "max_leases_per_model": 2 } }));
+    let take = |owner: &str| json!({ "owner": owner, "ttl_seconds": 60 });
+    let mut ids = Vec::new();
+    for owner in ["job-1", "job-2"] {
+        let (status, taken) = post(&s, "/v1/admin/models/a/leases", take(owner)).await;
+        assert_eq!(status, 200, "{taken}");
+        ids.push(taken["lease"]["id"].as_str().unwrap().to_owned());
+    }
+    let before = row(&s, "a").await;
+    let (status, body) = post(&s, "/v1/admin/models/a/leases", take("job-3")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (429, Some("too_many_leases")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("max_leases_per_model"), "{body}");
+    assert_eq!(row(&s, "a").await["leases"], before["leases"], "no lease was added");
+
+    // Released or expired leases make room again.
+    let (status, _) =
+        call(&s, Method::DELETE, &format!("/v1/admin/models/a/leases/{}", ids[0]), Value::Null)
+            .await;
+    assert_eq!(status, 200);
+    assert_eq!(post(&s, "/v1/admin/models/a/leases", take("job-3")).await.0, 200);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert_eq!(post(&s, "/v1/admin/models/a/leases", take("job-4")).await.0, 200);
+
+    // An owner is at most 256 bytes.
+    let long = "é".repeat(129);
+    let (status, body) = post(&s, "/v1/admin/models/b/leases", take(&long)).await;
+    assert_eq!((status, body["error"]["field"].as_str()), (400, Some("owner")), "{body}");
+    assert!(row(&s, "b").await["leases"].as_array().unwrap().is_empty());
+}

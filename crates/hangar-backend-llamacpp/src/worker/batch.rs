@@ -104,8 +104,8 @@ impl Worker<'_> {
     /// once); the rest are answered at once.
     fn receive(&mut self, command: Command, waiting: &mut VecDeque<Sequence>, slots: &[Slot]) {
         match command {
-            Command::Generate { request, events, reply } => {
-                match self.sequence(&request, events, reply) {
+            Command::Generate { request, prepared, events, reply } => {
+                match self.sequence(&request, prepared, events, reply) {
                     Ok(sequence) => waiting.push_back(sequence),
                     Err((reply, e)) => {
                         let _ = reply.send(Err(e));

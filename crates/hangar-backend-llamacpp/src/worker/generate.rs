@@ -1,15 +1,13 @@
-//! One generation as a [`Sequence`] of the replica's batch: the request's prompt text (tools
-//! prepared, rendered by the configured format or the GGUF's embedded template) and tokens,
-//! checked against the per-sequence context before it takes a slot; then, each time the batch
+//! One generation as a [`Sequence`] of the replica's batch: the request's prompt tokens
+//! (prepared off the worker, `prepare.rs`) with its sampler and output routing, checked before
+//! it takes a slot; then, each time the batch
 //! gives it logits, one token — sampled by its own sampler chain, streamed through its own
 //! stop sequences and tool-call routing — until end-of-generation, a stop sequence,
 //! `max_tokens` or the end of its context.
 
 use std::collections::VecDeque;
 
-use hangar_backend::{
-    FinishReason, GenerateEvent, GenerateRequest, GenerateSummary, Prompt, RuntimeError,
-};
+use hangar_backend::{FinishReason, GenerateEvent, GenerateRequest, GenerateSummary, RuntimeError};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
@@ -19,9 +17,9 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
 use super::output::Output;
+use super::prepare::Prepared;
 use super::utf8::{Utf8Guard, take_utf8};
 use super::{Worker, count, failed};
-use crate::prompt::{self, RenderRequest};
 use crate::structured;
 
 /// Where a generation's answer goes.
@@ -69,73 +67,25 @@ pub(super) enum Phase {
 }
 
 impl Worker<'_> {
-    /// The prompt text: raw prompts as they are, chat through the configured format
-    /// ([`prompt::render`]), or for `auto` through the GGUF's embedded template
-    /// ([`prompt::auto`]).
-    fn prompt_text(&self, request: &GenerateRequest) -> Result<String, RuntimeError> {
-        let tools = request.tools.as_ref().map_or(&[][..], |t| t.tools.as_slice());
-        let prepared;
-        let prompt = match &request.prompt {
-            Prompt::Chat(messages)
-                if !tools.is_empty() || messages.iter().any(|m| !m.tool_calls.is_empty()) =>
-            {
-                prepared = Prompt::Chat(prompt::with_tools(messages, tools));
-                &prepared
-            }
-            prompt => prompt,
-        };
-        let req = RenderRequest {
-            prompt,
-            thinking: request.thinking,
-            translation: request.translation.as_ref(),
-        };
-        match prompt::render(self.spec.prompt_format, &req) {
-            Ok(Some(text)) => Ok(text),
-            Ok(None) => match prompt {
-                Prompt::Chat(messages) => prompt::auto::embedded_template(self.model, messages),
-                Prompt::Text(text) => Ok(text.clone()),
-            },
-            Err(e) => Err(RuntimeError::InvalidRequest { message: e.to_string() }),
-        }
-    }
-
-    /// A sequence for `request`, or why it cannot start: a prompt that does not fit one
-    /// sequence's context, a schema llama.cpp cannot turn into a grammar. Nothing of the batch
-    /// is touched before these checks pass.
+    /// A sequence for `request`, whose prompt is `prepared` (tokenized and checked against
+    /// the context before the command was sent), or why it cannot start: a schema llama.cpp
+    /// cannot turn into a grammar. Nothing of the batch is touched before these checks pass.
     pub(super) fn sequence(
         &self,
         request: &GenerateRequest,
+        prepared: Prepared,
         events: mpsc::Sender<GenerateEvent>,
         reply: Reply,
     ) -> Result<Sequence, (Reply, RuntimeError)> {
-        let prepared = (|| {
-            let text = self.prompt_text(request)?;
-            let mut prompt = self.tokenize(&text, true);
-            if prompt.is_empty() {
-                return Err(RuntimeError::InvalidRequest { message: "empty prompt".to_owned() });
-            }
-            // A resumed generation: what it already produced is decoded as prompt and
-            // counted as completion, so the answer goes on as if never interrupted.
-            let own_prompt = prompt.len();
-            if let Some(resume) = request.resume.as_deref().filter(|r| !r.is_empty()) {
-                prompt.extend(self.tokenize(resume, false));
-            }
-            if prompt.len() >= self.n_ctx() {
-                return Err(RuntimeError::InvalidRequest {
-                    message: format!(
-                        "prompt is {} tokens, the context holds {}",
-                        prompt.len(),
-                        self.n_ctx()
-                    ),
-                });
-            }
+        let checked = (|| {
             let constraint = structured::plan(request)?;
             let sampler = super::sampling::sampler(self.model, request, &constraint)?;
             let output = Output::new(&request.params.stop, &constraint);
-            Ok((prompt, own_prompt, sampler, output))
+            Ok((sampler, output))
         })();
-        match prepared {
-            Ok((prompt, own_prompt, sampler, output)) => Ok(Sequence {
+        let Prepared { prompt, own_prompt } = prepared;
+        match checked {
+            Ok((sampler, output)) => Ok(Sequence {
                 events,
                 reply,
                 sampler,

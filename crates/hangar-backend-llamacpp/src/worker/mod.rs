@@ -1,7 +1,11 @@
 //! The worker thread of one replica: it owns the llama.cpp context and samplers (and, for the
 //! first replica, loads the weights), and serves commands until its command channel closes.
-//! This module owns the thread and the context helpers (tokenize, decode) the commands share;
-//! each kind of work lives in its own module.
+//! This module owns the thread and the context helpers (decode) the commands share; each kind
+//! of work lives in its own module.
+//!
+//! - `prepare.rs` — a generation's prompt rendered, tokenized and checked against the
+//!   context; run by the runtime on a blocking thread before the command is sent, so a huge
+//!   prompt never stalls the batch.
 //!
 //! - `batch.rs` — a generation model's loop: continuous batching of up to `n_seq_max`
 //!   sequences in the one context, with prompt reuse.
@@ -14,6 +18,7 @@ mod batch;
 mod embed;
 mod generate;
 mod output;
+mod prepare;
 mod sampling;
 mod utf8;
 
@@ -24,7 +29,7 @@ use hangar_backend::{
     EmbedRequest, Embeddings, GenerateEvent, GenerateRequest, GenerateSummary, LoadError,
     ProgressSink, RerankRequest, Rerankings, RuntimeError,
 };
-use hangar_config::{BackendSettings, LlamaCppSettings, ModelConfig, ModelType, PromptFormat};
+use hangar_config::{BackendSettings, LlamaCppSettings, ModelConfig, ModelType};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -34,6 +39,7 @@ use llama_cpp_2::token::LlamaToken;
 use tokio::sync::{mpsc, oneshot};
 
 pub use self::batch::SlotState;
+pub(crate) use self::prepare::{PieceBound, Prepared, prepare};
 use self::utf8::Utf8Guard;
 use crate::{RuntimeInfo, capture, settings};
 
@@ -41,6 +47,8 @@ use crate::{RuntimeInfo, capture, settings};
 pub(crate) enum Command {
     Generate {
         request: Box<GenerateRequest>,
+        /// Its prompt, tokenized before the command was sent.
+        prepared: Prepared,
         events: mpsc::Sender<GenerateEvent>,
         reply: oneshot::Sender<Result<GenerateSummary, RuntimeError>>,
     },
@@ -63,7 +71,6 @@ pub(crate) struct WorkerSpec {
     path: PathBuf,
     settings: LlamaCppSettings,
     model_type: ModelType,
-    prompt_format: PromptFormat,
     progress: ProgressSink,
     /// Sequences the context serves at once.
     n_seq: u32,
@@ -92,7 +99,6 @@ impl WorkerSpec {
             path: path.to_owned(),
             settings,
             model_type: model.model_type,
-            prompt_format: model.prompt_format.unwrap_or(PromptFormat::Auto),
             progress,
             n_seq: crate::parallel_sequences(model).get(),
             threads,
@@ -102,11 +108,14 @@ impl WorkerSpec {
 
 /// A model's weights, loaded once and shared by the workers of its replicas (read-only after
 /// load; llama.cpp supports many contexts on one model), with what is derived from its vocab.
+/// Prompts are rendered and tokenized from it off the workers ([`prepare`]).
 pub(crate) struct SharedModel {
-    model: LlamaModel,
+    pub(crate) model: LlamaModel,
     /// Serializes context creation: `llama_init_from_model` mutates the model.
     new_context: std::sync::Mutex<()>,
     utf8: Utf8Guard,
+    /// How much text one token can stand for, for refusing prompts untokenized.
+    pub(crate) bound: PieceBound,
 }
 
 /// What a worker reports once its replica is ready: llama.cpp's facts and the weights it
@@ -128,7 +137,9 @@ fn load_model(llama: &LlamaBackend, spec: &WorkerSpec) -> Result<Arc<SharedModel
     match loaded {
         Ok(model) => {
             let utf8 = Utf8Guard::new(&model);
-            Ok(Arc::new(SharedModel { model, new_context: std::sync::Mutex::new(()), utf8 }))
+            let bound = PieceBound::new(&model);
+            let new_context = std::sync::Mutex::new(());
+            Ok(Arc::new(SharedModel { model, new_context, utf8, bound }))
         }
         Err(e) => {
             let message = if errors.is_empty() { e.to_string() } else { errors.join("; ") };
@@ -244,17 +255,6 @@ impl Worker<'_> {
 
     fn n_batch(&self) -> usize {
         (self.context.n_batch() as usize).max(1)
-    }
-
-    /// Tokenizes `text`; `add_special` adds BOS (and what else the vocab wants).
-    fn tokenize(&self, text: &str, add_special: bool) -> Vec<LlamaToken> {
-        let vocab = self.model.vocab();
-        let mut tokens = vocab.tokenize(text.as_bytes(), add_special, true);
-        // A template that spells out BOS plus add_special gives two.
-        if tokens.len() >= 2 && tokens[0] == vocab.bos() && tokens[1] == vocab.bos() {
-            tokens.remove(0);
-        }
-        tokens
     }
 
     /// Decodes `tokens` from position `start` in chunks of `n_batch`, asking for logits of

@@ -119,7 +119,7 @@ pub(crate) async fn weights_checker(ctx: Ctx) -> Result<Response, ApiError> {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct LeaseBody {
-    /// Who holds the lease (a job, a user).
+    /// Who holds the lease (a job, a user); at most 256 bytes.
     pub(crate) owner: String,
     /// How long it holds the model, 1 to 604800 seconds; renew before it ends.
     pub(crate) ttl_seconds: u32,

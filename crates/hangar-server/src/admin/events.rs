@@ -74,8 +74,9 @@ pub(crate) async fn shutting_down(mut shutdown: tokio::sync::watch::Receiver<boo
 /// `GET /v1/admin/events`.
 pub(crate) async fn events(ctx: Ctx) -> Result<Response, ApiError> {
     let query: EventsQuery = ctx.query()?;
-    let header = ctx.headers.get("last-event-id").and_then(|v| v.to_str().ok());
-    let after = query.last_event_id.as_deref().or(header).map(parse_id).transpose()?;
+    // The query wins; a header that is not text is a bad id, not an absent one.
+    let header = ctx.headers.get("last-event-id").map(|v| String::from_utf8_lossy(v.as_bytes()));
+    let after = query.last_event_id.as_deref().or(header.as_deref()).map(parse_id).transpose()?;
     let manager = ctx.state.manager.clone();
     let follow = manager.follow_events(after);
     let (response, sse) = sse_response(ctx.state.options.http.stream_write_timeout);
@@ -91,16 +92,23 @@ pub(crate) async fn events(ctx: Ctx) -> Result<Response, ApiError> {
     Ok(response)
 }
 
-/// `<epoch>-<n>` → `(epoch, n)`.
+/// `<epoch>-<n>` → `(epoch, n)`, each a decimal `u64` of ASCII digits; anything else
+/// (empty, signed, over `u64::MAX`, other characters) is 400 `invalid_request`. A
+/// well-formed id this server never sent is the journal's to judge: a resync.
 fn parse_id(id: &str) -> Result<(u64, u64), ApiError> {
-    id.trim()
-        .split_once('-')
-        .and_then(|(epoch, n)| Some((epoch.parse().ok()?, n.parse().ok()?)))
-        .ok_or_else(|| {
+    let number = |s: &str| {
+        // `u64::from_str` would take a leading `+`.
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse().ok())?
+    };
+    id.trim().split_once('-').and_then(|(epoch, n)| Some((number(epoch)?, number(n)?))).ok_or_else(
+        || {
+            // The id is the client's: quote a bounded, printable part of it.
+            let shown: String = id.chars().take(64).flat_map(char::escape_debug).collect();
             ApiError::bad_request(format!(
-                "Last-Event-ID `{id}` is not an event id of this server (`<epoch>-<n>`)"
+                "Last-Event-ID `{shown}` is not an event id of this server (`<epoch>-<n>`)"
             ))
-        })
+        },
+    )
 }
 
 /// Sends the backlog, then the live feed, until the client goes away. A follower that
@@ -158,4 +166,49 @@ async fn send(sse: &SseSender, epoch: u64, cursor: &mut u64, event: ManagerEvent
     let id = event.id;
     let json = serde_json::to_string(&EventOut::Event(event)).unwrap_or_else(|_| "{}".to_owned());
     sse.send(Bytes::from(format!("id: {epoch}-{id}\ndata: {json}\n\n"))).await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_last_event_id_parses_or_is_a_400_never_a_panic() {
+        let max = u64::MAX;
+        let cases: &[(&str, Option<(u64, u64)>)] = &[
+            ("1700000000000-42", Some((1_700_000_000_000, 42))),
+            ("  7-0 ", Some((7, 0))),
+            ("18446744073709551615-18446744073709551615", Some((max, max))),
+            ("18446744073709551616-1", None),
+            ("1-18446744073709551616", None),
+            ("99999999999999999999999999999999-1", None),
+            ("", None),
+            ("-", None),
+            ("7-", None),
+            ("-7", None),
+            ("-1-5", None),
+            ("7--5", None),
+            ("+7-5", None),
+            ("7-+5", None),
+            ("7-5-3", None),
+            ("7_5", None),
+            ("٣-٤", None),
+            ("７-５", None),
+            ("7-5\u{0}", None),
+            ("\u{fffd}\u{fffd}", None),
+            ("yesterday", None),
+        ];
+        for &(id, expected) in cases {
+            match (parse_id(id), expected) {
+                (Ok(got), Some(want)) => assert_eq!(got, want, "{id:?}"),
+                (Err(e), None) => {
+                    assert_eq!(e.code.as_str(), "invalid_request", "{id:?}");
+                    assert!(e.message.len() < 400, "{id:?}: {}", e.message);
+                }
+                (got, want) => panic!("{id:?}: got {got:?}, want {want:?}"),
+            }
+        }
+        let long = "9".repeat(100_000);
+        assert!(parse_id(&long).unwrap_err().message.len() < 400);
+    }
 }

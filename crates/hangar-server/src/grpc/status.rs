@@ -18,14 +18,14 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
     match code {
         UnknownModel | NotFound | NothingToUnload | LeaseNotFound => Code::NotFound,
         InvalidRequestBody | InvalidLoadRequest | InvalidRequest | Unsupported
-        | ThinkingUnsupported | ModelTypeMismatch | ModelNotReady | WeightsUnreadable => {
-            Code::InvalidArgument
-        }
+        | ThinkingUnsupported | ModelTypeMismatch | ModelNotReady | WeightsUnreadable
+        | LimitExceeded => Code::InvalidArgument,
         StateConflict | RequestsActive | SlotsPinned => Code::FailedPrecondition,
         InsufficientVram => Code::ResourceExhausted,
         ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed | BackendUnavailable
         | UpstreamError | AdminBusy | GenerationAborted | ModelQuarantined => Code::Unavailable,
-        QueueFull | PayloadTooLarge => Code::ResourceExhausted,
+        QueueFull | PayloadTooLarge | TooManyLeases => Code::ResourceExhausted,
+        DeadlineExceeded => Code::DeadlineExceeded,
         // Triton answers a failed load with INTERNAL too.
         LoadFailed | BackendCrashed | RuntimeError => Code::Internal,
         NotImplemented | MethodNotAllowed | WouldPause => Code::Unimplemented,
@@ -98,6 +98,7 @@ mod tests {
                 401 => &[Code::Unauthenticated],
                 403 => &[Code::PermissionDenied],
                 499 => &[Code::Cancelled],
+                504 => &[Code::DeadlineExceeded],
                 other => panic!("{code:?}: status {other} has no gRPC code here"),
             };
             assert!(expected.contains(&grpc), "{code:?} → {grpc:?}");

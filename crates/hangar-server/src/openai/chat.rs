@@ -177,6 +177,7 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 
 async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     let route = hangar_backend::ForwardRoute::ChatCompletions;
+    super::limits::check(ctx, rec, route)?;
     if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
         return reply;
     }

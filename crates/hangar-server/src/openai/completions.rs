@@ -104,6 +104,7 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 
 async fn completion(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     let route = hangar_backend::ForwardRoute::Completions;
+    super::limits::check(ctx, rec, route)?;
     if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
         return reply;
     }

@@ -2,8 +2,9 @@
 //! embeddings, rerank, and the model list — one module per endpoint, with the shared
 //! sampling parameters, message shapes and the stream encoder next to them.
 //!
-//! Every inference request goes through the same steps: parse into the endpoint's typed
-//! body (422 with the parser's position), name a configured model (400 without one, 404
+//! Every inference request goes through the same steps: check its lists against `limits`
+//! (400 `limit_exceeded`, `limits.rs`), parse into the endpoint's typed body (422 with the
+//! parser's position), name a configured model (400 without one, 404
 //! `unknown_model`), check what serde cannot (400 `invalid_request`), admit it with
 //! [`hangar_runtime::Manager::admit`] (which checks the work against the model's type and
 //! capabilities before any auto-load: 400 `model_type_mismatch` / `thinking_unsupported`;
@@ -19,6 +20,7 @@ pub(crate) mod chat;
 pub(crate) mod completions;
 pub(crate) mod embeddings;
 mod forward;
+mod limits;
 mod messages;
 pub(crate) mod models;
 pub(crate) mod rerank;

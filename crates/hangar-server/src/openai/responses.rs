@@ -449,6 +449,7 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 
 async fn response(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     let route = hangar_backend::ForwardRoute::Responses;
+    super::limits::check(ctx, rec, route)?;
     if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
         return reply;
     }
