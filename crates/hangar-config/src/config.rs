@@ -9,6 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::connections::{ConnectionLimits, ConnectionsFields};
 use crate::kinds::{BackendKind, ModelType};
 use crate::model::ModelConfig;
 use crate::name::ModelName;
@@ -97,6 +98,8 @@ pub(crate) struct SettingsFields {
     pub(crate) max_request_body_bytes: Option<u64>,
     /// When a model that keeps failing to load or crashing stops being loaded on demand.
     pub(crate) quarantine: Option<QuarantineFields>,
+    /// How many connections each listener holds and how long a connection may be slow.
+    pub(crate) connections: Option<ConnectionsFields>,
     /// Directory for Hangar's own state (the VRAM each model was measured to take), created
     /// when missing; relative to the working directory. Nothing persists across restarts
     /// when unset.
@@ -130,6 +133,9 @@ impl Section for SettingsFields {
         }
         if let Some(q) = &self.quarantine {
             q.check(&mut p.nested("quarantine"));
+        }
+        if let Some(c) = &self.connections {
+            c.check(&mut p.nested("connections"));
         }
         p.non_empty("state_dir", self.state_dir.as_deref());
         match self.vram_budget.as_ref().map(VramBudget::parse) {
@@ -314,6 +320,8 @@ pub struct Config {
     pub max_request_body_bytes: NonZeroU64,
     /// When models that keep failing are quarantined.
     pub quarantine: QuarantinePolicy,
+    /// What each listener allows its connections.
+    pub connections: ConnectionLimits,
     /// Where Hangar keeps its own state across restarts; nowhere when `None`.
     pub state_dir: Option<PathBuf>,
     /// GPU memory models may fill; no admission by memory when `None`.
@@ -356,6 +364,7 @@ impl Config {
                 ("models", |_, _, _| {}),
                 ("max_loaded_models", check_nested::<MaxLoadedModelsFields>),
                 ("quarantine", check_nested::<QuarantineFields>),
+                ("connections", check_nested::<ConnectionsFields>),
             ],
             &mut errors,
         );
@@ -416,6 +425,7 @@ impl Config {
             ),
             idle_unload_seconds: s.idle_unload_seconds.and_then(NonZeroU32::new),
             quarantine: s.quarantine.unwrap_or_default().into(),
+            connections: s.connections.unwrap_or_default().into(),
             state_dir: s.state_dir.map(PathBuf::from),
             // Checked by `SettingsFields::check`.
             vram_budget: s.vram_budget.as_ref().and_then(|v| VramBudget::parse(v).ok()),
@@ -454,6 +464,7 @@ impl Config {
                 "backoff_seconds": self.quarantine.backoff.as_secs(),
                 "max_backoff_seconds": self.quarantine.max_backoff.as_secs(),
             },
+            "connections": self.connections.to_json(),
             "state_dir": self.state_dir,
             "vram_budget": self.vram_budget.as_ref().map(VramBudget::to_json),
             "models": models,
