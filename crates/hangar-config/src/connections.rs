@@ -80,9 +80,10 @@ impl From<ConnectionsFields> for ConnectionLimits {
     fn from(f: ConnectionsFields) -> Self {
         let secs = |v: Option<u32>, default: u64| Duration::from_secs(v.map_or(default, u64::from));
         Self {
-            max_connections: f.max_connections.and_then(NonZeroU32::new).unwrap_or(
-                NonZeroU32::new(DEFAULT_MAX_CONNECTIONS).unwrap_or(NonZeroU32::MIN),
-            ),
+            max_connections: f
+                .max_connections
+                .and_then(NonZeroU32::new)
+                .unwrap_or(NonZeroU32::new(DEFAULT_MAX_CONNECTIONS).unwrap_or(NonZeroU32::MIN)),
             header_read_timeout: secs(f.header_read_timeout_s, DEFAULT_HEADER_READ_TIMEOUT_S),
             body_read_timeout: secs(f.body_read_timeout_s, DEFAULT_BODY_READ_TIMEOUT_S),
             idle_timeout: secs(f.idle_timeout_s, DEFAULT_IDLE_TIMEOUT_S),

@@ -195,7 +195,10 @@ fn connection_limits_have_defaults_are_shown_and_checked() {
 
     for (bad, path) in [
         (json!({ "connections": { "max_connections": 0 } }), "connections.max_connections"),
-        (json!({ "connections": { "header_read_timeout_s": 0 } }), "connections.header_read_timeout_s"),
+        (
+            json!({ "connections": { "header_read_timeout_s": 0 } }),
+            "connections.header_read_timeout_s",
+        ),
         (json!({ "connections": { "body_read_timeout_s": 0 } }), "connections.body_read_timeout_s"),
         (json!({ "connections": { "idle_timeout_s": 0 } }), "connections.idle_timeout_s"),
         (json!({ "connections": { "max_conections": 5 } }), "connections.max_conections"),

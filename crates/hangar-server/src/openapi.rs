@@ -245,7 +245,11 @@ fn error_statuses(route: &Route, secured: bool) -> BTreeMap<StatusCode, Vec<Erro
         codes.extend([ErrorCode::Unauthorized, ErrorCode::Forbidden]);
     }
     if route.body.is_some() {
-        codes.extend([ErrorCode::PayloadTooLarge, ErrorCode::InvalidRequestBody]);
+        codes.extend([
+            ErrorCode::PayloadTooLarge,
+            ErrorCode::InvalidRequestBody,
+            ErrorCode::BodyTimeout,
+        ]);
     }
     let mut by_status: BTreeMap<StatusCode, Vec<ErrorCode>> = BTreeMap::new();
     for code in codes {

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use hangar_config::Secret;
+use hangar_config::{ConnectionLimits, Secret};
 use hangar_runtime::Manager;
 
 use crate::admin::StaticRows;
@@ -18,6 +18,11 @@ pub struct ServerOptions {
     pub inference_api_keys: Vec<Secret>,
     /// Largest accepted request body; larger ones answer 413.
     pub max_request_body_bytes: usize,
+    /// What [`serve`](crate::serve) and [`grpc::serve`](crate::grpc::serve) allow each
+    /// connection: how many stay open, how long a request head, a body and an idle
+    /// keep-alive may take. Not applied by [`HangarService::handle`](crate::HangarService)
+    /// itself: a host that mounts the service sets its own.
+    pub connections: ConnectionLimits,
 }
 
 impl Default for ServerOptions {
@@ -26,18 +31,20 @@ impl Default for ServerOptions {
             admin_api_key: None,
             inference_api_keys: Vec::new(),
             max_request_body_bytes: hangar_config::DEFAULT_MAX_REQUEST_BODY_BYTES as usize,
+            connections: ConnectionLimits::default(),
         }
     }
 }
 
 impl ServerOptions {
-    /// Options from a loaded config (keys and body limit).
+    /// Options from a loaded config (keys, body limit, connection limits).
     pub fn from_config(config: &hangar_config::Config) -> Self {
         Self {
             admin_api_key: config.admin_api_key.clone(),
             inference_api_keys: config.inference_api_keys.clone(),
             max_request_body_bytes: usize::try_from(config.max_request_body_bytes.get())
                 .unwrap_or(usize::MAX),
+            connections: config.connections,
         }
     }
 }

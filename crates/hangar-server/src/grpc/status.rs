@@ -32,6 +32,7 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         Unauthorized => Code::Unauthenticated,
         Forbidden => Code::PermissionDenied,
         Cancelled => Code::Cancelled,
+        BodyTimeout => Code::DeadlineExceeded,
     }
 }
 
