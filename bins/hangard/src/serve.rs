@@ -290,6 +290,8 @@ async fn serve(mut config: Config) -> Result<ExitCode> {
     // Handlers first: a signal that arrives right after the listening line must drain, not
     // kill the process.
     let mut signals = Signals::install()?;
+    let listeners = if config.grpc_port == 0 { 1 } else { 2 };
+    crate::nofile::raise(config.connections.max_connections.get(), listeners);
     let manager = Manager::new(&config, backends());
     // NVML, initialised once; without a driver GPU telemetry says why it is unavailable.
     let gpu = hangar_gpu::probe();
