@@ -13,8 +13,8 @@ use std::time::Duration;
 use hangar_backend::stub::StubBackend;
 use hangar_config::{Config, ConnectionLimits};
 use hangar_runtime::{Backends, LoadOptions, Manager};
-use hangar_server::grpc::proto::ServerLiveRequest;
 use hangar_server::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+use hangar_server::grpc::proto::{RepositoryModelLoadRequest, ServerLiveRequest};
 use hangar_server::{HangarService, ServerOptions};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -38,7 +38,8 @@ async fn service(connections: ConnectionLimits) -> HangarService {
             "slow": {
                 "backend": "stub",
                 "stub": { "token_latency_ms": 400, "reply": "one two three four five six" }
-            }
+            },
+            "slow_load": { "backend": "stub", "stub": { "load_delay_ms": 2500 } }
         }
     }))
     .unwrap();
@@ -265,4 +266,30 @@ async fn grpc_at_the_cap_sheds_a_half_open_connection_for_a_client() {
     let live = tokio::time::timeout(LIVENESS, client.server_live(ServerLiveRequest {}));
     assert!(live.await.expect("answered").unwrap().into_inner().live);
     until_closed(&mut half_open, "the half-open connection").await;
+}
+
+#[tokio::test]
+async fn grpc_a_call_keeps_its_connection_busy_past_the_header_timeout() {
+    let addr = grpc(limits(64, 1, 60, 60)).await;
+    let mut client = GrpcInferenceServiceClient::connect(format!("http://{addr}")).await.unwrap();
+    // A repository load that takes 2.5 s: the connection is busy, not waiting for a head.
+    let load = RepositoryModelLoadRequest {
+        repository_name: String::new(),
+        model_name: "slow_load".into(),
+        parameters: Default::default(),
+    };
+    let loaded = tokio::time::timeout(LIVENESS, client.repository_model_load(load)).await;
+    loaded.expect("answered").expect("the load call is not cut off");
+}
+
+#[tokio::test]
+async fn grpc_at_the_cap_a_connection_that_called_waits_from_its_last_call() {
+    let addr = grpc(limits(2, 30, 60, 60)).await;
+    let mut client = GrpcInferenceServiceClient::connect(format!("http://{addr}")).await.unwrap();
+    let mut half_open = open(addr, b"PRI * HTTP/2.0\r\n").await;
+    // The client's call ends after the half-open connection began to wait.
+    let live = tokio::time::timeout(LIVENESS, client.server_live(ServerLiveRequest {}));
+    assert!(live.await.expect("answered").unwrap().into_inner().live);
+    let _third = open(addr, b"").await;
+    until_closed(&mut half_open, "the half-open connection, not the client's").await;
 }

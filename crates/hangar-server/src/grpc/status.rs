@@ -99,6 +99,7 @@ mod tests {
                 401 => &[Code::Unauthenticated],
                 403 => &[Code::PermissionDenied],
                 499 => &[Code::Cancelled],
+                408 => &[Code::DeadlineExceeded],
                 other => panic!("{code:?}: status {other} has no gRPC code here"),
             };
             assert!(expected.contains(&grpc), "{code:?} → {grpc:?}");
