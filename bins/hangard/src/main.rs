@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod client;
 mod config_cmd;
+mod nofile;
 mod serve;
 
 /// Hangar: load, unload, evict and inspect LLM, embedding and reranking models at runtime.

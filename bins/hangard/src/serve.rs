@@ -317,6 +317,8 @@ async fn serve(mut config: Config, insecure_no_admin_key: bool) -> Result<ExitCo
              who can reach this port can load, unload and reconfigure models"
         );
     }
+    let listeners = if config.grpc_port == 0 { 1 } else { 2 };
+    crate::nofile::raise(config.connections.max_connections.get(), listeners);
     let manager = Manager::new(&config, backends());
     // NVML, initialised once; without a driver GPU telemetry says why it is unavailable.
     let gpu = hangar_gpu::probe();

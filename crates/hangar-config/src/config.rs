@@ -9,6 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::connections::{ConnectionLimits, ConnectionsFields};
 use crate::http::{HttpFields, HttpPolicy};
 use crate::kinds::{BackendKind, ModelType};
 use crate::limits::{Limits, LimitsFields};
@@ -104,6 +105,8 @@ pub(crate) struct SettingsFields {
     pub(crate) http: Option<HttpFields>,
     /// Caps on what one request may ask (list lengths, a deadline) and on leases per model.
     pub(crate) limits: Option<LimitsFields>,
+    /// How many connections each listener holds and how long a connection may be slow.
+    pub(crate) connections: Option<ConnectionsFields>,
     /// Directory for Hangar's own state (the VRAM each model was measured to take), created
     /// when missing; relative to the working directory. Nothing persists across restarts
     /// when unset.
@@ -143,6 +146,9 @@ impl Section for SettingsFields {
         }
         if let Some(l) = &self.limits {
             l.check(&mut p.nested("limits"));
+        }
+        if let Some(c) = &self.connections {
+            c.check(&mut p.nested("connections"));
         }
         p.non_empty("state_dir", self.state_dir.as_deref());
         match self.vram_budget.as_ref().map(VramBudget::parse) {
@@ -331,6 +337,8 @@ pub struct Config {
     pub http: HttpPolicy,
     /// Caps on what one request may ask, and on leases per model.
     pub limits: Limits,
+    /// What each listener allows its connections.
+    pub connections: ConnectionLimits,
     /// Where Hangar keeps its own state across restarts; nowhere when `None`.
     pub state_dir: Option<PathBuf>,
     /// GPU memory models may fill; no admission by memory when `None`.
@@ -375,6 +383,7 @@ impl Config {
                 ("quarantine", check_nested::<QuarantineFields>),
                 ("http", check_nested::<HttpFields>),
                 ("limits", check_nested::<LimitsFields>),
+                ("connections", check_nested::<ConnectionsFields>),
             ],
             &mut errors,
         );
@@ -437,6 +446,7 @@ impl Config {
             quarantine: s.quarantine.unwrap_or_default().into(),
             http: s.http.unwrap_or_default().into(),
             limits: s.limits.unwrap_or_default().into(),
+            connections: s.connections.unwrap_or_default().into(),
             state_dir: s.state_dir.map(PathBuf::from),
             // Checked by `SettingsFields::check`.
             vram_budget: s.vram_budget.as_ref().and_then(|v| VramBudget::parse(v).ok()),
@@ -477,6 +487,7 @@ impl Config {
             },
             "http": self.http.to_json(),
             "limits": self.limits.to_json(),
+            "connections": self.connections.to_json(),
             "state_dir": self.state_dir,
             "vram_budget": self.vram_budget.as_ref().map(VramBudget::to_json),
             "models": models,

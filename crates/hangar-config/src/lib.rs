@@ -34,6 +34,7 @@
 //! ```
 
 mod config;
+mod connections;
 mod constraint;
 mod http;
 mod kinds;
@@ -53,6 +54,10 @@ pub use config::{
     DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, DEFAULT_QUARANTINE_BACKOFF_S,
     DEFAULT_QUARANTINE_FAILURES, DEFAULT_QUARANTINE_MAX_BACKOFF_S, DEFAULT_QUARANTINE_WINDOW_S,
     MaxLoadedModels, QuarantinePolicy,
+};
+pub use connections::{
+    ConnectionLimits, DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_HEADER_READ_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS,
 };
 pub use constraint::{ConstraintKind, LoadConstraint, LoadConstraints};
 pub use http::{

@@ -203,3 +203,53 @@ fn limits_defaults_exceed_openai_maxima_and_bad_values_are_refused() {
         assert!(!validator.is_valid(&bad), "schema accepted {bad}");
     }
 }
+
+#[test]
+fn connection_limits_have_defaults_are_shown_and_checked() {
+    let config = Config::from_value(&json!({})).unwrap();
+    assert_eq!(config.connections, hangar_config::ConnectionLimits::default());
+    let c = config.connections;
+    assert_eq!(c.max_connections.get(), hangar_config::DEFAULT_MAX_CONNECTIONS);
+    assert_eq!(c.header_read_timeout.as_secs(), hangar_config::DEFAULT_HEADER_READ_TIMEOUT_S);
+    assert_eq!(c.body_read_timeout.as_secs(), hangar_config::DEFAULT_BODY_READ_TIMEOUT_S);
+    assert_eq!(c.idle_timeout.as_secs(), hangar_config::DEFAULT_IDLE_TIMEOUT_S);
+
+    let set = json!({ "connections": { "max_connections": 8, "header_read_timeout_s": 2 } });
+    let config = Config::from_value(&set).unwrap();
+    assert_eq!(config.connections.max_connections.get(), 8);
+    assert_eq!(config.connections.header_read_timeout.as_secs(), 2);
+    let shown = config.to_effective_json();
+    assert_eq!(
+        shown["connections"],
+        json!({
+            "max_connections": 8,
+            "header_read_timeout_s": 2,
+            "body_read_timeout_s": hangar_config::DEFAULT_BODY_READ_TIMEOUT_S,
+            "idle_timeout_s": hangar_config::DEFAULT_IDLE_TIMEOUT_S,
+        })
+    );
+    let schema = config_schema();
+    let props = &schema["properties"]["connections"];
+    let text = props.to_string();
+    for key in ["max_connections", "header_read_timeout_s", "body_read_timeout_s", "idle_timeout_s"]
+    {
+        assert!(text.contains(key), "the schema lacks connections.{key}: {props}");
+    }
+
+    for (bad, path) in [
+        (json!({ "connections": { "max_connections": 0 } }), "connections.max_connections"),
+        (
+            json!({ "connections": { "header_read_timeout_s": 0 } }),
+            "connections.header_read_timeout_s",
+        ),
+        (json!({ "connections": { "body_read_timeout_s": 0 } }), "connections.body_read_timeout_s"),
+        (json!({ "connections": { "idle_timeout_s": 0 } }), "connections.idle_timeout_s"),
+        (json!({ "connections": { "max_conections": 5 } }), "connections.max_conections"),
+        (json!({ "connections": { "max_connections": -1 } }), "connections.max_connections"),
+    ] {
+        let Err(ConfigError::Invalid(errors)) = Config::from_value(&bad) else {
+            panic!("accepted {bad}");
+        };
+        assert!(errors.iter().any(|e| e.path == path), "{bad}: {errors:?}");
+    }
+}

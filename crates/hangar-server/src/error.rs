@@ -80,6 +80,9 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// 413: the body exceeds `max_request_body_bytes`.
     PayloadTooLarge,
+    /// 408: the body did not arrive in full within `connections.body_read_timeout_s` of the
+    /// request head; the connection is closed.
+    BodyTimeout,
     /// 401: an admin route was called without `Authorization: Bearer <admin key>`.
     Unauthorized,
     /// 403: the admin key given is not the configured one.
@@ -160,6 +163,7 @@ impl ErrorCode {
             Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             MethodNotAllowed | WouldPause => StatusCode::METHOD_NOT_ALLOWED,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Unauthorized => StatusCode::UNAUTHORIZED,
             Forbidden | OriginNotAllowed | HostNotAllowed => StatusCode::FORBIDDEN,
             InsufficientVram => StatusCode::INSUFFICIENT_STORAGE,

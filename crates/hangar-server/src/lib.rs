@@ -35,6 +35,7 @@ mod error;
 pub mod grpc;
 mod health;
 mod kserve;
+mod listen;
 mod metrics;
 mod multi_model;
 mod openai;
@@ -56,14 +57,11 @@ use bytes::Bytes;
 use http::{Request, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Body;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
 
 pub use admin::{GpuInfo, GpuMemoryResponse, ModelRow, ModelVram, ModelsResponse};
 pub use body::{Response, ResponseBody};
 pub use error::{ApiError, ErrorBody, ErrorCode, ErrorObject, V2ErrorBody};
+pub use listen::serve;
 pub use state::ServerOptions;
 
 use router::{Ctx, Match};
@@ -184,13 +182,16 @@ impl HangarService {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit as u64) {
+        if route.body.is_some() && declared.is_some_and(|n| n > limit as u64) {
             return fail(too_large(limit));
         }
-        let body = match Limited::new(body, limit).collect().await {
-            Ok(collected) => collected.to_bytes(),
+        let body = match read_body(route, body, limit).await {
+            Ok(bytes) => bytes,
             Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
                 return fail(too_large(limit));
+            }
+            Err(e) if e.is::<listen::BodyTimeout>() => {
+                return fail(ApiError::new(ErrorCode::BodyTimeout, e.to_string()));
             }
             Err(e) => {
                 return fail(ApiError::bad_request(format!("cannot read the request body: {e}")));
@@ -234,6 +235,24 @@ fn without_body(response: Response) -> Response {
     http::Response::from_parts(parts, http_body_util::Empty::new().map_err(|e| match e {}).boxed())
 }
 
+/// The body of a request to `route`, up to `limit` bytes. A route that takes no body never
+/// reads it: a GET that declares a large body is answered at once (an HTTP/1 connection
+/// whose body was left unread closes after the answer).
+async fn read_body<B>(
+    route: &router::Route,
+    body: B,
+    limit: usize,
+) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if route.body.is_none() {
+        return Ok(Bytes::new());
+    }
+    Ok(Limited::new(body, limit).collect().await?.to_bytes())
+}
+
 fn too_large(limit: usize) -> ApiError {
     ApiError::new(ErrorCode::PayloadTooLarge, format!("request body exceeds {limit} bytes"))
 }
@@ -251,56 +270,4 @@ where
         let this = self.clone();
         Box::pin(async move { Ok(this.handle(req).await) })
     }
-}
-
-/// Serves `service` on `listener` (HTTP/1.1 and HTTP/2) until `shutdown` resolves, then
-/// stops accepting and waits for in-flight requests (streams included) to finish.
-///
-/// # Errors
-/// Only when accepting on the listener fails fatally.
-pub async fn serve(
-    listener: TcpListener,
-    service: HangarService,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        continue;
-                    }
-                };
-                // Small answers and stream events go out at once, not after an ACK.
-                let _ = stream.set_nodelay(true);
-                let service = hyper::service::service_fn({
-                    let service = service.clone();
-                    move |req: Request<hyper::body::Incoming>| {
-                        let service = service.clone();
-                        async move { Ok::<_, Infallible>(service.handle(req).await) }
-                    }
-                });
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                let conn = graceful.watch(conn.into_owned());
-                // The connection and the bodies it hands out wake each other while the task
-                // runs: coalesced, that costs no wake-up of another worker thread.
-                tokio::spawn(hangar_backend::Coalesced::new(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                }));
-            }
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    service.begin_shutdown();
-    tracing::info!("shutting down: waiting for in-flight requests");
-    graceful.shutdown().await;
-    Ok(())
 }

@@ -257,7 +257,11 @@ fn error_statuses(route: &Route, secured: bool) -> BTreeMap<StatusCode, Vec<Erro
         codes.extend([ErrorCode::Unauthorized, ErrorCode::Forbidden]);
     }
     if route.body.is_some() {
-        codes.extend([ErrorCode::PayloadTooLarge, ErrorCode::InvalidRequestBody]);
+        codes.extend([
+            ErrorCode::PayloadTooLarge,
+            ErrorCode::InvalidRequestBody,
+            ErrorCode::BodyTimeout,
+        ]);
     }
     let mut by_status: BTreeMap<StatusCode, Vec<ErrorCode>> = BTreeMap::new();
     for code in codes {
@@ -489,8 +493,8 @@ mod tests {
     fn error_statuses_come_from_the_codes() {
         let load = routes().iter().find(|r| r.path == "/v1/admin/models/{name}/load").unwrap();
         let statuses: Vec<u16> = error_statuses(load, true).keys().map(|s| s.as_u16()).collect();
-        assert_eq!(statuses, [400, 401, 403, 404, 409, 413, 422, 503, 507]);
+        assert_eq!(statuses, [400, 401, 403, 404, 408, 409, 413, 422, 503, 507]);
         let open: Vec<u16> = error_statuses(load, false).keys().map(|s| s.as_u16()).collect();
-        assert_eq!(open, [400, 404, 409, 413, 422, 503, 507]);
+        assert_eq!(open, [400, 404, 408, 409, 413, 422, 503, 507]);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use hangar_config::Secret;
+use hangar_config::{ConnectionLimits, Secret};
 use hangar_runtime::Manager;
 
 use crate::admin::StaticRows;
@@ -27,6 +27,11 @@ pub struct ServerOptions {
     /// Caps on the lists of one inference request (`limits`); a list over its cap answers
     /// 400 `limit_exceeded`. (The request deadline and the lease cap are the manager's.)
     pub limits: hangar_config::Limits,
+    /// What [`serve`](crate::serve) and [`grpc::serve`](crate::grpc::serve) allow each
+    /// connection: how many stay open, how long a request head, a body and an idle
+    /// keep-alive may take. Not applied by [`HangarService::handle`](crate::HangarService)
+    /// itself: a host that mounts the service sets its own.
+    pub connections: ConnectionLimits,
 }
 
 impl Default for ServerOptions {
@@ -38,14 +43,16 @@ impl Default for ServerOptions {
             loopback_listener: true,
             http: hangar_config::HttpPolicy::default(),
             limits: hangar_config::Limits::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }
 
 impl ServerOptions {
-    /// Options from a loaded config (keys, body limit, the `http` section and request limits). The listener
-    /// counts as loopback when `host` is a loopback address or `localhost`; a host that
-    /// embeds the service on another listener sets [`Self::loopback_listener`] itself.
+    /// Options from a loaded config (keys, body limit, connection limits, the `http`
+    /// section and request limits). The listener counts as loopback when `host` is a
+    /// loopback address or `localhost`; a host that embeds the service on another listener
+    /// sets [`Self::loopback_listener`] itself.
     pub fn from_config(config: &hangar_config::Config) -> Self {
         let host = config.host.trim_start_matches('[').trim_end_matches(']');
         let loopback_listener = host.eq_ignore_ascii_case("localhost")
@@ -58,6 +65,7 @@ impl ServerOptions {
             max_request_body_bytes: usize::try_from(config.max_request_body_bytes.get())
                 .unwrap_or(usize::MAX),
             limits: config.limits,
+            connections: config.connections,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! model config and statistics, shared memory, trace and log settings) answer UNIMPLEMENTED
 //! naming the HTTP route to use instead.
 
+mod limits;
 pub mod proto;
 mod status;
 
@@ -32,6 +33,14 @@ use proto::*;
 /// without waiting for clients to close idle connections (a Triton client keeps its channel
 /// open for as long as it lives).
 ///
+/// The connections are bounded as [`crate::serve`]'s are, by the service's
+/// [`ServerOptions::connections`](crate::ServerOptions::connections): the same cap with
+/// shedding, a new connection that opens no stream (the HTTP/2 preface included) within
+/// `header_read_timeout_s` is closed, as is an idle one after `idle_timeout_s`; request
+/// bodies are due within `body_read_timeout_s`; `accept` errors pause. Each connection
+/// carries at most 200 concurrent streams and is pinged every 30 s. No per-call timeout: a
+/// repository load runs as long as the model's load takes.
+///
 /// # Errors
 /// When the listener fails fatally.
 pub async fn serve(
@@ -40,18 +49,20 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let calls = Arc::new(Calls::default());
+    let limits = service.state.options.connections;
     // One service, so no router: tonic's router would pin an older `matchit` than ours.
     let grpc = GrpcInferenceServiceServer::new(Grpc { http: service, calls: Arc::clone(&calls) });
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let grpc = limits::Limited::new(grpc, limits.body_read_timeout);
+    let incoming = crate::listen::Acceptor::new(listener, &limits, "grpc");
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let wait = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|s| *s).await;
     };
-    let server = tonic::transport::Server::builder().serve_with_incoming_shutdown(
-        grpc,
-        incoming,
-        wait(stopped.clone()),
-    );
+    let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(crate::listen::H2_MAX_CONCURRENT_STREAMS)
+        .http2_keepalive_interval(Some(crate::listen::H2_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(crate::listen::H2_KEEPALIVE_TIMEOUT))
+        .serve_with_incoming_shutdown(grpc, incoming, wait(stopped.clone()));
     tokio::pin!(server, shutdown);
     tokio::select! {
         ended = &mut server => return ended,

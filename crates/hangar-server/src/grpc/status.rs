@@ -32,6 +32,7 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         Unauthorized => Code::Unauthenticated,
         Forbidden | OriginNotAllowed | HostNotAllowed => Code::PermissionDenied,
         Cancelled => Code::Cancelled,
+        BodyTimeout => Code::DeadlineExceeded,
     }
 }
 
@@ -99,6 +100,7 @@ mod tests {
                 403 => &[Code::PermissionDenied],
                 499 => &[Code::Cancelled],
                 504 => &[Code::DeadlineExceeded],
+                408 => &[Code::DeadlineExceeded],
                 other => panic!("{code:?}: status {other} has no gRPC code here"),
             };
             assert!(expected.contains(&grpc), "{code:?} → {grpc:?}");
