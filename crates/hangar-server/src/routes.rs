@@ -142,7 +142,7 @@ pub(crate) fn all() -> Vec<Route> {
             .admin()
             .doc(
                 "A model's engine output",
-                "The last `tail` lines (default 100; 2,000 are kept across loads) of the model's engine processes: stdout and stderr line by line with timestamp and replica, plus Hangar's own lines (the command line it started, exit statuses). With `follow=true`, server-sent events: those lines, then every new one as it is written. Engines in Hangar's process have an empty log.",
+                "The last `tail` lines (default 100; 2,000 are kept across loads) of the model's engine processes: stdout and stderr line by line with timestamp and replica, plus Hangar's own lines (the command line it started, exit statuses). With `follow=true`, server-sent events: those lines, then every new one as it is written, until the server shuts down (a last `{\"type\": \"shutdown\"}` event). Engines in Hangar's process have an empty log.",
             )
             .query::<admin::LogsQuery>()
             .ok_or_events::<admin::LogsResponse, admin::LogLineOut>()
@@ -151,7 +151,7 @@ pub(crate) fn all() -> Vec<Route> {
             .admin()
             .doc(
                 "Live changes of every model",
-                "Server-sent events, one per change, from now on: state transitions (with their cause and, for failures and crashes, the error), load progress in 5 % steps, evictions with their reason and the model that needed the room. Each event's `id` is `<epoch>-<n>`; a client that reconnects with `Last-Event-ID` (the header browsers send, or the `last_event_id` query parameter) first gets every event it missed from the last 1,024 kept. When some are gone (too far behind, or the server restarted) a `{\"type\": \"resync\"}` event without an id comes first: re-read `GET /v1/admin/models`. A comment line every 15 s keeps idle connections open through proxies.",
+                "Server-sent events, one per change, from now on: state transitions (with their cause and, for failures and crashes, the error), load progress in 5 % steps, evictions with their reason and the model that needed the room. Each event's `id` is `<epoch>-<n>`; a client that reconnects with `Last-Event-ID` (the header browsers send, or the `last_event_id` query parameter) first gets every event it missed from the last 1,024 kept. When some are gone (too far behind, or the server restarted) a `{\"type\": \"resync\"}` event without an id comes first: re-read `GET /v1/admin/models`. A comment line every 15 s keeps idle connections open through proxies. When the server shuts down, a last `{\"type\": \"shutdown\"}` event without an id ends the stream.",
             )
             .query::<admin::EventsQuery>()
             .events::<admin::EventOut>()
@@ -398,7 +398,7 @@ pub(crate) fn all() -> Vec<Route> {
         Route::new(get.clone(), "/api/v1/health", MultiModel, api!(multi_model::health))
             .doc(
                 "Health with every loaded model",
-                "Server health; `model_loaded` / `checkpoint_loaded` refer to the most recently loaded model; `all_models_loaded` lists every loaded model with its checkpoint, last use, type, device and backend URL.",
+                "Server health; `model_loaded` / `checkpoint_loaded` refer to the most recently loaded model; `all_models_loaded` lists every loaded model with its checkpoint, last use, type, device and backend URL. Open; while keys are configured, checkpoints and backend URLs are `null` for callers without an inference or admin key.",
             )
             .ok::<multi_model::HealthResponse>(),
         Route::new(get.clone(), "/api/v1/stats", MultiModel, api!(multi_model::stats))

@@ -131,7 +131,8 @@ fn body_of(answer: &str) -> Value {
 }
 
 const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
-const HEALTHZ_CLOSE: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+const HEALTHZ_CLOSE: &[u8] =
+    b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
 
 #[tokio::test]
 async fn a_connection_that_sends_no_complete_request_head_is_closed_after_the_header_timeout() {
@@ -190,7 +191,8 @@ async fn a_route_that_takes_no_body_answers_without_reading_the_declared_one() {
     // Far above the body limit, and below it: neither is read, neither waits.
     let addr = http(limits(64, 30, 60, 60)).await;
     for length in [100_000_000u64, 1_000_000] {
-        let head = format!("GET /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: {length}\r\n\r\n");
+        let head =
+            format!("GET /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: {length}\r\n\r\n");
         let mut stream = open(addr, head.as_bytes()).await;
         let (status, body) = answer(&mut stream).await;
         assert_eq!(status, 200, "Content-Length {length}: {body}");
