@@ -122,6 +122,10 @@ impl HangarService {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let verdict = edge::decide(&self.state.edge, req.method(), req.uri(), req.headers());
+        // The KServe v2 routes answer their own envelope, refusals included.
+        let path = req.uri().path();
+        let v2 = path == "/v2" || path.starts_with("/v2/");
+        let refuse = |e: ApiError| if v2 { e.into_v2_response() } else { e.into_response() };
         let cors = match verdict {
             edge::Verdict::Pass { cors } => cors,
             edge::Verdict::Preflight { origin } => {
@@ -130,10 +134,10 @@ impl HangarService {
                 return response;
             }
             edge::Verdict::BadOrigin(message) => {
-                return ApiError::new(ErrorCode::OriginNotAllowed, message).into_response();
+                return refuse(ApiError::new(ErrorCode::OriginNotAllowed, message));
             }
             edge::Verdict::BadHost(message) => {
-                return ApiError::new(ErrorCode::HostNotAllowed, message).into_response();
+                return refuse(ApiError::new(ErrorCode::HostNotAllowed, message));
             }
         };
         let head = req.method() == http::Method::HEAD;

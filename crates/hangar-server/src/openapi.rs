@@ -253,6 +253,8 @@ fn operation(
 /// its table entry implies.
 fn error_statuses(route: &Route, secured: bool) -> BTreeMap<StatusCode, Vec<ErrorCode>> {
     let mut codes: Vec<ErrorCode> = route.errors.to_vec();
+    // The browser rules apply before routing, to every route.
+    codes.extend([ErrorCode::OriginNotAllowed, ErrorCode::HostNotAllowed]);
     if secured {
         codes.extend([ErrorCode::Unauthorized, ErrorCode::Forbidden]);
     }
@@ -495,6 +497,6 @@ mod tests {
         let statuses: Vec<u16> = error_statuses(load, true).keys().map(|s| s.as_u16()).collect();
         assert_eq!(statuses, [400, 401, 403, 404, 408, 409, 413, 422, 503, 507]);
         let open: Vec<u16> = error_statuses(load, false).keys().map(|s| s.as_u16()).collect();
-        assert_eq!(open, [400, 404, 408, 409, 413, 422, 503, 507]);
+        assert_eq!(open, [400, 403, 404, 408, 409, 413, 422, 503, 507]);
     }
 }

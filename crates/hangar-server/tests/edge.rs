@@ -119,6 +119,10 @@ async fn a_rebinding_host_is_refused_on_loopback_and_allowed_hosts_pass() {
         );
         assert_eq!(state(&s, "chat").await, "loaded");
     }
+    // The KServe v2 routes refuse in their own envelope.
+    let a = send(&s, "GET", "/v2/health/ready", &[("host", "rebind.evil.example")], "").await;
+    assert_eq!(a.status, 403);
+    assert!(a.body["error"].as_str().unwrap().contains("rebind.evil.example"), "{}", a.body);
     for host in
         ["localhost:8080", "127.0.0.1:8080", "[::1]:8080", "ui.localhost", "hangar.lan:8080"]
     {
