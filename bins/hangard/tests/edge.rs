@@ -9,8 +9,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Server, Sse, hangard, load, temp_dir};
+use support::{Server, Sse, hangard, load, send, temp_dir};
 
 fn stub_config() -> Value {
     json!({ "models": { "chat": { "backend": "stub" } } })
@@ -127,4 +128,47 @@ async fn sigterm_ends_event_streams_and_exits_within_the_shutdown_bound() {
     // Liveness, not speed: without the bound the drain waits for the 200 s generation.
     assert!(took < Duration::from_secs(12), "exited after {took:?}\n{}", server.logs());
     assert!(server.logs().contains("cut off"), "{}", server.logs());
+}
+
+#[tokio::test]
+async fn inference_keys_from_flags_or_the_environment_guard_the_inference_routes() {
+    let config = json!({
+        "inference_api_keys": ["from-config"],
+        "models": { "chat": { "backend": "stub" } }
+    });
+    let args = ["--inference-api-key", "one", "--inference-api-key", "two", "--host", "0.0.0.0"];
+    let args = [&args[..], &["--insecure-no-admin-key"]].concat();
+    let server = Server::start(&config, &args);
+    let models = server.url("/v1/models");
+    let (status, answer) = send(Method::GET, &models, None, None).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str().unwrap_or_default()),
+        (401, "unauthorized"),
+        "{answer}"
+    );
+    let (status, answer) = send(Method::GET, &models, None, Some("from-config")).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str().unwrap_or_default()),
+        (403, "forbidden"),
+        "the flags replace config: {answer}"
+    );
+    assert_eq!(send(Method::GET, &models, None, Some("two")).await.0, 200);
+    // No admin key, explicitly: the admin routes stay open, and the server says so at start
+    // (its stderr is read by another thread: wait for the line, boundedly).
+    assert_eq!(send(Method::GET, &server.url("/v1/admin/models"), None, None).await.0, 200);
+    let warned = || server.logs().contains("listening beyond loopback without an admin key");
+    for _ in 0..100 {
+        if warned() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(warned(), "{}", server.logs());
+
+    let config = json!({ "models": { "chat": { "backend": "stub" } } });
+    let server = Server::start_with(&config, &[], &[("HANGAR_INFERENCE_KEYS", "a,b")]);
+    let models = server.url("/v1/models");
+    assert_eq!(send(Method::GET, &models, None, Some("nope")).await.0, 403);
+    assert_eq!(send(Method::GET, &models, None, Some("b")).await.0, 200);
+    assert!(!server.logs().contains("beyond loopback"), "127.0.0.1 is loopback");
 }
