@@ -64,9 +64,22 @@ pub(crate) struct WeightsCheckerQuery {
     /// The model; needed only when more than one model is loaded.
     #[serde(default)]
     model: Option<String>,
-    /// Default `checksum`.
+    /// `checksum` (default) or `compare`; the other actions change state and answer 405
+    /// here (use POST).
     #[serde(default)]
+    #[schemars(with = "Option<ReadOnlyAction>")]
     action: Option<WeightsAction>,
+}
+
+/// The weights checker's actions that change nothing, the only ones of its `GET` form.
+#[derive(Debug, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)] // A schema only: the query reads a `WeightsAction` and refuses the rest.
+enum ReadOnlyAction {
+    /// Digest every tensor.
+    Checksum,
+    /// Digest and compare with the snapshot.
+    Compare,
 }
 
 /// `/model_info`.
@@ -233,7 +246,8 @@ pub(crate) async fn weights_checker_get(ctx: Ctx) -> Response {
         if matches!(action, WeightsAction::Snapshot | WeightsAction::ResetTensors) {
             return Err(ApiError::new(
                 ErrorCode::MethodNotAllowed,
-                "GET /weights_checker runs only the read-only actions (checksum, compare);                  snapshot and reset_tensors need POST /weights_checker",
+                "GET /weights_checker runs only the read-only actions (checksum, compare); \
+                 snapshot and reset_tensors need POST /weights_checker",
             )
             .with_field("action"));
         }
