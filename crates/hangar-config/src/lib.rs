@@ -43,6 +43,7 @@ mod load_fields;
 mod merge;
 mod model;
 mod name;
+mod request_args;
 mod schema;
 mod secret;
 mod sections;
@@ -77,6 +78,7 @@ pub use load_fields::{
 pub use merge::{LOCAL_FILE, SETTINGS_FILE, merge, merged, read_json, read_merged};
 pub use model::{BackendSettings, DEFAULT_LOAD_TIMEOUT_S, ModelConfig};
 pub use name::{MAX_MODEL_NAME_LEN, ModelName, ModelNameError};
+pub use request_args::{LLAMA_SERVER_REQUEST_ARGS, check_request_args};
 pub use schema::config_schema;
 pub use secret::{REDACTED, Secret};
 pub use sections::{

@@ -12,9 +12,7 @@
 
 use std::num::NonZeroU32;
 
-use hangar_config::{
-    BackendKind, BackendSettings, Device, LLAMA_SERVER_MANAGED_ARGS, ModelType, context_size_field,
-};
+use hangar_config::{BackendKind, BackendSettings, Device, ModelType, context_size_field};
 use hangar_lifecycle::ModelState;
 use hangar_runtime::{LoadOptions, ManagerCounters, ModelSnapshot};
 use http::StatusCode;
@@ -42,11 +40,17 @@ pub(crate) struct LoadBody {
     /// backends.
     #[serde(default)]
     ctx_size: Option<NonZeroU32>,
-    /// Extra llama-server arguments (a string split on whitespace, or one argument per
-    /// element); llama_server models only. Hangar-managed flags (`--port`, `--host`, `-m`,
-    /// `--model`) are refused. This version cannot apply extra arguments at load time:
-    /// they are configured in the model definition (`llama_server_extra_args`), so a
-    /// non-empty value answers 400 `invalid_load_request`.
+    /// Extra llama-server arguments for this load (a string split on whitespace, or one
+    /// argument per element), replacing `llama_server_extra_args`; llama_server models
+    /// only. Only flags that touch neither files, the network nor the engine's auth are
+    /// accepted: `-t --threads -tb --threads-batch -b --batch-size -ub --ubatch-size -c
+    /// --ctx-size -np --parallel -cb --cont-batching -nocb --no-cont-batching -fa
+    /// --flash-attn -ctk --cache-type-k -ctv --cache-type-v -nkvo --no-kv-offload -ngl
+    /// --gpu-layers --n-gpu-layers -sm --split-mode -ts --tensor-split -mg --main-gpu --mlock
+    /// --no-mmap --jinja --reasoning-format --reasoning-budget --no-webui -n --n-predict
+    /// --keep --cache-reuse --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n
+    /// --presence-penalty --frequency-penalty -s --seed`; any other flag, or a value with a
+    /// path, answers 400 `invalid_load_request` naming it.
     #[serde(default)]
     llamacpp_args: Option<LlamacppArgs>,
     /// The llama.cpp build to run (Lemonade's `--llamacpp`); llama_server models only.
@@ -262,15 +266,10 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
                 ),
             ));
         }
-        for arg in &args {
-            let flag = arg.split_once('=').map_or(arg.as_str(), |(flag, _)| flag);
-            if LLAMA_SERVER_MANAGED_ARGS.contains(&flag) {
-                return Err(invalid_load(
-                    "llamacpp_args",
-                    format!("`{flag}` is managed by Hangar and cannot be passed as an argument"),
-                ));
-            }
-        }
+        // From a request: only flags that touch neither files, the network nor the
+        // engine's auth, and no paths in values.
+        hangar_config::check_request_args(&args)
+            .map_err(|why| invalid_load("llamacpp_args", why))?;
         engine_fields.insert("llama_server_extra_args".to_owned(), Value::from(args));
     }
     if let Some(build) = body.llamacpp_backend.as_deref().filter(|b| !b.trim().is_empty()) {
@@ -358,4 +357,22 @@ pub(crate) async fn unload(ctx: Ctx) -> Result<Response, ApiError> {
         None => manager.unload_all().await,
     };
     Ok(json_response(StatusCode::OK, &UnloadResponse { status: StatusOk::Value, unloaded }))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_documented_request_flags_are_the_allowed_ones() {
+        let source = include_str!("multi_model.rs");
+        let doc: String = source
+            .lines()
+            .skip_while(|l| !l.contains("Extra llama-server arguments for this load"))
+            .take_while(|l| l.trim_start().starts_with("///"))
+            .map(|l| l.trim_start().trim_start_matches("///"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let listed = doc.split("accepted: `").nth(1).and_then(|rest| rest.split('`').next());
+        let listed: Vec<&str> = listed.unwrap_or_default().split_whitespace().collect();
+        assert_eq!(listed, hangar_config::LLAMA_SERVER_REQUEST_ARGS, "the OpenAPI text lists them");
+    }
 }

@@ -670,6 +670,17 @@ async fn load_maps_llamacpp_args_and_backend_onto_llama_server_overrides() {
         (json!({ "model_name": "server", "llamacpp_args": "--host=0.0.0.0" }), "`--host`"),
         (json!({ "model_name": "server", "llamacpp_args": ["-m", "/other.gguf"] }), "`-m`"),
         (json!({ "model_name": "server", "llamacpp_args": ["--model=/other.gguf"] }), "`--model`"),
+        // Only flags that touch neither files, the network nor the engine's auth.
+        (json!({ "model_name": "server", "llamacpp_args": "--log-file /tmp/x" }), "`--log-file`"),
+        (json!({ "model_name": "server", "llamacpp_args": "-hf org/model" }), "`-hf`"),
+        (json!({ "model_name": "server", "llamacpp_args": "--lora a.gguf" }), "`--lora`"),
+        (json!({ "model_name": "server", "llamacpp_args": "--path /" }), "`--path`"),
+        (
+            json!({ "model_name": "server", "llamacpp_args": "--slot-save-path s" }),
+            "`--slot-save-path`",
+        ),
+        (json!({ "model_name": "server", "llamacpp_args": "--api-key k" }), "`--api-key`"),
+        (json!({ "model_name": "server", "llamacpp_args": "--threads /etc/passwd" }), "paths"),
         (json!({ "model_name": "gguf", "llamacpp_backend": "vulkan" }), "only to llama_server"),
         (json!({ "model_name": "server", "llamacpp_backend": "rocm" }), "vulkan"),
     ];
