@@ -1,6 +1,11 @@
 //! The one supervisor of every engine process: spawn in its own process group with death
 //! tied to Hangar's, output captured line by line, exit watched, stop with SIGTERM then
 //! SIGKILL of the whole group. No zombies: a thread per child waits for it.
+//!
+//! A group is signalled only while its leader is unreaped: the waiting thread first sees
+//! the exit without reaping (`waitid` with `WNOWAIT`), kills what is left of the group while
+//! the zombie leader still holds its pid (so the id cannot name another process), then
+//! reaps it under the same lock every signal takes. No `killpg` can race with pid reuse.
 
 use std::io::{BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +16,7 @@ use std::time::Duration;
 use hangar_backend::{LogStream, ModelLogs};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
-use nix::sys::wait::{WaitStatus, waitpid};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::Pid;
 use tokio::sync::{Notify, oneshot, watch};
 
@@ -98,13 +103,10 @@ impl Spawner {
         ];
         let (exit_tx, exit_rx) = watch::channel(None);
         let logs_for_exit = logs.clone();
+        let group = Arc::new(Group { pid, reaped: Mutex::new(false) });
+        let reaper = Arc::clone(&group);
         std::thread::Builder::new().name(format!("wait-{pid}")).spawn(move || {
-            let status = loop {
-                match waitpid(pid, None) {
-                    Err(Errno::EINTR) => {}
-                    other => break other,
-                }
-            };
+            let status = reaper.wait_and_reap();
             // The output readers end at the pipes' EOF: join them so the last lines are in
             // the log before the exit is announced.
             for reader in readers {
@@ -114,7 +116,47 @@ impl Spawner {
             logs_for_exit.push(replica, LogStream::Hangar, format!("pid {pid} {status}"));
             let _ = exit_tx.send(Some(status));
         })?;
-        Ok(Child { pid, exit: exit_rx, ready_hint, logs: logs.clone(), replica })
+        Ok(Child { pid, group, exit: exit_rx, ready_hint, logs: logs.clone(), replica })
+    }
+}
+
+/// A child's process group, signalled only while its leader is unreaped.
+struct Group {
+    pid: Pid,
+    /// Set, under this lock, when the leader has been reaped: from then on its pid may
+    /// name another process, and the group is never signalled again.
+    reaped: Mutex<bool>,
+}
+
+impl Group {
+    /// Sends `signal` to the group unless its leader has been reaped; whether it was sent.
+    fn signal(&self, signal: Signal) -> bool {
+        let reaped = self.reaped.lock().unwrap_or_else(PoisonError::into_inner);
+        !*reaped && killpg(self.pid, signal).is_ok()
+    }
+
+    /// Waits for the leader's exit without reaping it, kills the rest of its group (the
+    /// zombie leader keeps the group's id from being reused), then reaps it.
+    fn wait_and_reap(&self) -> nix::Result<WaitStatus> {
+        let seen = loop {
+            match waitid(Id::Pid(self.pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+                Err(Errno::EINTR) => {}
+                other => break other,
+            }
+        };
+        let mut reaped = self.reaped.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.is_ok() {
+            // Stragglers (an engine's own workers) die with their leader.
+            let _ = killpg(self.pid, Signal::SIGKILL);
+        }
+        let status = loop {
+            match waitpid(self.pid, None) {
+                Err(Errno::EINTR) => {}
+                other => break other,
+            }
+        };
+        *reaped = true;
+        status
     }
 }
 
@@ -183,6 +225,7 @@ fn describe(status: WaitStatus) -> String {
 /// A running (or ended) engine process.
 pub struct Child {
     pid: Pid,
+    group: Arc<Group>,
     exit: watch::Receiver<Option<String>>,
     /// Notified when the child prints a line that says it listens.
     pub(crate) ready_hint: Arc<Notify>,
@@ -228,21 +271,20 @@ impl Child {
     }
 
     /// SIGTERM to the child's process group, SIGKILL after `grace`; returns once the child
-    /// has been reaped. Stragglers of the group get SIGKILL too.
+    /// has been reaped. Stragglers of the group get SIGKILL when the leader exits.
     pub async fn stop(&self, grace: Duration) {
         if self.exited().is_none() {
-            let _ = killpg(self.pid, Signal::SIGTERM);
+            self.group.signal(Signal::SIGTERM);
             if self.wait_for(grace).await.is_none() {
                 self.logs.push(
                     self.replica,
                     LogStream::Hangar,
                     format!("pid {} ignored SIGTERM for {grace:?}: SIGKILL", self.pid),
                 );
-                let _ = killpg(self.pid, Signal::SIGKILL);
-                self.wait().await;
+                self.group.signal(Signal::SIGKILL);
             }
         }
-        let _ = killpg(self.pid, Signal::SIGKILL);
+        self.wait().await;
     }
 
     /// The child's process id (also its process group id).
@@ -254,8 +296,67 @@ impl Child {
 impl Drop for Child {
     /// A child whose runtime is dropped without `unload` does not outlive it.
     fn drop(&mut self) {
-        if self.exited().is_none() {
-            let _ = killpg(self.pid, Signal::SIGKILL);
+        self.group.signal(Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::Launch;
+
+    fn shell(script: &str) -> Launch {
+        Launch {
+            program: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: Vec::new(),
+            library_path: None,
+            host: "127.0.0.1".into(),
+            port: 0,
+            api_key: None,
         }
+    }
+
+    /// Whether `pid` runs (a zombie waiting for a reaper that is not us does not).
+    fn running(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stragglers_die_with_their_leader_and_a_reaped_group_is_never_signalled() {
+        let spawner = Spawner::new();
+        let logs = ModelLogs::default();
+        // The leader starts a sleeper in its group, prints its pid and exits on its own.
+        let child = spawner.spawn(&shell("sleep 300 & echo $!; exit 0"), "m", 0, &logs).await;
+        let child = child.unwrap();
+        let status = child.wait_for(Duration::from_secs(20)).await.expect("the leader exits");
+        assert_eq!(status, "exited with status 0");
+        let straggler: i32 = logs
+            .tail(10)
+            .iter()
+            .find(|l| l.stream == LogStream::Stdout)
+            .and_then(|l| l.line.parse().ok())
+            .expect("the sleeper's pid");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while running(straggler) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!running(straggler), "pid {straggler} outlived its group's leader");
+        // The leader is reaped: its pid may be another process's now, so nothing is sent.
+        assert!(!child.group.signal(Signal::SIGKILL));
+        child.stop(Duration::from_millis(100)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_running_group_is_signalled_and_stop_reaps_it() {
+        let spawner = Spawner::new();
+        let logs = ModelLogs::default();
+        let child = spawner.spawn(&shell("exec sleep 300"), "m", 0, &logs).await.unwrap();
+        assert!(running(child.pid()));
+        child.stop(Duration::from_secs(5)).await;
+        assert_eq!(child.exited().as_deref(), Some("was killed by signal 15 (SIGTERM)"));
+        assert!(!child.group.signal(Signal::SIGTERM));
     }
 }
