@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 use hangar_backend::stub::StubBackend;
 use hangar_backend_bridge::BridgeBackend;
 use hangar_backend_process::{ProcessBackend, RemoteBackend};
-use hangar_config::{BackendKind, Config, MaxLoadedModels, ModelName, Secret};
+use hangar_config::{BackendKind, ChildEnv, Config, MaxLoadedModels, ModelName, Secret};
 use hangar_runtime::{Backends, Manager};
 use hangar_server::{HangarService, ServerOptions};
 use tokio::net::TcpListener;
@@ -148,15 +148,17 @@ fn effective_config(args: &ServeArgs) -> Result<Config> {
 
 /// The engines compiled into this build. Models of other backends fail to load with
 /// `backend_unavailable`.
-fn backends() -> Backends {
+/// Engine children get the part of Hangar's environment that `children` passes.
+fn backends(children: &ChildEnv) -> Backends {
+    let bridge = |kind| BridgeBackend::new(kind).with_child_env(children.clone());
     let backends = Backends::new()
         .with(Arc::new(StubBackend::new()))
-        .with(Arc::new(ProcessBackend::llama_server()))
-        .with(Arc::new(ProcessBackend::vllm_serve()))
+        .with(Arc::new(ProcessBackend::llama_server().with_child_env(children.clone())))
+        .with(Arc::new(ProcessBackend::vllm_serve().with_child_env(children.clone())))
         .with(Arc::new(RemoteBackend))
-        .with(Arc::new(BridgeBackend::new(BackendKind::Ct2)))
-        .with(Arc::new(BridgeBackend::new(BackendKind::ExLlamaV3)))
-        .with(Arc::new(BridgeBackend::new(BackendKind::Vllm)));
+        .with(Arc::new(bridge(BackendKind::Ct2)))
+        .with(Arc::new(bridge(BackendKind::ExLlamaV3)))
+        .with(Arc::new(bridge(BackendKind::Vllm)));
     #[cfg(feature = "llama-cpp")]
     let backends = match llama_backend() {
         Ok(llama) => backends.with(Arc::new(hangar_backend_llamacpp::LlamaCppBackend::new(llama))),
@@ -209,7 +211,7 @@ async fn serve(mut config: Config, insecure_no_admin_key: bool) -> Result<ExitCo
     }
     let listeners = if config.grpc_port == 0 { 1 } else { 2 };
     crate::nofile::raise(config.connections.max_connections.get(), listeners);
-    let manager = Manager::new(&config, backends());
+    let manager = Manager::new(&config, backends(&config.children));
     // NVML, initialised once; without a driver GPU telemetry says why it is unavailable.
     let gpu = hangar_gpu::probe();
     match gpu.read() {

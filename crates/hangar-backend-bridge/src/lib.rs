@@ -94,6 +94,13 @@ impl BridgeBackend {
         self
     }
 
+    /// The same engine whose workers get the variables of Hangar's environment that
+    /// `inherit` passes (`children`), never `HANGAR_*`.
+    pub fn with_child_env(mut self, inherit: hangar_config::ChildEnv) -> Self {
+        self.spawner = Spawner::with_env(inherit);
+        self
+    }
+
     /// The same engine with other timings.
     pub fn with_timing(mut self, timing: Timing) -> Self {
         self.timing = timing;
@@ -148,7 +155,8 @@ impl Backend for BridgeBackend {
         let launch = program.launch(&python, &["--check", self.engine()]);
         let output = tokio::process::Command::new(&launch.program)
             .args(&launch.args)
-            .envs(launch.env.iter().map(|(k, v)| (k, v)))
+            .env_clear()
+            .envs(self.spawner.environment(&launch.env))
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true)
             .output();

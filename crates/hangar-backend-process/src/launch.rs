@@ -20,7 +20,8 @@ pub struct Launch {
     pub program: String,
     /// Its arguments.
     pub args: Vec<String>,
-    /// Extra environment variables (the API key travels here, never in argv).
+    /// Extra environment variables (the API key travels here, never in argv, which every
+    /// local user can read in `/proc/<pid>/cmdline`).
     pub env: Vec<(String, String)>,
     /// Prepended to `LD_LIBRARY_PATH`.
     pub library_path: Option<String>,
@@ -28,7 +29,8 @@ pub struct Launch {
     pub host: String,
     /// Its port.
     pub port: u16,
-    /// The bearer key the child requires, if any.
+    /// The bearer key the child requires: the configured one, else a fresh random key only
+    /// Hangar knows.
     pub api_key: Option<String>,
 }
 
@@ -118,8 +120,8 @@ pub fn llama_server(
         ModelType::Llm => {}
     }
     args.0.extend(s.llama_server_extra_args.iter().flatten().cloned());
-    let api_key = s.llama_server_api_key.as_ref().map(|k| k.expose().to_owned());
-    let env = api_key.iter().map(|k| ("LLAMA_API_KEY".to_owned(), k.clone())).collect();
+    let api_key = child_key(s.llama_server_api_key.as_ref())?;
+    let env = vec![("LLAMA_API_KEY".to_owned(), api_key.clone())];
     Ok(Launch {
         program,
         args: args.0,
@@ -127,7 +129,7 @@ pub fn llama_server(
         library_path: s.llama_server_library_path.clone(),
         host,
         port,
-        api_key,
+        api_key: Some(api_key),
     })
 }
 
@@ -161,10 +163,11 @@ pub fn vllm_serve(model: &ModelConfig, replica: u32, free_port: u16) -> Result<L
     args.push2("--served-model-name", model.name.as_str());
     engine_args(engine, &mut args);
     args.0.extend(serve.vllm_extra_args.iter().flatten().cloned());
-    let api_key = serve.vllm_api_key.as_ref().map(|k| k.expose().to_owned());
+    let api_key = child_key(serve.vllm_api_key.as_ref())?;
     let mut env: Vec<(String, String)> =
         serve.vllm_env.iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect();
-    env.extend(api_key.iter().map(|k| ("VLLM_API_KEY".to_owned(), k.clone())));
+    env.retain(|(k, _)| k != "VLLM_API_KEY");
+    env.push(("VLLM_API_KEY".to_owned(), api_key.clone()));
     Ok(Launch {
         program,
         args: args.0,
@@ -172,8 +175,24 @@ pub fn vllm_serve(model: &ModelConfig, replica: u32, free_port: u16) -> Result<L
         library_path: serve.vllm_library_path.clone(),
         host,
         port,
-        api_key,
+        api_key: Some(api_key),
     })
+}
+
+/// The key a child requires of every request: the configured one (the config's author may
+/// want to reach the engine directly), else 32 random bytes in hex, made for this child alone.
+///
+/// # Errors
+/// [`LoadError::Failed`] when the system has no randomness to give.
+fn child_key(configured: Option<&hangar_config::Secret>) -> Result<String, LoadError> {
+    if let Some(key) = configured {
+        return Ok(key.expose().to_owned());
+    }
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| LoadError::Failed {
+        message: format!("no random bytes for the engine's API key: {e}"),
+    })?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// What `vllm serve` loads: `vllm_model`, else `model_path`.

@@ -21,6 +21,7 @@
 //!   each replica two requests beyond its in-flight target.
 
 pub mod launch;
+mod owner;
 mod pool;
 mod runtime;
 mod spawn;
@@ -41,7 +42,7 @@ use hangar_config::{BackendKind, BackendSettings, ModelConfig};
 use serde_json::Value;
 
 use crate::launch::Launch;
-use crate::runtime::{Engine, ForwardingRuntime, wait_ready};
+use crate::runtime::{Engine, ForwardingRuntime, NotReady, wait_ready};
 pub use crate::supervisor::{Child, Spawner};
 use crate::upstream::Upstream;
 
@@ -73,6 +74,13 @@ impl ProcessBackend {
     /// The `vllm_serve` engine.
     pub fn vllm_serve() -> Self {
         Self { kind: BackendKind::VllmServe, spawner: Spawner::new(), grace: STOP_GRACE }
+    }
+
+    /// The same engine whose children get the variables of Hangar's environment that
+    /// `inherit` passes (`children`), never `HANGAR_*`.
+    pub fn with_child_env(mut self, inherit: hangar_config::ChildEnv) -> Self {
+        self.spawner = Spawner::with_env(inherit);
+        self
     }
 
     /// The same engine with another SIGTERM → SIGKILL grace period.
@@ -111,22 +119,31 @@ impl ProcessBackend {
             })?;
             let child = Arc::new(child);
             let limit = model.load_timeout();
-            match wait_ready(&child, &upstream, &launch.health_url(), limit).await {
+            let health = launch.health_url();
+            let why = match wait_ready(&child, &upstream, (&health, launch.port), limit).await {
                 Ok(()) => return Ok((launch, upstream, child)),
-                Err(why) => {
-                    child.stop(self.grace).await;
-                    if picked && attempt < PORT_ATTEMPTS && lost_port(&why) {
-                        let line = format!(
-                            "port {} was taken before the engine could bind it; starting it again on another port",
-                            launch.port
-                        );
-                        logs.push(replica, LogStream::Hangar, line);
-                        continue;
-                    }
-                    let message = format!("`{}`: {why}", launch.program);
-                    return Err(LoadError::Failed { message });
-                }
+                Err(why) => why,
+            };
+            child.stop(self.grace).await;
+            let lost = match &why {
+                NotReady::Failed(why) => lost_port(why),
+                NotReady::PortTaken(_) => true,
+            };
+            if picked && attempt < PORT_ATTEMPTS && lost {
+                let line = format!(
+                    "port {} was taken before the engine could bind it; starting it again on another port",
+                    launch.port
+                );
+                logs.push(replica, LogStream::Hangar, line);
+                continue;
             }
+            let program = &launch.program;
+            return Err(match why {
+                NotReady::Failed(why) => {
+                    LoadError::Failed { message: format!("`{program}`: {why}") }
+                }
+                NotReady::PortTaken(message) => LoadError::PortTaken { port: launch.port, message },
+            });
         }
         unreachable!("the last attempt returns")
     }

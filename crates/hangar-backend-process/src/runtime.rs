@@ -14,6 +14,7 @@ use hangar_backend::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::owner::Owner;
 use crate::supervisor::{Child, Spawner};
 use crate::upstream::{Explain, Upstream};
 
@@ -46,33 +47,52 @@ pub(crate) struct Engine {
     pub(crate) _spawner: Arc<Spawner>,
 }
 
-/// Waits until the child answers 200 on its health route: polled at once after each line
-/// that says it listens, else with a growing pause, until `limit`.
+/// Why a child did not become ready.
+#[derive(Debug)]
+pub(crate) enum NotReady {
+    /// It exited, or `load_timeout_s` passed: the reason, with its last output.
+    Failed(String),
+    /// Another process listens on its port: what answered was not the engine.
+    PortTaken(String),
+}
+
+/// Waits until the child answers 200 on its health route from a socket of its own (see
+/// [`owner`](crate::owner)): polled at once after each line that says it listens, else with
+/// a growing pause, until `limit`.
 ///
 /// # Errors
-/// Why it is not ready: it exited (with its last output) or `limit` passed.
+/// Why it is not ready: it exited (with its last output), `limit` passed, or a process
+/// outside the child's tree listens on `port`.
 pub(crate) async fn wait_ready(
     child: &Child,
     upstream: &Upstream,
-    url: &str,
+    (url, port): (&str, u16),
     limit: Duration,
-) -> Result<(), String> {
+) -> Result<(), NotReady> {
     let deadline = Instant::now() + limit;
     let mut pause = POLL_FIRST;
     loop {
         if let Some(status) = child.exited() {
-            return Err(format!("it exited before it was ready: {}", child.obituary(&status)));
+            let why = format!("it exited before it was ready: {}", child.obituary(&status));
+            return Err(NotReady::Failed(why));
         }
         if upstream.probe(url, Duration::from_secs(2)).await == Ok(200) {
-            return Ok(());
+            match crate::owner::owner(child.pid(), port) {
+                Owner::Child => return Ok(()),
+                Owner::Stranger(holders) => {
+                    return Err(NotReady::PortTaken(squatter(port, child.pid(), &holders)));
+                }
+                // The socket that answered closed since: the child's exit or its bind says more.
+                Owner::Nobody => {}
+            }
         }
         let now = Instant::now();
         if now >= deadline {
             let secs = limit.as_secs_f64();
-            return Err(format!(
+            return Err(NotReady::Failed(format!(
                 "it was not ready after {secs} s (load_timeout_s): {}",
                 child.obituary("was stopped")
-            ));
+            )));
         }
         tokio::select! {
             () = child.ready_hint.notified() => pause = POLL_FIRST,
@@ -80,6 +100,21 @@ pub(crate) async fn wait_ready(
             _ = child.wait() => {}
         }
     }
+}
+
+/// "port 8081 answers, but not from the engine (pid 41): it is held by pid 40 (`nc`)".
+fn squatter(port: u16, pid: i32, holders: &[(i32, String)]) -> String {
+    let held = if holders.is_empty() {
+        "by a process Hangar cannot see (another user's)".to_owned()
+    } else {
+        let named: Vec<String> =
+            holders.iter().map(|(p, comm)| format!("pid {p} (`{comm}`)")).collect();
+        format!("by {}", named.join(", "))
+    };
+    format!(
+        "port {port} answers, but not from the engine (pid {pid}): it is held {held}; \
+         nothing was sent to it"
+    )
 }
 
 /// Explains a broken connection: a crash when the child has exited (within

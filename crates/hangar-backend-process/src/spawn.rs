@@ -21,6 +21,7 @@ use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
 use std::ptr;
 
+use hangar_config::ChildEnv;
 use libc::{c_char, c_int, c_void};
 
 /// The child's stack until it `exec`s: a few system calls deep.
@@ -43,8 +44,8 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// `program` (looked up on the child's `PATH` when it has no `/`) with `args`, in Hangar's
-    /// environment with `env` set over it.
+    /// `program` (looked up on the child's `PATH` when it has no `/`) with `args`, in the
+    /// part of Hangar's environment that `inherit` passes, with `env` set over it.
     ///
     /// # Errors
     /// A program not found on `PATH`, or a NUL byte in an argument or variable.
@@ -52,11 +53,9 @@ impl Plan {
         program: &str,
         args: &[String],
         env: &[(String, String)],
+        inherit: &ChildEnv,
     ) -> io::Result<Self> {
-        let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
-            .filter(|(k, _)| !env.iter().any(|(set, _)| OsStr::new(set) == k))
-            .collect();
-        vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+        let vars = environment(inherit, env);
         let path = resolve(program, vars.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v))?;
         let c = |bytes: Vec<u8>| {
             CString::new(bytes).map_err(|_| {
@@ -78,6 +77,19 @@ impl Plan {
             .collect::<io::Result<_>>()?;
         Ok(Self { path: c(path.into_os_string().into_vec())?, argv, envp })
     }
+}
+
+/// A child's environment: Hangar's variables that `inherit` passes, then `env` (which wins).
+pub(crate) fn environment(
+    inherit: &ChildEnv,
+    env: &[(String, String)],
+) -> Vec<(OsString, OsString)> {
+    let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| k.to_str().is_some_and(|k| inherit.passes(k)))
+        .filter(|(k, _)| !env.iter().any(|(set, _)| OsStr::new(set) == k))
+        .collect();
+    vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+    vars
 }
 
 /// `program` itself when it names a path, else the first executable file of that name in
@@ -259,7 +271,7 @@ mod tests {
     fn run(program: &str, args: &[&str], env: &[(&str, &str)]) -> io::Result<Spawned> {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let env: Vec<_> = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        spawn(&Plan::new(program, &args, &env)?)
+        spawn(&Plan::new(program, &args, &env, &ChildEnv::default())?)
     }
 
     fn wait(pid: i32) -> WaitStatus {
@@ -323,6 +335,6 @@ mod tests {
         let denied = run(file.to_str().unwrap(), &[], &[]).err().unwrap();
         assert_eq!(denied.kind(), io::ErrorKind::PermissionDenied, "{denied}");
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(Plan::new("sh", &["a\0b".to_owned()], &[]).is_err());
+        assert!(Plan::new("sh", &["a\0b".to_owned()], &[], &ChildEnv::default()).is_err());
     }
 }

@@ -7,6 +7,7 @@
 //! the zombie leader still holds its pid (so the id cannot name another process), then
 //! reaps it under the same lock every signal takes. No `killpg` can race with pid reuse.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
@@ -14,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use hangar_backend::{LogStream, ModelLogs};
+use hangar_config::ChildEnv;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
@@ -36,11 +38,21 @@ type SpawnJob = Box<dyn FnOnce() + Send>;
 /// The thread children are started from. A child's death signal fires when the thread that
 /// spawned it ends, so children are spawned from this one long-lived thread, which ends only
 /// when the last backend or runtime holding it is gone (Hangar exits: every child dies).
-pub struct Spawner(Mutex<std_mpsc::Sender<SpawnJob>>);
+pub struct Spawner {
+    jobs: Mutex<std_mpsc::Sender<SpawnJob>>,
+    /// Which of Hangar's environment variables the children get.
+    inherit: ChildEnv,
+}
 
 impl Spawner {
-    /// Starts the spawner thread.
+    /// Starts the spawner thread; children get the built-in list of Hangar's variables.
     pub fn new() -> Arc<Self> {
+        Self::with_env(ChildEnv::default())
+    }
+
+    /// Starts the spawner thread; children get the variables of Hangar's that `inherit`
+    /// passes, never `HANGAR_*`.
+    pub fn with_env(inherit: ChildEnv) -> Arc<Self> {
         let (tx, rx) = std_mpsc::channel::<SpawnJob>();
         std::thread::Builder::new()
             .name("hangar-spawner".into())
@@ -50,7 +62,7 @@ impl Spawner {
                 }
             })
             .expect("the spawner thread starts");
-        Arc::new(Self(Mutex::new(tx)))
+        Arc::new(Self { jobs: Mutex::new(tx), inherit })
     }
 
     /// Starts `launch` as replica `replica` of `model`: its own process group, SIGKILL when
@@ -71,12 +83,12 @@ impl Spawner {
             let joined = if old.is_empty() { lib.clone() } else { format!("{lib}:{old}") };
             env.push(("LD_LIBRARY_PATH".to_owned(), joined));
         }
-        let plan = Plan::new(&launch.program, &launch.args, &env)?;
+        let plan = Plan::new(&launch.program, &launch.args, &env, &self.inherit)?;
         let (tx, rx) = oneshot::channel();
         let job: SpawnJob = Box::new(move || {
             let _ = tx.send(crate::spawn::spawn(&plan));
         });
-        self.0
+        self.jobs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .send(job)
@@ -117,6 +129,12 @@ impl Spawner {
             let _ = exit_tx.send(Some(status));
         })?;
         Ok(Child { pid, group, exit: exit_rx, ready_hint, logs: logs.clone(), replica })
+    }
+
+    /// The environment a child of this spawner gets with `env` set over it (for a helper
+    /// process started another way, such as a bridge's package check).
+    pub fn environment(&self, env: &[(String, String)]) -> Vec<(OsString, OsString)> {
+        crate::spawn::environment(&self.inherit, env)
     }
 }
 

@@ -219,3 +219,33 @@ fn vllm_serve_targets_model_path_without_vllm_model() {
     let launch = vllm(json!({ "model_path": "/models/gemma" })).unwrap();
     assert_eq!(&args(&launch)[..2], ["serve", "/models/gemma"]);
 }
+
+#[test]
+fn without_a_configured_key_each_child_gets_a_fresh_random_one_in_its_environment_only() {
+    for (launches, var) in [
+        ([llama(json!({})).unwrap(), llama(json!({})).unwrap()], "LLAMA_API_KEY"),
+        (
+            [
+                vllm(json!({ "model_path": "/m" })).unwrap(),
+                vllm(json!({ "model_path": "/m" })).unwrap(),
+            ],
+            "VLLM_API_KEY",
+        ),
+    ] {
+        let keys: Vec<&str> = launches.iter().map(|l| l.api_key.as_deref().unwrap()).collect();
+        for (launch, key) in launches.iter().zip(&keys) {
+            assert_eq!(key.len(), 64, "32 random bytes in hex: {key}");
+            assert!(key.bytes().all(|b| b.is_ascii_hexdigit()));
+            assert_eq!(launch.env.iter().filter(|(k, v)| k == var && v == key).count(), 1);
+            assert!(!launch.args.iter().any(|a| a.contains(key)), "{:?}", launch.args);
+            assert!(!launch.command_line().contains(key));
+        }
+        assert_ne!(keys[0], keys[1], "two children share a key");
+    }
+    // A `VLLM_API_KEY` in `vllm_env` does not override the child's key.
+    let launch =
+        vllm(json!({ "model_path": "/m", "vllm_env": { "VLLM_API_KEY": "weak" } })).unwrap();
+    let keys: Vec<&str> =
+        launch.env.iter().filter(|(k, _)| k == "VLLM_API_KEY").map(|(_, v)| v.as_str()).collect();
+    assert_eq!(keys, [launch.api_key.as_deref().unwrap()]);
+}

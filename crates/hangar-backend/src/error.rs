@@ -21,6 +21,15 @@ pub enum LoadError {
         /// The engine's reason.
         message: String,
     },
+    /// Another process listens on the engine's port: what answered there was not the engine
+    /// Hangar started, and nothing was sent to it. Evicting models does not free the port.
+    #[error("port taken: {message}")]
+    PortTaken {
+        /// The port.
+        port: u16,
+        /// Who holds it, where Hangar could see.
+        message: String,
+    },
     /// No adapter for this backend kind is compiled into this build.
     #[error("backend {kind} is not available in this build")]
     BackendUnavailable {
@@ -37,6 +46,8 @@ pub enum LoadErrorCode {
     NotFound,
     /// [`LoadError::Failed`].
     LoadFailed,
+    /// [`LoadError::PortTaken`].
+    PortTaken,
     /// [`LoadError::BackendUnavailable`].
     BackendUnavailable,
 }
@@ -47,6 +58,7 @@ impl LoadError {
         match self {
             Self::NotFound { .. } => LoadErrorCode::NotFound,
             Self::Failed { .. } => LoadErrorCode::LoadFailed,
+            Self::PortTaken { .. } => LoadErrorCode::PortTaken,
             Self::BackendUnavailable { .. } => LoadErrorCode::BackendUnavailable,
         }
     }
@@ -54,6 +66,12 @@ impl LoadError {
     /// Whether this failure is "the artifact does not exist", which evicts nothing.
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::NotFound { .. })
+    }
+
+    /// Whether evicting other models could let a second try succeed: not when the artifact
+    /// is missing or another process holds the engine's port.
+    pub fn eviction_may_help(&self) -> bool {
+        !matches!(self, Self::NotFound { .. } | Self::PortTaken { .. })
     }
 }
 

@@ -9,6 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::children::{ChildEnv, ChildrenFields};
 use crate::connections::{ConnectionLimits, ConnectionsFields};
 use crate::http::{HttpFields, HttpPolicy};
 use crate::kinds::{BackendKind, ModelType};
@@ -107,6 +108,9 @@ pub(crate) struct SettingsFields {
     pub(crate) limits: Option<LimitsFields>,
     /// How many connections each listener holds and how long a connection may be slow.
     pub(crate) connections: Option<ConnectionsFields>,
+    /// What of Hangar's environment the engine processes it starts get, beyond the built-in
+    /// list; `HANGAR_*` never.
+    pub(crate) children: Option<ChildrenFields>,
     /// Directory for Hangar's own state (the VRAM each model was measured to take), created
     /// when missing; relative to the working directory. Nothing persists across restarts
     /// when unset.
@@ -149,6 +153,9 @@ impl Section for SettingsFields {
         }
         if let Some(c) = &self.connections {
             c.check(&mut p.nested("connections"));
+        }
+        if let Some(c) = &self.children {
+            c.check(&mut p.nested("children"));
         }
         p.non_empty("state_dir", self.state_dir.as_deref());
         match self.vram_budget.as_ref().map(VramBudget::parse) {
@@ -339,6 +346,8 @@ pub struct Config {
     pub limits: Limits,
     /// What each listener allows its connections.
     pub connections: ConnectionLimits,
+    /// Which of Hangar's environment variables engine children get.
+    pub children: ChildEnv,
     /// Where Hangar keeps its own state across restarts; nowhere when `None`.
     pub state_dir: Option<PathBuf>,
     /// GPU memory models may fill; no admission by memory when `None`.
@@ -384,6 +393,7 @@ impl Config {
                 ("http", check_nested::<HttpFields>),
                 ("limits", check_nested::<LimitsFields>),
                 ("connections", check_nested::<ConnectionsFields>),
+                ("children", check_nested::<ChildrenFields>),
             ],
             &mut errors,
         );
@@ -447,6 +457,7 @@ impl Config {
             http: s.http.unwrap_or_default().into(),
             limits: s.limits.unwrap_or_default().into(),
             connections: s.connections.unwrap_or_default().into(),
+            children: child_env(s.children.unwrap_or_default(), &models),
             state_dir: s.state_dir.map(PathBuf::from),
             // Checked by `SettingsFields::check`.
             vram_budget: s.vram_budget.as_ref().and_then(|v| VramBudget::parse(v).ok()),
@@ -488,11 +499,27 @@ impl Config {
             "http": self.http.to_json(),
             "limits": self.limits.to_json(),
             "connections": self.connections.to_json(),
+            "children": self.children.to_json(),
             "state_dir": self.state_dir,
             "vram_budget": self.vram_budget.as_ref().map(VramBudget::to_json),
             "models": models,
         })
     }
+}
+
+/// `children` with every model's `openai_api_key_env` among the secret names: the variable
+/// a remote model's key is read from never reaches an engine child.
+fn child_env(fields: ChildrenFields, models: &[ModelConfig]) -> ChildEnv {
+    let mut env = ChildEnv::from(fields);
+    for model in models {
+        if let crate::BackendSettings::OpenaiRemote(remote) = &model.settings
+            && let Some(var) = &remote.openai_api_key_env
+            && !env.secret_env.contains(var)
+        {
+            env.secret_env.push(var.clone());
+        }
+    }
+    env
 }
 
 #[cfg(test)]

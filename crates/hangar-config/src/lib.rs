@@ -33,6 +33,7 @@
 //! assert_eq!(config.model("qwen").unwrap().definition()["gguf_n_ctx"], 8192);
 //! ```
 
+mod children;
 mod config;
 mod connections;
 mod constraint;
@@ -50,6 +51,7 @@ mod sections;
 mod validate;
 mod vram;
 
+pub use children::{CHILD_ENV, ChildEnv, HANGAR_ENV};
 pub use config::{
     Config, ConfigError, DEFAULT_ADMIN_LOCK_TIMEOUT_S, DEFAULT_GRPC_PORT, DEFAULT_MAX_QUEUE_DEPTH,
     DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, DEFAULT_QUARANTINE_BACKOFF_S,

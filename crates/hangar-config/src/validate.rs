@@ -63,6 +63,12 @@ impl<'a> Problems<'a> {
         self.errors
     }
 
+    /// A problem with item `index` of the list `field` (`base.field[index]`).
+    pub(crate) fn push_item(&mut self, field: &str, index: usize, message: impl Into<String>) {
+        let path = format!("{}[{index}]", join_path(&self.base, field));
+        self.errors.push(ValidationError { path, message: message.into() });
+    }
+
     pub(crate) fn push(&mut self, field: &str, message: impl Into<String>) {
         self.errors
             .push(ValidationError { path: join_path(&self.base, field), message: message.into() });

@@ -288,8 +288,8 @@ impl Manager {
         entry.notify();
     }
 
-    /// Loads the replicas; after a failure other than not-found, evicts every other model
-    /// and tries once more.
+    /// Loads the replicas; after a failure that eviction may cure (not a missing artifact nor
+    /// a taken port), evicts every other model and tries once more.
     async fn load_with_retry(
         &self,
         entry: &Arc<ModelEntry>,
@@ -298,7 +298,7 @@ impl Manager {
     ) -> Result<Vec<Arc<dyn Runtime>>, String> {
         let first = match self.load_replicas(entry, model, replicas).await {
             Ok(runtimes) => return Ok(runtimes),
-            Err(e) if e.is_not_found() => return Err(e.to_string()),
+            Err(e) if !e.eviction_may_help() => return Err(e.to_string()),
             Err(e) => e,
         };
         match plan_retry_after_failure(
