@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hangar_backend::{ForwardRequest, ForwardResponse, ForwardRoute, RuntimeError, ThinkingMode};
-use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue};
+use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
 use http::{Method, Request, Uri};
 use http_body_util::Full;
 use serde_json::{Map, Value};
@@ -117,6 +117,7 @@ impl Upstream {
         explain: impl Explain + Clone,
     ) -> Result<ForwardResponse, RuntimeError> {
         let uri = self.routes.get(request.route);
+        let limit = request.max_answer_bytes;
         let body = rewrite(request.body, self.rename.as_deref(), request.thinking);
         let upstream = self.request(Method::POST, uri, body);
         let mut body = match self.pool.send(upstream).await {
@@ -138,10 +139,17 @@ impl Upstream {
         }
         let streamed = content_type.as_deref().is_some_and(|t| t.starts_with("text/event-stream"));
         if !streamed {
-            // A JSON answer is read here, whole: no task and no channel hop per chunk.
+            // A JSON answer is read here, whole, up to `limit`: no task and no channel hop
+            // per chunk. One announced as larger is not read at all.
+            let announced = body.head.headers().get(CONTENT_LENGTH);
+            let announced = announced.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if announced.is_some_and(|n| n > limit) {
+                return Err(RuntimeError::AnswerTooLarge { limit });
+            }
             let (tx, rx) = mpsc::channel(1);
-            let whole = match read_whole(&mut body).await {
-                Ok(bytes) => Ok(bytes),
+            let whole = match read_whole(&mut body, limit).await {
+                Ok(Some(bytes)) => Ok(bytes),
+                Ok(None) => Err(RuntimeError::AnswerTooLarge { limit }),
                 Err(e) => Err(explain.explain(error_chain(&e)).await),
             };
             let _ = tx.try_send(whole);
@@ -193,21 +201,29 @@ impl Upstream {
     }
 }
 
-/// The whole body of `answer` (one chunk, the usual case for a JSON answer, is not copied).
-async fn read_whole(answer: &mut Answer) -> Result<Bytes, hyper::Error> {
+/// The whole body of `answer` (one chunk, the usual case for a JSON answer, is not copied);
+/// `None` once it passes `limit` bytes (dropping the answer then closes its connection).
+async fn read_whole(answer: &mut Answer, limit: u64) -> Result<Option<Bytes>, hyper::Error> {
+    let over = |n: usize| u64::try_from(n).map_or(true, |n| n > limit);
     let Some(first) = answer.next_chunk().await.transpose()? else {
-        return Ok(Bytes::new());
+        return Ok(Some(Bytes::new()));
     };
+    if over(first.len()) {
+        return Ok(None);
+    }
     let Some(second) = answer.next_chunk().await.transpose()? else {
-        return Ok(first);
+        return Ok(Some(first));
     };
     let mut whole = Vec::with_capacity(first.len() + second.len());
     whole.extend_from_slice(&first);
     whole.extend_from_slice(&second);
-    while let Some(chunk) = answer.next_chunk().await.transpose()? {
-        whole.extend_from_slice(&chunk);
+    while !over(whole.len()) {
+        match answer.next_chunk().await.transpose()? {
+            Some(chunk) => whole.extend_from_slice(&chunk),
+            None => return Ok(Some(Bytes::from(whole))),
+        }
     }
-    Ok(Bytes::from(whole))
+    Ok(None)
 }
 
 /// `uri`'s path and query alone: what an HTTP/1.1 request line carries to an origin server.

@@ -70,6 +70,7 @@ async fn a_child_serves_only_requests_that_carry_its_key_and_the_key_is_on_no_co
         route: ForwardRoute::ChatCompletions,
         body: Bytes::from_static(CHAT.as_bytes()),
         thinking: ThinkingMode::Default,
+        max_answer_bytes: hangar_config::DEFAULT_MAX_ANSWER_BYTES,
     };
     let mut answer = runtime.forward(request).await.expect("forwarded");
     assert_eq!(answer.status, 200);

@@ -82,6 +82,7 @@ fn chat(content: &str, stream: bool) -> ForwardRequest {
         route: ForwardRoute::ChatCompletions,
         body: Bytes::from(body.to_string()),
         thinking: ThinkingMode::Default,
+        max_answer_bytes: hangar_config::DEFAULT_MAX_ANSWER_BYTES,
     }
 }
 

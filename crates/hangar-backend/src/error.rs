@@ -114,6 +114,15 @@ pub enum RuntimeError {
         /// The engine's error message.
         message: String,
     },
+    /// A forwarding engine's answer was larger than Hangar reads (`limits.max_answer_bytes`):
+    /// it was cut and nothing of it reached the client.
+    #[error(
+        "the engine's answer is larger than {limit} bytes (limits.max_answer_bytes); it was cut"
+    )]
+    AnswerTooLarge {
+        /// The bound, in bytes.
+        limit: u64,
+    },
     /// The engine did not answer in time or could not be reached (still running).
     #[error("the engine is unavailable: {message}")]
     Unavailable {
@@ -138,6 +147,8 @@ pub enum RuntimeErrorCode {
     RuntimeError,
     /// [`RuntimeError::Upstream`].
     UpstreamError,
+    /// [`RuntimeError::AnswerTooLarge`].
+    UpstreamAnswerTooLarge,
     /// [`RuntimeError::Unavailable`].
     BackendUnavailable,
 }
@@ -152,6 +163,7 @@ impl RuntimeError {
             Self::Unsupported { .. } => RuntimeErrorCode::Unsupported,
             Self::Failed { .. } => RuntimeErrorCode::RuntimeError,
             Self::Upstream { .. } => RuntimeErrorCode::UpstreamError,
+            Self::AnswerTooLarge { .. } => RuntimeErrorCode::UpstreamAnswerTooLarge,
             Self::Unavailable { .. } => RuntimeErrorCode::BackendUnavailable,
         }
     }

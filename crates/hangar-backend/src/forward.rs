@@ -32,6 +32,9 @@ pub struct ForwardRequest {
     /// Hangar's request-level `thinking`, which the runtime translates for its engine
     /// (for example into `chat_template_kwargs.enable_thinking`).
     pub thinking: ThinkingMode,
+    /// Largest answer read whole (not streamed), in bytes (`limits.max_answer_bytes`); a
+    /// larger one is [`RuntimeError::AnswerTooLarge`](crate::RuntimeError::AnswerTooLarge).
+    pub max_answer_bytes: u64,
 }
 
 /// The engine's answer: status and content type as the engine sent them, and the body as it

@@ -6,7 +6,7 @@
 //! (`max_request_body_bytes`, 8 MiB) still admits millions of one-character embedding
 //! inputs or stop strings.
 
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroU64};
 use std::time::Duration;
 
 use schemars::JsonSchema;
@@ -30,6 +30,9 @@ pub const DEFAULT_MAX_STOP_SEQUENCE_BYTES: u32 = 1_024;
 pub const DEFAULT_MAX_MESSAGES: u32 = 4_096;
 /// Default `limits.max_tools`: four times OpenAI's 128 tools.
 pub const DEFAULT_MAX_TOOLS: u32 = 512;
+/// Default `limits.max_answer_bytes`, 256 MiB: above the largest answer the other caps let a
+/// request ask for (4,096 embeddings of 4,096 dimensions in JSON, about 200 MB).
+pub const DEFAULT_MAX_ANSWER_BYTES: u64 = 256 * 1024 * 1024;
 /// Default `limits.max_leases_per_model`.
 pub const DEFAULT_MAX_LEASES_PER_MODEL: u32 = 64;
 
@@ -61,6 +64,12 @@ pub(crate) struct LimitsFields {
     /// `too_many_leases`. Default 64.
     #[schemars(range(min = 1))]
     max_leases_per_model: Option<u32>,
+    /// Largest answer, in bytes, Hangar reads whole from a forwarding engine (`llama-server`,
+    /// `vllm serve`, a remote server); a larger one is cut and answered 502
+    /// `upstream_answer_too_large`. Streamed answers pass through chunk by chunk and are not
+    /// bounded. Default 268435456 (256 MiB).
+    #[schemars(range(min = 1))]
+    max_answer_bytes: Option<u64>,
     /// Seconds an admitted request may run (from the moment it gets its slot) before it is
     /// cancelled and answered 504 `deadline_exceeded` (a stream that already started ends
     /// with an error event). No deadline when unset.
@@ -80,6 +89,7 @@ impl Section for LimitsFields {
         p.at_least("max_tools", self.max_tools, 1);
         p.at_least("max_leases_per_model", self.max_leases_per_model, 1);
         p.at_least("request_timeout_s", self.request_timeout_s, 1);
+        p.at_least("max_answer_bytes", self.max_answer_bytes, 1);
     }
 }
 
@@ -103,6 +113,8 @@ pub struct Limits {
     pub max_leases_per_model: NonZeroU32,
     /// How long an admitted request may run; no deadline when `None`.
     pub request_timeout: Option<Duration>,
+    /// Largest answer read whole from a forwarding engine, in bytes.
+    pub max_answer_bytes: NonZeroU64,
 }
 
 impl Default for Limits {
@@ -129,6 +141,11 @@ impl From<LimitsFields> for Limits {
             max_tools: cap(f.max_tools, DEFAULT_MAX_TOOLS),
             max_leases_per_model: cap(f.max_leases_per_model, DEFAULT_MAX_LEASES_PER_MODEL),
             request_timeout: f.request_timeout_s.filter(|&s| s > 0).map(Duration::from_secs),
+            max_answer_bytes: f
+                .max_answer_bytes
+                .and_then(NonZeroU64::new)
+                .or(NonZeroU64::new(DEFAULT_MAX_ANSWER_BYTES))
+                .unwrap_or(NonZeroU64::MIN),
         }
     }
 }
@@ -145,6 +162,7 @@ impl Limits {
             "max_tools": self.max_tools,
             "max_leases_per_model": self.max_leases_per_model,
             "request_timeout_s": self.request_timeout.map(|d| d.as_secs()),
+            "max_answer_bytes": self.max_answer_bytes,
         })
     }
 }

@@ -292,6 +292,8 @@ pub enum ErrorCode {
     RuntimeError,
     /// A forwarding engine answered with an error of its own.
     UpstreamError,
+    /// A forwarding engine's answer was larger than `limits.max_answer_bytes`.
+    UpstreamAnswerTooLarge,
     /// The engine could not be reached or did not answer in time.
     BackendUnavailable,
     /// Another admin operation on the model held it longer than `admin_lock_timeout`.
@@ -369,6 +371,7 @@ impl ManagerError {
                 R::Unsupported => ErrorCode::Unsupported,
                 R::RuntimeError => ErrorCode::RuntimeError,
                 R::UpstreamError => ErrorCode::UpstreamError,
+                R::UpstreamAnswerTooLarge => ErrorCode::UpstreamAnswerTooLarge,
                 R::BackendUnavailable => ErrorCode::BackendUnavailable,
             },
         }

@@ -68,6 +68,9 @@ pub enum ErrorCode {
     /// 502: a forwarding engine (llama-server, vllm serve, a remote API) answered with an
     /// error of its own; the message carries its status and message.
     UpstreamError,
+    /// 502: a forwarding engine's answer was larger than `limits.max_answer_bytes`; it was
+    /// cut, and nothing of it reached the client.
+    UpstreamAnswerTooLarge,
     /// 503: the engine could not be reached or did not answer in time (it is still running).
     BackendUnavailable,
     /// 400: the requested `thinking` mode is not one of the model's `thinking_modes`.
@@ -159,7 +162,7 @@ impl ErrorCode {
             }
             DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             BackendCrashed | RuntimeError => StatusCode::INTERNAL_SERVER_ERROR,
-            UpstreamError => StatusCode::BAD_GATEWAY,
+            UpstreamError | UpstreamAnswerTooLarge => StatusCode::BAD_GATEWAY,
             Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             MethodNotAllowed | WouldPause => StatusCode::METHOD_NOT_ALLOWED,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,

@@ -47,6 +47,8 @@ const INFERENCE: &[ErrorCode] = &[
     RuntimeError,
     BackendCrashed,
     UpstreamError,
+    // A forwarding engine's answer over `limits.max_answer_bytes`.
+    UpstreamAnswerTooLarge,
     BackendUnavailable,
     // An auto-load waits for the model's admin lock like any load.
     AdminBusy,

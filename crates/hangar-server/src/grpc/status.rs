@@ -22,8 +22,16 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         | LimitExceeded => Code::InvalidArgument,
         StateConflict | RequestsActive | SlotsPinned => Code::FailedPrecondition,
         InsufficientVram => Code::ResourceExhausted,
-        ModelNotLoaded | ModelLoading | ModelUnloading | ModelFailed | BackendUnavailable
-        | UpstreamError | AdminBusy | GenerationAborted | ModelQuarantined => Code::Unavailable,
+        ModelNotLoaded
+        | ModelLoading
+        | ModelUnloading
+        | ModelFailed
+        | BackendUnavailable
+        | UpstreamError
+        | UpstreamAnswerTooLarge
+        | AdminBusy
+        | GenerationAborted
+        | ModelQuarantined => Code::Unavailable,
         QueueFull | PayloadTooLarge | TooManyLeases => Code::ResourceExhausted,
         DeadlineExceeded => Code::DeadlineExceeded,
         // Triton answers a failed load with INTERNAL too.

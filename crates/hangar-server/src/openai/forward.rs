@@ -65,7 +65,8 @@ async fn forward(
         }
     };
     let guard = ctx.state.manager.admit(&model, work).await?;
-    let request = ForwardRequest { route, body: ctx.body.clone(), thinking };
+    let max_answer_bytes = ctx.state.options.limits.max_answer_bytes.get();
+    let request = ForwardRequest { route, body: ctx.body.clone(), thinking, max_answer_bytes };
     let answer = guard.forward(request).await?;
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
     let content_type = answer.content_type.unwrap_or_else(|| "application/json".to_owned());
