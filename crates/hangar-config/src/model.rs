@@ -53,6 +53,12 @@ pub(crate) struct ModelFields {
     /// Unload the model after this many seconds with nothing running or queued; the global
     /// `idle_unload_seconds` when unset; never when neither is set.
     pub(crate) idle_unload_seconds: Option<u32>,
+    /// Whether requests forwarded to the engine may name media by URL (`image_url`,
+    /// `video_url`, `audio_url`, `file_url` with http, https or file), which the engine then
+    /// fetches from this machine, inside its network. Refused with 400 when false: send media
+    /// inline as `data:` URLs. Default false, except `openai_remote` (true: the remote server
+    /// fetches from its own network).
+    pub(crate) allow_remote_media: Option<bool>,
 }
 
 impl Section for ModelFields {
@@ -177,6 +183,8 @@ pub struct ModelConfig {
     pub pinned: bool,
     /// Idle seconds before the model is unloaded; `None` defers to the global setting.
     pub idle_unload_seconds: Option<NonZeroU32>,
+    /// Whether forwarded requests may name media by URL; see [`Self::remote_media_allowed`].
+    pub allow_remote_media: Option<bool>,
     /// Backend-specific settings.
     pub settings: BackendSettings,
     raw: Map<String, Value>,
@@ -219,6 +227,12 @@ impl ModelConfig {
         std::time::Duration::from_secs(u64::from(secs))
     }
 
+    /// Whether requests forwarded to this model's engine may name media by URL:
+    /// `allow_remote_media`, else only for `openai_remote`.
+    pub fn remote_media_allowed(&self) -> bool {
+        self.allow_remote_media.unwrap_or(self.backend == BackendKind::OpenaiRemote)
+    }
+
     /// Whether a request for this model may load it, given the global `auto_load`.
     pub fn auto_load_or(&self, global: bool) -> bool {
         self.auto_load.unwrap_or(global)
@@ -247,6 +261,7 @@ impl ModelConfig {
         put("load_timeout_s", self.load_timeout_s.map(NonZeroU32::get).into());
         put("pinned", self.pinned.into());
         put("idle_unload_seconds", self.idle_unload_seconds.map(NonZeroU32::get).into());
+        put("allow_remote_media", self.remote_media_allowed().into());
         for section in self.settings.to_json() {
             if let Value::Object(fields) = section {
                 out.extend(fields);
@@ -388,6 +403,7 @@ fn parse_model(
         load_timeout_s: fields.load_timeout_s.and_then(NonZeroU32::new),
         pinned: fields.pinned.unwrap_or(false),
         idle_unload_seconds: fields.idle_unload_seconds.and_then(NonZeroU32::new),
+        allow_remote_media: fields.allow_remote_media,
         settings,
         raw: obj.clone(),
     })

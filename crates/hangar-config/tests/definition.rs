@@ -21,6 +21,7 @@ const COMMON: &[&str] = &[
     "load_timeout_s",
     "pinned",
     "idle_unload_seconds",
+    "allow_remote_media",
 ];
 
 fn minimal(kind: BackendKind) -> Value {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use hangar_backend::{Backend, Capabilities, ModelLogs};
-use hangar_config::{BackendKind, Config, MaxLoadedModels, ModelName};
+use hangar_config::{BackendKind, Config, MaxLoadedModels, ModelConfig, ModelName};
 use hangar_lifecycle::{AdmissionError, ModelState};
 use serde_json::{Map, Value};
 use tokio::sync::broadcast;
@@ -251,6 +251,11 @@ impl Manager {
         self.inner.models.get(name).is_some_and(|entry| {
             self.inner.backends.get(entry.config.backend).is_some_and(|b| b.forwards())
         })
+    }
+
+    /// The configured definition of `name`, if it is configured.
+    pub fn model_config(&self, name: &str) -> Option<Arc<ModelConfig>> {
+        self.inner.models.get(name).map(|entry| Arc::clone(&entry.config))
     }
 
     /// The log of `name`'s engine (its child processes' output, across loads).

@@ -1,6 +1,6 @@
 //! Requests for models whose engine serves the OpenAI API itself (`llama_server`,
-//! `vllm_serve`, `openai_remote`): admitted like every request, then passed through as
-//! sent. Server-sent events go back chunk by chunk; a JSON answer is read whole first, so
+//! `vllm_serve`, `openai_remote`): checked against Hangar's rules (`forward_rules.rs`),
+//! admitted like every request, then passed through as sent. Server-sent events go back chunk by chunk; a JSON answer is read whole first, so
 //! an engine that dies mid-answer is reported with a proper status.
 
 use bytes::Bytes;
@@ -54,6 +54,8 @@ async fn forward(
     peek: Peek,
 ) -> Result<Reply, ApiError> {
     let model = rec.model(Some(model))?;
+    let config = ctx.state.manager.model_config(&model);
+    super::forward_rules::check(&ctx.body, config.is_some_and(|m| m.remote_media_allowed()))?;
     let thinking = peek.thinking.unwrap_or_default();
     let work = match route {
         ForwardRoute::Embeddings => Work::Embed,

@@ -20,6 +20,7 @@ pub(crate) mod chat;
 pub(crate) mod completions;
 pub(crate) mod embeddings;
 mod forward;
+mod forward_rules;
 mod limits;
 mod messages;
 pub(crate) mod models;
