@@ -102,6 +102,8 @@ fn budgeted(state: &Path) -> serde_json::Value {
         "state_dir": state,
         "vram_budget": 6000,
         "max_loaded_models": { "llm": 3 },
+        // The fake's knobs reach it through Hangar's environment, as an operator's would.
+        "children": { "pass_env": ["FAKE_VLLM_*"] },
         "models": {
             "a": model("fake/a"), "b": model("fake/b"),
             // Never loaded here: its GGUF header gives the estimate.

@@ -13,48 +13,17 @@ mod support;
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
+use support::engines::{fixture, llama_server_binary};
 use support::{Event, Server, Sse, get, load, post, row, send, temp_dir, unload, wait_for_row};
 
 // ---------------------------------------------------------------------------------------
 // Config
-
-/// The workspace root.
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The absolute path of a committed GGUF fixture.
-fn fixture(name: &str) -> String {
-    let path = workspace().join("fixtures/models").join(name);
-    let path = std::fs::canonicalize(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    path.to_str().unwrap().to_owned()
-}
-
-/// The `llama-server` binary: `HANGAR_LLAMA_SERVER`, else the one `cargo xtask llama-server`
-/// builds. Missing, the test fails: these tests are not skipped silently.
-fn llama_server_binary() -> String {
-    const HOW: &str = "run `cargo xtask llama-server` to build it (or `cargo xtask test`, \
-                       which builds it and sets HANGAR_LLAMA_SERVER)";
-    if let Some(path) = std::env::var_os("HANGAR_LLAMA_SERVER") {
-        let path = PathBuf::from(path);
-        assert!(path.is_file(), "HANGAR_LLAMA_SERVER={} is not a file; {HOW}", path.display());
-        return path.to_str().unwrap().to_owned();
-    }
-    let path = workspace().join("target/llama-server/llama-server");
-    let Ok(path) = std::fs::canonicalize(&path) else {
-        panic!(
-            "no llama-server: HANGAR_LLAMA_SERVER is unset and {} does not exist; {HOW}",
-            path.display()
-        );
-    };
-    path.to_str().unwrap().to_owned()
-}
 
 /// A `llama_server` model on the fixture `file` with `extra` fields.
 fn llama_server(file: &str, extra: Value) -> Value {

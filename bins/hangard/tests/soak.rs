@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use support::engines::llama_server_binary;
 use support::{Server, Sse, get, load, post, unload};
 
 /// Codes an admitted-or-refused request may answer with while models come and go.
@@ -32,17 +33,6 @@ const EXPLICIT: &[&str] = &[
     // until the chaos's next explicit load lifts it.
     "model_quarantined",
 ];
-
-fn llama_server_binary() -> String {
-    let path = std::env::var("HANGAR_LLAMA_SERVER").unwrap_or_else(|_| {
-        format!("{}/../../target/llama-server/llama-server", env!("CARGO_MANIFEST_DIR"))
-    });
-    assert!(
-        std::path::Path::new(&path).is_file(),
-        "no llama-server at {path}: build it with `cargo xtask llama-server` (or set HANGAR_LLAMA_SERVER)"
-    );
-    path
-}
 
 fn model() -> Value {
     let gguf = format!("{}/../../fixtures/models/tiny-llama.gguf", env!("CARGO_MANIFEST_DIR"));

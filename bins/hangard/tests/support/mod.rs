@@ -3,6 +3,8 @@
 //! server benchmark.
 #![allow(dead_code)]
 
+pub(crate) mod engines;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
