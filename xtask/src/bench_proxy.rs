@@ -197,6 +197,10 @@ struct Paths {
 }
 
 /// Versions of what ran.
+/// The key of Hangar's `llama-server` child in the bench, sent by the paths that reach the
+/// child without Hangar.
+const UPSTREAM_KEY: &str = "hangar-bench-upstream-key";
+
 struct Versions {
     hangar: String,
     llama_server: String,
@@ -235,10 +239,14 @@ impl Bench {
         self.wait_health(&format!("{}/health", tuned.base), || tuned.exited())?;
         let chat = |base: &str| format!("{base}/v1/chat/completions");
         let targets: [Target; PATHS] = [
-            Target { name: "direct", chat_url: chat(&upstream) },
-            Target { name: "hangar", chat_url: hangar.url("/v1/chat/completions") },
-            Target { name: "nginx (defaults)", chat_url: chat(&plain.base) },
-            Target { name: "nginx (tuned)", chat_url: chat(&tuned.base) },
+            Target { name: "direct", chat_url: chat(&upstream), key: Some(UPSTREAM_KEY) },
+            Target { name: "hangar", chat_url: hangar.url("/v1/chat/completions"), key: None },
+            Target {
+                name: "nginx (defaults)",
+                chat_url: chat(&plain.base),
+                key: Some(UPSTREAM_KEY),
+            },
+            Target { name: "nginx (tuned)", chat_url: chat(&tuned.base), key: Some(UPSTREAM_KEY) },
         ];
         let body = chat_body();
 
@@ -519,6 +527,9 @@ impl Bench {
                 "llama_server_binary_path": self.llama_server,
                 "llama_server_n_ctx": n_ctx,
                 "llama_server_extra_args": self.extra_args(),
+                // Hangar's child requires a key; configured, the direct and nginx paths
+                // can send it too (each path pays the same check in llama-server).
+                "llama_server_api_key": UPSTREAM_KEY,
             });
             entries.insert((*name).to_owned(), model);
         }

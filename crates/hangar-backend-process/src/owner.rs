@@ -13,6 +13,8 @@ use std::fs;
 pub(crate) enum Owner {
     /// Nobody (yet): the answer came from a socket that has closed since.
     Nobody,
+    /// The socket tables cannot be read (no `/proc`): who listens cannot be told.
+    Unknown,
     /// Every listening socket on the port is the child's.
     Child,
     /// At least one listening socket is not the child's: these are its holders (pid and
@@ -23,10 +25,15 @@ pub(crate) enum Owner {
 /// Who listens on `port`, for the child whose process group `leader` leads.
 pub(crate) fn owner(leader: i32, port: u16) -> Owner {
     let mut listeners = Vec::new();
+    let mut read = false;
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         if let Ok(text) = fs::read_to_string(table) {
             listeners.extend(listening(&text, port));
+            read = true;
         }
+    }
+    if !read {
+        return Owner::Unknown;
     }
     let tree = tree(leader, &processes());
     let held: HashSet<u64> = tree.iter().flat_map(|&pid| sockets(pid)).collect();

@@ -82,6 +82,12 @@ pub(crate) async fn wait_ready(
                 Owner::Stranger(holders) => {
                     return Err(NotReady::PortTaken(squatter(port, child.pid(), &holders)));
                 }
+                Owner::Unknown => {
+                    return Err(NotReady::Failed(format!(
+                        "cannot read /proc/net/tcp to check that the socket on port {port} is \
+                         the engine's; it is not trusted without that"
+                    )));
+                }
                 // The socket that answered closed since: the child's exit or its bind says more.
                 Owner::Nobody => {}
             }

@@ -2,6 +2,8 @@
 //! larger is not read at all, one that grows past the bound without announcing its length
 //! (chunked, never ending) is cut there; both are `RuntimeError::AnswerTooLarge`.
 
+mod support;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -11,14 +13,8 @@ use hangar_backend::{
     Backend, ForwardRequest, ForwardRoute, LoadRequest, Runtime, RuntimeError, ThinkingMode,
 };
 use hangar_backend_process::{ProcessBackend, RemoteBackend};
-use hangar_config::{ModelConfig, ModelName};
-use serde_json::{Value, json};
-
-const FAKE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake-vllm/vllm");
-
-fn model(value: Value) -> Arc<ModelConfig> {
-    Arc::new(ModelConfig::parse(&ModelName::new("fake").unwrap(), &value).expect("valid model"))
-}
+use serde_json::json;
+use support::{FAKE, named as model};
 
 fn chat(max_answer_bytes: u64) -> ForwardRequest {
     let body = r#"{"model":"fake","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}"#;

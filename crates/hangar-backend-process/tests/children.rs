@@ -3,6 +3,8 @@
 //! key never on a command line), and a port squatter that answers `/health` before the
 //! engine binds is found out, never taken for the engine.
 
+mod support;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -13,23 +15,9 @@ use hangar_backend::{
     Backend, ForwardRequest, ForwardRoute, LoadError, LoadRequest, Runtime, ThinkingMode,
 };
 use hangar_backend_process::ProcessBackend;
-use hangar_config::{ModelConfig, ModelName};
-use serde_json::{Value, json};
-
-const FAKE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake-vllm/vllm");
-
-fn model(extra: Value) -> Arc<ModelConfig> {
-    let mut value = json!({
-        "backend": "vllm_serve",
-        "vllm_binary_path": FAKE,
-        "vllm_model": "Qwen/Qwen3-0.6B",
-        "load_timeout_s": 30,
-    });
-    for (k, v) in extra.as_object().unwrap() {
-        value[k] = v.clone();
-    }
-    Arc::new(ModelConfig::parse(&ModelName::new("fake").unwrap(), &value).expect("valid model"))
-}
+use hangar_config::ModelConfig;
+use serde_json::json;
+use support::model;
 
 async fn load(model: Arc<ModelConfig>) -> Result<Arc<dyn Runtime>, LoadError> {
     let backend = ProcessBackend::vllm_serve().with_stop_grace(Duration::from_millis(500));

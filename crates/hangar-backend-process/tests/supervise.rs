@@ -3,6 +3,8 @@
 //! a load timeout, a crash at start, a crash while loaded (with in-flight requests), stop
 //! with SIGTERM then SIGKILL, and upstream cancellation when a client goes away.
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,24 +14,9 @@ use hangar_backend::{
     LogStream, ModelLogs, Runtime, RuntimeError, ThinkingMode,
 };
 use hangar_backend_process::ProcessBackend;
-use hangar_config::{ModelConfig, ModelName};
+use hangar_config::ModelConfig;
 use serde_json::{Value, json};
-
-const FAKE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake-vllm/vllm");
-
-/// A `vllm_serve` model on the fake, with `extra` fields.
-fn model(extra: Value) -> Arc<ModelConfig> {
-    let mut value = json!({
-        "backend": "vllm_serve",
-        "vllm_binary_path": FAKE,
-        "vllm_model": "Qwen/Qwen3-0.6B",
-        "load_timeout_s": 30,
-    });
-    for (k, v) in extra.as_object().unwrap() {
-        value[k] = v.clone();
-    }
-    Arc::new(ModelConfig::parse(&ModelName::new("fake").unwrap(), &value).expect("valid model"))
-}
+use support::model;
 
 /// What a load reported: the model's log and the crash reasons.
 struct Watch {

@@ -10,17 +10,20 @@ pub(super) struct Target {
     pub(super) name: &'static str,
     /// `http://127.0.0.1:PORT/v1/chat/completions`.
     pub(super) chat_url: String,
+    /// The bearer key sent: the child's, on the paths that reach it without Hangar.
+    pub(super) key: Option<&'static str>,
 }
 
 impl Target {
     /// One non-streamed chat completion; its wall time (request sent → body read).
     pub(super) fn chat(&self, agent: &ureq::Agent, body: &str) -> Result<Duration> {
         let started = Instant::now();
-        let mut response = agent
-            .post(&self.chat_url)
-            .content_type("application/json")
-            .send(body)
-            .with_context(|| format!("{}: chat completion", self.name))?;
+        let mut request = agent.post(&self.chat_url).content_type("application/json");
+        if let Some(key) = self.key {
+            request = request.header("Authorization", format!("Bearer {key}"));
+        }
+        let mut response =
+            request.send(body).with_context(|| format!("{}: chat completion", self.name))?;
         let text = response
             .body_mut()
             .read_to_string()
