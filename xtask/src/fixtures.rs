@@ -26,7 +26,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-mod gguf;
+pub(crate) mod gguf;
 
 use gguf::*;
 

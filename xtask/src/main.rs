@@ -18,6 +18,10 @@
 //! - `cargo xtask e2e`: start `hangard serve` on the demo config and drive it with real
 //!   clients (the `openai` and `tritonclient` Python packages, an OpenAPI validator) and
 //!   schemathesis (without and with an admin key) from a virtualenv in `target/e2e-venv`.
+//! - `cargo xtask fuzz [--target T] [--secs N]`: build the libFuzzer targets of `fuzz/` on the
+//!   stable toolchain and run each for N seconds (default 600), growing and minimizing the
+//!   committed corpora of `fuzz/corpus`; crashes land in `fuzz/regressions`, which `cargo xtask
+//!   test` replays.
 //! - `cargo xtask bench control-plane`: scheduler throughput, admission overhead and
 //!   load+unload cycle time on the stub backend, each next to a same-run reference.
 //! - `cargo xtask bench server`: the server over loopback HTTP (chat completions at 1 and 64
@@ -47,6 +51,7 @@ mod bench_streams;
 mod deps;
 mod e2e;
 mod fixtures;
+mod fuzz;
 mod llama_server;
 mod venv;
 
@@ -90,6 +95,17 @@ enum Task {
     /// `xtask/e2e` and schemathesis against it, then schemathesis again on a server with an
     /// admin key (creates the virtualenv `target/e2e-venv` when missing).
     E2e,
+    /// Fuzz the readers of what comes from outside (GGUF, safetensors, digests, the config
+    /// merge, request bodies, event ids) with libFuzzer; each target runs `--secs` seconds.
+    Fuzz {
+        /// One target (gguf, gguf_shape, safetensors, digest, config, bodies, event_id);
+        /// every one when unset.
+        #[arg(long)]
+        target: Option<String>,
+        /// Seconds each target runs.
+        #[arg(long, default_value_t = 600)]
+        secs: u64,
+    },
     /// Run a benchmark; it prints its figures next to a reference measured in the same run.
     Bench {
         /// Which benchmark.
@@ -136,6 +152,7 @@ fn main() -> Result<()> {
             let python = venv::ensure_bridge(&root)?;
             test(&root, &llama_server, &python, &args)
         }
+        Task::Fuzz { target, secs } => fuzz::run(&root, target.as_deref(), secs),
         Task::Fixtures => {
             fixtures::run(&root)?;
             fixtures::ct2(&root, &venv::ensure_bridge(&root)?)

@@ -126,8 +126,11 @@ fn matches(pattern: &str, name: &str) -> bool {
 pub struct ChildEnv {
     /// `children.pass_env`.
     pub pass_env: Vec<String>,
-    /// `children.secret_env`, and every model's `openai_api_key_env`.
+    /// `children.secret_env`.
     pub secret_env: Vec<String>,
+    /// Every model's `openai_api_key_env`: withheld as secrets are, and not shown as part of
+    /// `secret_env` (they are not the operator's list, nor always valid patterns).
+    pub key_vars: Vec<String>,
 }
 
 impl From<ChildrenFields> for ChildEnv {
@@ -135,18 +138,20 @@ impl From<ChildrenFields> for ChildEnv {
         Self {
             pass_env: f.pass_env.unwrap_or_default(),
             secret_env: f.secret_env.unwrap_or_default(),
+            key_vars: Vec::new(),
         }
     }
 }
 
 impl ChildEnv {
     /// Whether a child gets Hangar's variable `name`: on the built-in list or `pass_env`,
-    /// and neither `HANGAR_*` nor secret.
+    /// and neither `HANGAR_*`, secret, nor a model's key variable.
     pub fn passes(&self, name: &str) -> bool {
         let listed = CHILD_ENV.iter().copied().chain(self.pass_env.iter().map(String::as_str));
         let secret = std::iter::once(HANGAR_ENV).chain(self.secret_env.iter().map(String::as_str));
         listed.into_iter().any(|p| matches(p, name))
             && !secret.into_iter().any(|p| matches(p, name))
+            && !self.key_vars.iter().any(|var| var == name)
     }
 
     /// The effective `children` object, as `config check` shows it (the operator's lists;
@@ -165,6 +170,7 @@ mod tests {
         let env = ChildEnv {
             pass_env: vec!["MY_ENGINE_*".into(), "HANGAR_LEAK".into()],
             secret_env: vec!["HF_TOKEN".into(), "VLLM_SECRET*".into()],
+            key_vars: vec!["HF_REMOTE_KEY".into()],
         };
         let cases = [
             ("PATH", true),
@@ -185,6 +191,9 @@ mod tests {
             ("HF_TOKEN", false),
             ("VLLM_SECRET_SAUCE", false),
             ("VLLM_USE_V1", true),
+            // A model's remote key variable, matched by name only.
+            ("HF_REMOTE_KEY", false),
+            ("HF_REMOTE_KEYS", true),
         ];
         for (name, passes) in cases {
             assert_eq!(env.passes(name), passes, "{name}");

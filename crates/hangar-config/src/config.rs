@@ -507,16 +507,16 @@ impl Config {
     }
 }
 
-/// `children` with every model's `openai_api_key_env` among the secret names: the variable
-/// a remote model's key is read from never reaches an engine child.
+/// `children` with every model's `openai_api_key_env` withheld: the variable a remote
+/// model's key is read from never reaches an engine child.
 fn child_env(fields: ChildrenFields, models: &[ModelConfig]) -> ChildEnv {
     let mut env = ChildEnv::from(fields);
     for model in models {
         if let crate::BackendSettings::OpenaiRemote(remote) = &model.settings
             && let Some(var) = &remote.openai_api_key_env
-            && !env.secret_env.contains(var)
+            && !env.key_vars.contains(var)
         {
-            env.secret_env.push(var.clone());
+            env.key_vars.push(var.clone());
         }
     }
     env

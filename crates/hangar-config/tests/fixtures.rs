@@ -253,3 +253,31 @@ fn connection_limits_have_defaults_are_shown_and_checked() {
         assert!(errors.iter().any(|e| e.path == path), "{bad}: {errors:?}");
     }
 }
+
+/// Found by the `config` fuzz target (`fuzz/regressions/config/`): a remote model's
+/// `openai_api_key_env` (any non-empty string) used to be listed in the effective
+/// `children.secret_env`, where it is not a valid pattern, so the effective config failed
+/// its own validation. It is withheld from children, and not shown as the operator's list.
+#[test]
+fn a_remote_key_variable_is_withheld_but_the_effective_config_still_validates() {
+    let config = Config::from_value(&json!({
+        "children": { "secret_env": ["HF_TOKEN"] },
+        "models": {
+            "r": { "backend": "openai_remote", "openai_base_url": "https://x/v1", "openai_api_key_env": "REMO@E_API_KEY" }
+        }
+    }))
+    .unwrap();
+    assert_eq!(config.children.key_vars, ["REMO@E_API_KEY"]);
+    let effective = config.to_effective_json();
+    assert_eq!(effective["children"]["secret_env"], json!(["HF_TOKEN"]));
+    Config::from_value(&effective).expect("the effective config validates again");
+    // A key variable that the built-in list would pass is withheld.
+    let config = Config::from_value(&json!({
+        "models": {
+            "r": { "backend": "openai_remote", "openai_base_url": "https://x/v1", "openai_api_key_env": "HF_API_KEY" }
+        }
+    }))
+    .unwrap();
+    assert!(!config.children.passes("HF_API_KEY"));
+    assert!(config.children.passes("HF_HOME"));
+}

@@ -1,0 +1,4 @@
+//! The `config` target: see `hangar_fuzz::TARGETS`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| hangar_fuzz::run("config", data));

@@ -1,0 +1,4 @@
+//! The `event_id` target: see `hangar_fuzz::TARGETS`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| hangar_fuzz::run("event_id", data));
