@@ -70,7 +70,7 @@ mod nginx;
 mod report;
 mod swap;
 
-use load::{Target, chat_body, client, throughput};
+use load::{Target, UPSTREAM_KEY, chat_body, client, throughput};
 use nginx::{Nginx, NginxSetup, ensure_nginx};
 use report::print_tables;
 use swap::{Raw, Swap, Swaps, day_ms};
@@ -197,10 +197,6 @@ struct Paths {
 }
 
 /// Versions of what ran.
-/// The key of Hangar's `llama-server` child in the bench, sent by the paths that reach the
-/// child without Hangar.
-const UPSTREAM_KEY: &str = "hangar-bench-upstream-key";
-
 struct Versions {
     hangar: String,
     llama_server: String,
@@ -238,15 +234,14 @@ impl Bench {
         let mut tuned = Nginx::start(&self.nginx, &self.work, authority, NginxSetup::Tuned)?;
         self.wait_health(&format!("{}/health", tuned.base), || tuned.exited())?;
         let chat = |base: &str| format!("{base}/v1/chat/completions");
+        // The paths that reach the child without Hangar send its key themselves.
+        let child =
+            |name, base: &str| Target { name, chat_url: chat(base), key: Some(UPSTREAM_KEY) };
         let targets: [Target; PATHS] = [
-            Target { name: "direct", chat_url: chat(&upstream), key: Some(UPSTREAM_KEY) },
+            child("direct", &upstream),
             Target { name: "hangar", chat_url: hangar.url("/v1/chat/completions"), key: None },
-            Target {
-                name: "nginx (defaults)",
-                chat_url: chat(&plain.base),
-                key: Some(UPSTREAM_KEY),
-            },
-            Target { name: "nginx (tuned)", chat_url: chat(&tuned.base), key: Some(UPSTREAM_KEY) },
+            child("nginx (defaults)", &plain.base),
+            child("nginx (tuned)", &tuned.base),
         ];
         let body = chat_body();
 
@@ -527,8 +522,7 @@ impl Bench {
                 "llama_server_binary_path": self.llama_server,
                 "llama_server_n_ctx": n_ctx,
                 "llama_server_extra_args": self.extra_args(),
-                // Hangar's child requires a key; configured, the direct and nginx paths
-                // can send it too (each path pays the same check in llama-server).
+                // Configured, so the direct and nginx paths can send it too.
                 "llama_server_api_key": UPSTREAM_KEY,
             });
             entries.insert((*name).to_owned(), model);

@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// The key of Hangar's `llama-server` child in the bench: configured, so the paths that
+/// reach the child without Hangar send it too (every path pays the same check).
+pub(super) const UPSTREAM_KEY: &str = "hangar-bench-upstream-key";
+
 /// One way to the upstream `llama-server`.
 pub(super) struct Target {
     /// `direct`, `hangar`, `nginx (defaults)` or `nginx (tuned)`.
