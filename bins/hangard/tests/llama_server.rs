@@ -14,12 +14,12 @@ use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::engines::{fixture, llama_server_binary};
+use support::engines::{Standalone, fixture, llama_server_binary};
 use support::{Event, Server, Sse, get, load, post, row, send, temp_dir, unload, wait_for_row};
 
 // ---------------------------------------------------------------------------------------
@@ -637,47 +637,6 @@ async fn a_swap_under_concurrent_requests_loses_none() {
     assert!(most_children <= 1, "{most_children} llama-server children ran at once");
 }
 
-/// A `llama-server` this test starts itself; killed on drop.
-struct Remote {
-    child: Child,
-    port: u16,
-}
-
-impl Remote {
-    async fn start(api_key: &str) -> Self {
-        let port = free_port();
-        let child = Command::new(llama_server_binary())
-            .args(["-m", &fixture("tiny-llama.gguf"), "--host", "127.0.0.1"])
-            .args(["--port", &port.to_string(), "--api-key", api_key, "--no-webui"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("llama-server starts");
-        let mut remote = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let health = format!("http://127.0.0.1:{port}/health");
-        loop {
-            let ok = reqwest::get(&health).await.is_ok_and(|r| r.status() == 200);
-            if ok {
-                return remote;
-            }
-            if let Some(status) = remote.child.try_wait().unwrap() {
-                panic!("llama-server exited ({status}) before it was healthy");
-            }
-            assert!(Instant::now() < deadline, "llama-server not healthy after 60 s");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Remote {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test]
 async fn a_weight_update_swaps_the_child_and_a_failed_one_keeps_the_old_serving() {
     let server = Server::start(&config(json!({ "chat": chat_model(json!({})) })), &[]);
@@ -721,8 +680,8 @@ async fn a_weight_update_swaps_the_child_and_a_failed_one_keeps_the_old_serving(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn openai_remote_forwards_to_a_real_llama_server() {
-    let remote = Remote::start("secret123").await;
-    let base = format!("http://127.0.0.1:{}/v1", remote.port);
+    let remote = Standalone::start(&fixture("tiny-llama.gguf"), &["--api-key", "secret123"]).await;
+    let base = format!("http://127.0.0.1:{}/v1", remote.port());
     let closed = format!("http://127.0.0.1:{}/v1", free_port());
     let models = json!({
         "remote": { "backend": "openai_remote", "openai_base_url": base, "openai_api_key_env": "REMOTE_KEY_FOR_TEST" },

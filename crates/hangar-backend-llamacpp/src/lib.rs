@@ -349,12 +349,18 @@ impl Runtime for LlamaCppRuntime {
         &self.capabilities
     }
 
-    /// Threads (and where their count came from), sequences and context sizes.
+    /// Threads (and where their count came from), sequences and context sizes, and how
+    /// `auto` renders chats (`chat_template`: `jinja`, or `llama.cpp built-in` with
+    /// `chat_template_fallback` saying why).
     fn details(&self) -> RuntimeDetails {
-        match serde_json::to_value(self.info) {
+        let mut details = match serde_json::to_value(self.info) {
             Ok(serde_json::Value::Object(details)) => details,
             _ => RuntimeDetails::new(),
+        };
+        if let (PromptFormat::Auto, Some(shared)) = (self.prompt_format, self.weights.upgrade()) {
+            details.extend(shared.auto.details());
         }
+        details
     }
 
     /// Renders and tokenizes the prompt on a blocking thread (never on the worker, whose batch
@@ -368,7 +374,7 @@ impl Runtime for LlamaCppRuntime {
         let shared = self.weights.upgrade().ok_or_else(worker_gone)?;
         let (format, n_ctx) = (self.prompt_format, self.info.n_ctx_seq as usize);
         let (request, prepared) = tokio::task::spawn_blocking(move || {
-            let prepared = worker::prepare(&shared.model, shared.bound, format, n_ctx, &request);
+            let prepared = worker::prepare(&shared, format, n_ctx, &request);
             (request, prepared)
         })
         .await

@@ -33,9 +33,14 @@ async fn load(sequences: u32, n_ctx: u32) -> Arc<LlamaCppRuntime> {
     LlamaCppBackend::new(support::llama()).load_replica(request).await.expect("fixture loads")
 }
 
+/// A greedy (`temperature: 0`) completion of `prompt`: the engine samples by default.
 fn text(prompt: &str, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
-        params: SamplingParams { max_tokens: Some(max_tokens), ..Default::default() },
+        params: SamplingParams {
+            max_tokens: Some(max_tokens),
+            temperature: Some(0.0),
+            ..Default::default()
+        },
         ..GenerateRequest::new(Prompt::Text(prompt.to_owned()))
     }
 }

@@ -32,9 +32,14 @@ async fn load(extra: Value) -> Arc<dyn Runtime> {
     backend().load(request(model(extra), 0)).await.expect("fixture loads")
 }
 
+/// A greedy (`temperature: 0`) completion of `prompt`: the engine samples by default.
 fn text(prompt: &str, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
-        params: SamplingParams { max_tokens: Some(max_tokens), ..Default::default() },
+        params: SamplingParams {
+            max_tokens: Some(max_tokens),
+            temperature: Some(0.0),
+            ..Default::default()
+        },
         ..GenerateRequest::new(Prompt::Text(prompt.to_owned()))
     }
 }

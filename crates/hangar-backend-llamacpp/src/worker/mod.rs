@@ -41,6 +41,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use self::batch::SlotState;
 pub(crate) use self::prepare::{PieceBound, Prepared, prepare};
 use self::utf8::Utf8Guard;
+use crate::prompt::auto::AutoTemplate;
 use crate::{RuntimeInfo, capture, settings};
 
 /// A request for the worker, with where its answer goes.
@@ -116,6 +117,8 @@ pub(crate) struct SharedModel {
     utf8: Utf8Guard,
     /// How much text one token can stand for, for refusing prompts untokenized.
     pub(crate) bound: PieceBound,
+    /// How `auto` renders chats: the GGUF's template through Jinja, or llama.cpp's matcher.
+    pub(crate) auto: AutoTemplate,
 }
 
 /// What a worker reports once its replica is ready: llama.cpp's facts and the weights it
@@ -139,7 +142,8 @@ fn load_model(llama: &LlamaBackend, spec: &WorkerSpec) -> Result<Arc<SharedModel
             let utf8 = Utf8Guard::new(&model);
             let bound = PieceBound::new(&model);
             let new_context = std::sync::Mutex::new(());
-            Ok(Arc::new(SharedModel { model, new_context, utf8, bound }))
+            let auto = AutoTemplate::new(&model);
+            Ok(Arc::new(SharedModel { model, new_context, utf8, bound, auto }))
         }
         Err(e) => {
             let message = if errors.is_empty() { e.to_string() } else { errors.join("; ") };

@@ -14,6 +14,7 @@ use hangar_config::PromptFormat;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 
+use super::SharedModel;
 use crate::prompt::{self, RenderRequest};
 
 /// A generation's prompt, tokenized and known to fit one sequence's context.
@@ -67,13 +68,21 @@ impl PieceBound {
 }
 
 /// The prompt text: raw prompts as they are, chat through `format` ([`prompt::render`]), or
-/// for `auto` through the GGUF's embedded template ([`prompt::auto`]).
+/// for `auto` through the GGUF's own template ([`AutoTemplate`]).
 fn prompt_text(
-    model: &LlamaModel,
+    shared: &SharedModel,
     format: PromptFormat,
     request: &GenerateRequest,
 ) -> Result<String, RuntimeError> {
     let tools = request.tools.as_ref().map_or(&[][..], |t| t.tools.as_slice());
+    if let (PromptFormat::Auto, Prompt::Chat(messages)) = (format, &request.prompt) {
+        if messages.is_empty() {
+            return Err(RuntimeError::InvalidRequest {
+                message: "the request has no messages".into(),
+            });
+        }
+        return shared.auto.render(&shared.model, messages, tools);
+    }
     let prepared;
     let prompt = match &request.prompt {
         Prompt::Chat(messages)
@@ -91,10 +100,7 @@ fn prompt_text(
     };
     match prompt::render(format, &req) {
         Ok(Some(text)) => Ok(text),
-        Ok(None) => match prompt {
-            Prompt::Chat(messages) => prompt::auto::embedded_template(model, messages),
-            Prompt::Text(text) => Ok(text.clone()),
-        },
+        Ok(None) => Err(RuntimeError::Failed { message: "auto is rendered above".into() }),
         Err(e) => Err(RuntimeError::InvalidRequest { message: e.to_string() }),
     }
 }
@@ -123,13 +129,13 @@ fn too_long(size: impl std::fmt::Display, n_ctx: usize) -> RuntimeError {
 /// fit the context (`prompt is N tokens, the context holds M`; `at least N` when its length
 /// alone refused it, untokenized).
 pub(crate) fn prepare(
-    model: &LlamaModel,
-    bound: PieceBound,
+    shared: &SharedModel,
     format: PromptFormat,
     n_ctx: usize,
     request: &GenerateRequest,
 ) -> Result<Prepared, RuntimeError> {
-    let text = prompt_text(model, format, request)?;
+    let (model, bound) = (&shared.model, shared.bound);
+    let text = prompt_text(shared, format, request)?;
     let resume = request.resume.as_deref().filter(|r| !r.is_empty()).unwrap_or_default();
     let bytes = text.len().saturating_add(resume.len());
     // Each part is tokenized on its own, so each is at least its own share.
