@@ -73,6 +73,8 @@ def build(ctx, deadline):
         raise RuntimeError(f"tar failed ({p.returncode}); see build.log")
     source, tree = os.path.join(ctx.work, "llama.cpp"), os.path.join(ctx.work, "build")
     given = os.environ.get("GPU_CHECK_LLAMA_SERVER")
+    # Named before it exists: should the build fail, the later phases still start hangard.
+    ctx.llama_server = given or os.path.join(tree, "bin", "llama-server")
     options = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF",
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
@@ -98,14 +100,12 @@ def build(ctx, deadline):
         raise RuntimeError("cmake configure failed; see build.log")
     if given:
         f["compile_s"], f["note"] = None, "dry run: configured only; the given binary runs"
-        ctx.llama_server = given
     else:
         jobs = str(os.cpu_count() or 1)
         f["jobs"] = int(jobs)
         started = time.monotonic()
         p = run(["cmake", "--build", tree, "--target", "llama-server", "-j", jobs], deadline, log_file)
         f["compile_s"] = round(time.monotonic() - started, 2)
-        ctx.llama_server = os.path.join(tree, "bin", "llama-server")
         ctx.check("build", "cuda_llama_server_builds", p.returncode == 0 and os.path.exists(ctx.llama_server),
                   f"cmake --build --target llama-server -j {jobs}: exit {p.returncode} in {f['compile_s']}s")
         if p.returncode != 0:
@@ -266,6 +266,25 @@ def load(ctx, deadline):
     code = h.stop(min(deadline, time.monotonic() + 30))
     f["sigterm_stop_s"] = round(time.monotonic() - stopped, 2)
     ctx.check("load", "hangard_drains_and_exits_0_on_sigterm", code == 0, f"exit {code}")
+    # The driver frees an engine's memory a moment after it exits: the next hangard's
+    # admission must not see it (and the wait is a figure of its own).
+    try:
+        gpu, _ = poll(deadline, lambda: idle_gpu(ctx, pids, deadline))
+        f["memory_back_after_sigterm_s"] = round(time.monotonic() - stopped, 2)
+        ok = True
+    except PhaseTimeout:
+        gpu, ok = smi_gpu(time.monotonic() + 10), False
+    ctx.check("load", "sigterm_gives_the_gpu_memory_back", ok,
+              f"used {gpu['used_mib']} MiB (baseline {ctx.baseline_used_mib}) "
+              f"{f.get('memory_back_after_sigterm_s')}s after SIGTERM; engine pids {pids}")
+
+
+def idle_gpu(ctx, pids, deadline):
+    """GPU 0's reading once its used memory is back at the baseline and none of `pids`
+    holds memory on it; None before."""
+    gpu, apps = smi_gpu(deadline), smi_apps(deadline)
+    back = gpu["used_mib"] <= ctx.baseline_used_mib + RELEASE_TOLERANCE_MIB
+    return gpu if back and not set(pids) & set(apps) else None
 
 
 def eviction(ctx, deadline):
@@ -275,6 +294,8 @@ def eviction(ctx, deadline):
     # b (the same GGUF) is admitted by its estimate: beside a it does not fit, alone it does;
     # beside b, a (counted by its measured figure) does not fit.
     budget = ctx.baseline_used_mib + a + est // 2
+    for h in ctx.hangards:  # the load phase's, should it have ended early
+        h.stop(min(deadline, time.monotonic() + 30))
     f = ctx.figures("eviction")
     f.update({"vram_budget_mib": budget, "baseline_used_mib": ctx.baseline_used_mib,
               "a_admission_mib": a, "b_estimate_mib": est})
@@ -321,13 +342,8 @@ def release(ctx, deadline):
     status, _ = h.post("/v1/admin/models/b/unload", deadline)
     f["unload_request_s"] = round(time.monotonic() - started, 2)
 
-    def back():
-        gpu, apps = smi_gpu(deadline), smi_apps(deadline)
-        ok = gpu["used_mib"] <= ctx.baseline_used_mib + RELEASE_TOLERANCE_MIB
-        return gpu if ok and not set(pids) & set(apps) else None
-
     try:
-        gpu, _ = poll(deadline, back)
+        gpu, _ = poll(deadline, lambda: idle_gpu(ctx, pids, deadline))
     except PhaseTimeout:
         ctx.check("release", "memory_comes_back_after_unload", False,
                   f"unload {status}; used still {smi_gpu(time.monotonic() + 10)['used_mib']} MiB "

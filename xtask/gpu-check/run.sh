@@ -13,6 +13,10 @@ python="${GPU_CHECK_PYTHON:-python3}"
 deadline="${GPU_CHECK_DEADLINE_S:-460}"
 export GPU_CHECK_DEADLINE_S="$deadline"
 chmod +x "$here/hangard" 2>/dev/null || true
+# CMake and the setup phase find nvcc on PATH; CUDA images do not always put it there.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+fi
 echo "gpu-check: bundle $(du -sb "$here" | cut -f1) bytes in $here, report in $OUT" >&2
 timeout -k 5 "$((deadline + 20))" "$python" "$here/check.py" 2> >(tee "$OUT/check.log" >&2)
 rc=$?

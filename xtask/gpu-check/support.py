@@ -256,7 +256,7 @@ class Hangard:
         return row
 
     def stop(self, deadline):
-        """SIGTERM, then SIGKILL at the deadline; the exit status."""
+        """SIGTERM, then SIGKILL at the deadline; the exit status (again when stopped)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -264,7 +264,8 @@ class Hangard:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         code = self.proc.wait()
-        self.log.close()
+        if not self.log.closed:
+            self.log.close()
         return code
 
     def kill9(self):
