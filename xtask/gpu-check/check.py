@@ -7,7 +7,7 @@ phase and check; logs sit beside it. `run.sh` starts this; `cargo xtask gpu-chec
 runs it against the fake NVML and a CPU `llama-server` (GPU_CHECK_MODE=dry_run).
 
 Environment: OUT (report folder), GPU_CHECK_MODE (device | dry_run), GPU_CHECK_WORK (work
-folder), GPU_CHECK_DEADLINE_S (the whole run), GPU_CHECK_LLAMA_SERVER (a built binary: the
+folder, /tmp/hangar-gpu-check; emptied but for the CMake tree), GPU_CHECK_DEADLINE_S (the whole run), GPU_CHECK_LLAMA_SERVER (a built binary: the
 build phase then only unpacks and configures, for the CPU), GPU_CHECK_GGUF_ARGS (sizes for
 gguf.py), GPU_CHECK_CUDA_FA (ON compiles the FlashAttention kernels; OFF by default),
 GPU_CHECK_CHILD_PASS_ENV (variables hangard passes on to its engine children).
@@ -29,9 +29,17 @@ def main():
     out = os.path.abspath(os.environ.get("OUT") or os.path.join(HERE, "out"))
     os.makedirs(out, exist_ok=True)
     mode = os.environ.get("GPU_CHECK_MODE", "device")
-    work = os.path.abspath(os.environ.get("GPU_CHECK_WORK") or os.path.join(HERE, "work"))
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    # Outside the carried folder, which a second call replaces: a second try on the same
+    # machine finds the CMake tree of the first and builds nothing again.
+    work = os.path.abspath(os.environ.get("GPU_CHECK_WORK") or "/tmp/hangar-gpu-check")
+    os.makedirs(work, exist_ok=True)
+    for name in os.listdir(work):
+        if name != "build":
+            path = os.path.join(work, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
     report = Report(os.path.join(out, "gpu-check.json"), mode,
                     float(os.environ.get("GPU_CHECK_DEADLINE_S", "460")))
     ctx = Ctx(report=report, mode=mode, bundle=HERE, work=work, out=out)

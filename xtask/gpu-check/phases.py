@@ -73,6 +73,7 @@ def build(ctx, deadline):
         raise RuntimeError(f"tar failed ({p.returncode}); see build.log")
     source, tree = os.path.join(ctx.work, "llama.cpp"), os.path.join(ctx.work, "build")
     given = os.environ.get("GPU_CHECK_LLAMA_SERVER")
+    f["build_tree_reused"] = os.path.isdir(tree)
     # Named before it exists: should the build fail, the later phases still start hangard.
     ctx.llama_server = given or os.path.join(tree, "bin", "llama-server")
     options = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF",
