@@ -116,8 +116,14 @@ def build(ctx, deadline):
     text = (p.stdout or "") + (p.stderr or "")
     f["version"] = [line for line in text.splitlines() if line.strip()][-4:]
     if ctx.mode == "device":
-        ctx.check("build", "llama_server_sees_cuda", "CUDA" in text,
-                  "llama-server --version lists a CUDA device" if "CUDA" in text else text[-300:])
+        # `--version` names no backend; `--list-devices` prints the devices the built
+        # backends find (`CUDA0: NVIDIA H100 …` when ggml-cuda is in and sees the GPU).
+        p = run([ctx.llama_server, "--list-devices"], deadline)
+        devices = (p.stdout or "") + (p.stderr or "")
+        f["devices"] = [line.strip() for line in devices.splitlines() if line.strip()][-4:]
+        cuda = [line.strip() for line in devices.splitlines() if line.strip().startswith("CUDA")]
+        ctx.check("build", "llama_server_sees_cuda", bool(cuda),
+                  f"llama-server --list-devices: {cuda[0]}" if cuda else devices[-300:])
     f["total_s"] = round(f["unpack_s"] + f["configure_s"] + (f["compile_s"] or 0), 2)
 
 
