@@ -26,6 +26,8 @@
 //! 6. A second server on the demo config with `--admin-api-key <random key>`: schemathesis
 //!    again, with the key as a bearer token, and the same SIGTERM check; then a report.
 //!    Every step is a row of the report; any failed row fails the run.
+//! 7. `cargo xtask gpu-check --dry-run` with the same `hangard`: the GPU check's script
+//!    against the fake NVML and the CPU `llama-server`, its report asserted.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -121,6 +123,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         &key_reports,
     )?);
     results.push(server.stop("hangard (admin key) drains and exits 0 on SIGTERM"));
+    results.push(gpu_check_dry_run(root, &binary));
 
     eprintln!();
     eprintln!("e2e results:");
@@ -138,6 +141,16 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     }
     eprintln!("all {} e2e checks passed", results.len());
     Ok(())
+}
+
+/// The GPU check's dry run as one row.
+fn gpu_check_dry_run(root: &Path, hangard: &Path) -> Check {
+    let started = Instant::now();
+    let name = "gpu-check --dry-run (fake NVML, CPU llama-server)".to_owned();
+    match crate::gpu_check::dry_run(root, Some(hangard.to_path_buf())) {
+        Ok(()) => (name, true, "report asserted".into(), started.elapsed()),
+        Err(e) => (name, false, format!("{e:#}"), started.elapsed()),
+    }
 }
 
 /// `workbench_hosts.py` against a server on `[::1]` with one stub model: the workbench

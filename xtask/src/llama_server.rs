@@ -74,15 +74,8 @@ pub(crate) fn ensure(root: &Path) -> Result<PathBuf> {
 /// Downloads, unpacks and builds `llama-server` in `dir` (`…/llama-cpp-python-<version>`);
 /// the built binary. A build that was interrupted left `dir` behind, and CMake resumes it.
 fn build(dir: &Path) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let prefix = format!("llama_cpp_python-{LCP_VERSION}");
-    let sdist = dir.join(format!("{prefix}.tar.gz"));
-    if !sdist.exists() {
-        eprintln!("llama-server: downloading llama-cpp-python {LCP_VERSION} (sdist) from PyPI");
-        let mut download = Command::new("python3");
-        download.args(["-c", DOWNLOAD, PYPI_JSON, LCP_VERSION, LCP_SHA256]).arg(&sdist);
-        run_to_stderr(download)?;
-    }
+    let sdist = sdist(dir)?;
     let source = dir.join(&prefix).join("vendor").join("llama.cpp");
     if !source.join("CMakeLists.txt").exists() {
         let mut unpack = Command::new("tar");
@@ -102,6 +95,20 @@ fn build(dir: &Path) -> Result<PathBuf> {
     compile.arg("--build").arg(&build).args(["--target", "llama-server", "-j", &jobs.to_string()]);
     run_to_stderr(compile)?;
     Ok(build.join("bin").join("llama-server"))
+}
+
+/// The `llama-cpp-python` sdist in `dir` (`llama_cpp_python-<version>.tar.gz`), downloaded
+/// from PyPI and checked against [`LCP_SHA256`] when missing.
+pub(crate) fn sdist(dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let sdist = dir.join(format!("llama_cpp_python-{LCP_VERSION}.tar.gz"));
+    if !sdist.exists() {
+        eprintln!("llama-server: downloading llama-cpp-python {LCP_VERSION} (sdist) from PyPI");
+        let mut download = Command::new("python3");
+        download.args(["-c", DOWNLOAD, PYPI_JSON, LCP_VERSION, LCP_SHA256]).arg(&sdist);
+        run_to_stderr(download)?;
+    }
+    Ok(sdist)
 }
 
 /// Whether the stamp file at `path` holds `expected`.

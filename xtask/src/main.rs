@@ -24,6 +24,10 @@
 //!   stable toolchain and run each for N seconds (default 600), growing and minimizing the
 //!   committed corpora of `fuzz/corpus`; crashes land in `fuzz/regressions`, which `cargo xtask
 //!   test` replays.
+//! - `cargo xtask gpu-check [--dry-run]`: assemble the one prepared run for a lent NVIDIA GPU
+//!   machine in `.gpu-check` and print its device command, or run the same script here
+//!   against the fake NVML and the CPU `llama-server` and assert its report
+//!   (`docs/gpu-check.md`).
 //! - `cargo xtask bench control-plane`: scheduler throughput, admission overhead and
 //!   load+unload cycle time on the stub backend, each next to a same-run reference.
 //! - `cargo xtask bench server`: the server over loopback HTTP (chat completions at 1 and 64
@@ -54,6 +58,7 @@ mod deps;
 mod e2e;
 mod fixtures;
 mod fuzz;
+mod gpu_check;
 mod llama_server;
 mod trained;
 mod venv;
@@ -108,6 +113,25 @@ enum Task {
         /// Seconds each target runs.
         #[arg(long, default_value_t = 600)]
         secs: u64,
+    },
+    /// Assemble the GPU check's carried folder (`.gpu-check`: stripped release `hangard`,
+    /// trimmed llama.cpp tree, scripts), refuse it over 64 MiB and print the device command;
+    /// or run the same script here against the fake NVML (`--dry-run`); or assert a report
+    /// the device returned (`--report`). See docs/gpu-check.md.
+    GpuCheck {
+        /// Run the script here against the fake NVML and the CPU `llama-server`.
+        #[arg(long, conflicts_with = "report")]
+        dry_run: bool,
+        /// The carried folder to assemble (default `<root>/.gpu-check`); it must be inside a
+        /// git repository that ignores it.
+        #[arg(long, conflicts_with_all = ["dry_run", "report"])]
+        into: Option<PathBuf>,
+        /// `--dry-run` only: the `hangard` to run (default: the debug build).
+        #[arg(long, requires = "dry_run")]
+        hangard: Option<PathBuf>,
+        /// Assert this device report (`gpu-check.json`) instead.
+        #[arg(long)]
+        report: Option<PathBuf>,
     },
     /// Run a benchmark; it prints its figures next to a reference measured in the same run.
     Bench {
@@ -197,6 +221,11 @@ fn main() -> Result<()> {
             run(cmd)
         }
         Task::E2e => e2e::run(&root),
+        Task::GpuCheck { dry_run, into, hangard, report } => match (report, dry_run) {
+            (Some(report), _) => gpu_check::verify(&report),
+            (None, true) => gpu_check::dry_run(&root, hangard),
+            (None, false) => gpu_check::prepare(&root, into),
+        },
         Task::Bench { which, upstream_threads } => {
             if upstream_threads.is_some() && !matches!(which, Bench::Proxy) {
                 anyhow::bail!("--upstream-threads is an option of `cargo xtask bench proxy` only");
