@@ -30,7 +30,10 @@ CHAT_MODELS = ("chat", "tiny-llama-gguf", "tiny-qwen3-ct2")
 FORWARDED_MODEL = "tiny-llama-server"
 EMBED_MODELS = ("embed", "tiny-embed-gguf")
 RERANK_MODELS = ("rerank", "tiny-rerank-gguf")
-ALL_MODELS = CHAT_MODELS + EMBED_MODELS + RERANK_MODELS + (FORWARDED_MODEL,)
+# Trained models (cargo xtask fixtures): SmolLM2 in-process and under llama-server, MiniLM.
+TRAINED_CHAT = "smollm2"
+TRAINED_MODELS = (TRAINED_CHAT, "smollm2-server", "minilm")
+ALL_MODELS = CHAT_MODELS + EMBED_MODELS + RERANK_MODELS + (FORWARDED_MODEL,) + TRAINED_MODELS
 # CTranslate2 has no per-request seed: its sampling is not repeatable (its admin row's
 # runtime_details.seed says "ignored"); greedy decoding is.
 SEEDLESS = ("tiny-qwen3-ct2",)
@@ -556,6 +559,8 @@ def main():
     check(f"[{FORWARDED_MODEL}] chat ± stream passed through, backend_url, logs", forwarded, FORWARDED_MODEL)
     check("[tiny-llama-gguf] structured outputs (json_schema)", structured_outputs, "tiny-llama-gguf")
     check("[tiny-llama-gguf] tool calls (chat ± stream, history, responses)", tool_calls, "tiny-llama-gguf")
+    check(f"[{TRAINED_CHAT}, trained] structured outputs (json_schema)", structured_outputs, TRAINED_CHAT)
+    check(f"[{TRAINED_CHAT}, trained] tool calls (chat ± stream, history, responses)", tool_calls, TRAINED_CHAT)
     check("[chat] response_format on the stub -> BadRequestError", constrained_decoding_refused, "chat")
     for model in EMBED_MODELS:
         check(f"[{model}] embeddings.create", embeddings, model)

@@ -29,8 +29,6 @@ use crate::run as run_checked;
 pub(crate) const LCP_VERSION: &str = "0.3.36";
 /// SHA-256 of `llama_cpp_python-0.3.36.tar.gz`, as PyPI lists it.
 const LCP_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
-/// PyPI's JSON description of the project (release files and their digests).
-const PYPI_JSON: &str = "https://pypi.org/pypi/llama-cpp-python/json";
 /// CMake options of the `llama-server` build. `GGML_NATIVE=OFF` gives the same CPU
 /// instruction sets as Hangar's llama.cpp; static libraries as in Hangar.
 const CMAKE_OPTIONS: [&str; 8] = [
@@ -104,9 +102,7 @@ pub(crate) fn sdist(dir: &Path) -> Result<PathBuf> {
     let sdist = dir.join(format!("llama_cpp_python-{LCP_VERSION}.tar.gz"));
     if !sdist.exists() {
         eprintln!("llama-server: downloading llama-cpp-python {LCP_VERSION} (sdist) from PyPI");
-        let mut download = Command::new("python3");
-        download.args(["-c", DOWNLOAD, PYPI_JSON, LCP_VERSION, LCP_SHA256]).arg(&sdist);
-        run_to_stderr(download)?;
+        crate::pypi::download("llama-cpp-python", LCP_VERSION, "sdist", LCP_SHA256, &sdist)?;
     }
     Ok(sdist)
 }
@@ -121,28 +117,3 @@ fn run_to_stderr(mut cmd: Command) -> Result<()> {
     cmd.stdout(std::io::stderr());
     run_checked(cmd)
 }
-
-/// Downloads a release's sdist named by PyPI's JSON to `dest`, checking its SHA-256 (argv:
-/// JSON URL, version, sha256, dest). Relative file URLs are resolved against the JSON's.
-const DOWNLOAD: &str = r#"
-import hashlib, json, os, sys, urllib.parse, urllib.request
-index, version, sha, dest = sys.argv[1:5]
-with urllib.request.urlopen(index, timeout=120) as r:
-    meta = json.load(r)
-files = [f for f in meta["releases"].get(version, []) if f["packagetype"] == "sdist"]
-if not files:
-    sys.exit(f"no sdist of llama-cpp-python {version} on {index}")
-listed = files[0]["digests"]["sha256"]
-if listed != sha:
-    sys.exit(f"PyPI lists sha256 {listed} for {files[0]['filename']}, expected {sha}")
-url = urllib.parse.urljoin(index, files[0]["url"])
-print(url, file=sys.stderr)
-digest = hashlib.sha256()
-with urllib.request.urlopen(url, timeout=600) as r, open(dest + ".part", "wb") as out:
-    while chunk := r.read(1 << 20):
-        digest.update(chunk)
-        out.write(chunk)
-if digest.hexdigest() != sha:
-    sys.exit(f"{url}: sha256 {digest.hexdigest()}, expected {sha}")
-os.replace(dest + ".part", dest)
-"#;

@@ -60,6 +60,7 @@ mod fixtures;
 mod fuzz;
 mod gpu_check;
 mod llama_server;
+mod pypi;
 mod trained;
 mod venv;
 

