@@ -6,7 +6,8 @@
 //!    `llama-cpp-sys-2` gives Hangar's own llama.cpp and statically linked like it, cached
 //!    in `target/llama-server`; a second run builds nothing.
 //! 2. `hangard` is built in release and started on a config of one `llama_cpp` model (the
-//!    fixture [`FIXTURE`], CPU only, `auto_load: false`); `llama-server` is started on the
+//!    trained SmolLM2-135M-Instruct Q4_1 GGUF of `cargo xtask fixtures`, or with `--tiny` the
+//!    random fixture [`FIXTURE`]; CPU only, `auto_load: false`); `llama-server` is started on the
 //!    same file with the same context size and threads, one slot and no prompt cache (Hangar
 //!    decodes the whole prompt for every request; with the cache, `llama-server` would skip
 //!    it for these identical requests).
@@ -49,7 +50,7 @@ use client::{stream, write_config};
 /// The model both servers load, relative to the workspace root.
 pub(crate) const FIXTURE: &str = "fixtures/models/tiny-llama.gguf";
 /// The model's name in Hangar's config.
-pub(crate) const MODEL: &str = "tiny-llama";
+pub(crate) const MODEL: &str = "model";
 /// Context size on both servers (the fixture's training context).
 pub(crate) const N_CTX: u32 = 2048;
 /// CPU threads for generation and prompt processing on both servers. One: the fixture's
@@ -104,9 +105,14 @@ pub(crate) fn setup(root: &Path, name: &str) -> Result<Setup> {
     Ok(Setup { hangard, llama_server, model, work })
 }
 
-/// Builds both servers (when needed), measures, prints the table.
-pub(crate) fn run(root: &Path) -> Result<()> {
-    let Setup { hangard, llama_server, model, work } = setup(root, "llamacpp")?;
+/// Builds both servers (when needed), measures, prints the table: on the trained
+/// SmolLM2-135M-Instruct GGUF (`cargo xtask fixtures`), or with `tiny` on the tiny random
+/// fixture [`FIXTURE`], whose tokens cost microseconds (the control-plane worst case).
+pub(crate) fn run(root: &Path, tiny: bool) -> Result<()> {
+    let Setup { hangard, llama_server, mut model, work } = setup(root, "llamacpp")?;
+    if !tiny {
+        model = crate::trained::ensure(root)?.join(crate::trained::CHAT_FILE);
+    }
     let config = write_config(&work, &model)?;
     let bench = Bench { hangard, llama_server, model, config, work };
 
@@ -259,7 +265,7 @@ pub(crate) struct Bench {
     pub(crate) hangard: PathBuf,
     /// The cached `llama-server` binary.
     pub(crate) llama_server: PathBuf,
-    /// The GGUF both servers load ([`FIXTURE`], canonical).
+    /// The GGUF both servers load (canonical).
     pub(crate) model: PathBuf,
     /// The config directory of the single-stream rows.
     config: PathBuf,
@@ -390,13 +396,19 @@ impl Row {
     }
 }
 
+/// The GGUF's file name, for the tables.
+pub(crate) fn model_name(model: &Path) -> String {
+    model.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+}
+
 /// The table (stdout), with the machine, the binaries and the completion lengths.
 fn print_table(root: &Path, bench: &Bench, rows: &[Row], totals: &[Totals; 2]) {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!();
     println!(
-        "{FIXTURE} on {cores} cores ({}); context {N_CTX}, {THREADS} thread(s), CPU only; \
+        "{} on {cores} cores ({}); context {N_CTX}, {THREADS} thread(s), CPU only; \
          chat completions with temperature 0 and max_tokens {MAX_TOKENS}",
+        model_name(&bench.model),
         cpu_model()
     );
     println!(

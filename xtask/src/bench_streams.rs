@@ -40,8 +40,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Map, Value, json};
 
 use crate::bench_llamacpp::{
-    Bench, FIXTURE, MAX_TOKENS, MODEL, N_CTX, PROMPT, Server, Streamed, chat_body, client,
-    complete, cpu_model, median, ms, stream_with,
+    Bench, MAX_TOKENS, MODEL, N_CTX, PROMPT, Server, Streamed, chat_body, client, complete,
+    cpu_model, median, ms, stream_with,
 };
 
 /// Concurrent streams per row.
@@ -78,7 +78,7 @@ pub(crate) fn run(bench: &Bench) -> Result<()> {
         rows.push(measure(&llama, MODEL, n, "llama-server")?);
     }
     drop(hangar);
-    print_table(&rows, &notes);
+    print_table(&crate::bench_llamacpp::model_name(&bench.model), &rows, &notes);
     Ok(())
 }
 
@@ -315,14 +315,15 @@ fn rss_mib(server: &Server) -> Result<f64> {
 
 /// The second table (stdout): each row next to `llama-server` at the same N, then `notes`
 /// (the engines' reported settings).
-fn print_table(rows: &[Row], notes: &[String]) {
+fn print_table(model: &str, rows: &[Row], notes: &[String]) {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!();
     println!(
-        "Concurrent streams: {FIXTURE} on {cores} cores ({}), CPU only, both servers on their \
+        "Concurrent streams: {} on {cores} cores ({}), CPU only, both servers on their \
          default threads; context {N_CTX} per sequence; {ROW_REQUESTS} streaming chat \
          completions per row (split among the streams), each with its own message, \
          temperature 0, max_tokens {MAX_TOKENS}",
+        model,
         cpu_model()
     );
     println!(

@@ -34,9 +34,10 @@
 //!   connections, the admin model list with 10 and 1,000 models, the admin, repository,
 //!   health and metrics routes with 10,000 models), next to `GET /healthz`, and its resident
 //!   memory per configured model.
-//! - `cargo xtask bench llamacpp`: load time, tokens/s and time to first token of Hangar's
-//!   in-process llama.cpp engine next to llama.cpp's own `llama-server` (built from the
-//!   `llama-cpp-python` sdist, as `cargo xtask llama-server` does) on the same GGUF.
+//! - `cargo xtask bench llamacpp [--tiny]`: load time, tokens/s and time to first token of
+//!   Hangar's in-process llama.cpp engine next to llama.cpp's own `llama-server` (built from
+//!   the `llama-cpp-python` sdist, as `cargo xtask llama-server` does) on the same GGUF: the
+//!   trained SmolLM2-135M-Instruct, or the tiny random fixture.
 //! - `cargo xtask bench proxy`: what Hangar's `llama_server` backend adds on top of its
 //!   `llama-server` child (latency and requests/s, direct against through Hangar against
 //!   through nginx, all on the same child) and a model swap through Hangar against the same
@@ -143,6 +144,10 @@ enum Task {
         /// choice, one per core).
         #[arg(long)]
         upstream_threads: Option<u32>,
+        /// `llamacpp` only: the tiny random fixture (tokens of microseconds: the
+        /// control-plane worst case) instead of the trained SmolLM2-135M-Instruct.
+        #[arg(long)]
+        tiny: bool,
     },
 }
 
@@ -153,7 +158,7 @@ enum Bench {
     /// `hangard serve` under HTTP load (bins/hangard/benches/server.rs).
     Server,
     /// Hangar's in-process llama.cpp engine against llama.cpp's own `llama-server` on the
-    /// tiny GGUF fixture (xtask/src/bench_llamacpp.rs).
+    /// trained SmolLM2 GGUF (`--tiny`: the tiny random fixture) (xtask/src/bench_llamacpp.rs).
     Llamacpp,
     /// Hangar's `llama_server` backend as a proxy (next to nginx on the same `llama-server`)
     /// and its model swap (next to the same processes stopped and started by hand)
@@ -227,14 +232,17 @@ fn main() -> Result<()> {
             (None, true) => gpu_check::dry_run(&root, hangard),
             (None, false) => gpu_check::prepare(&root, into),
         },
-        Task::Bench { which, upstream_threads } => {
+        Task::Bench { which, upstream_threads, tiny } => {
             if upstream_threads.is_some() && !matches!(which, Bench::Proxy) {
                 anyhow::bail!("--upstream-threads is an option of `cargo xtask bench proxy` only");
+            }
+            if tiny && !matches!(which, Bench::Llamacpp) {
+                anyhow::bail!("--tiny is an option of `cargo xtask bench llamacpp` only");
             }
             let (package, bench) = match which {
                 Bench::ControlPlane => ("hangar-runtime", "control_plane"),
                 Bench::Server => ("hangard", "server"),
-                Bench::Llamacpp => return bench_llamacpp::run(&root),
+                Bench::Llamacpp => return bench_llamacpp::run(&root, tiny),
                 Bench::Proxy => return bench_proxy::run(&root, upstream_threads),
                 Bench::Bridge => return bench_bridge::run(&root),
             };
