@@ -8,9 +8,10 @@
 //! 2. `hangard` is built in release and started on a config of one `llama_cpp` model (the
 //!    trained SmolLM2-135M-Instruct Q4_1 GGUF of `cargo xtask fixtures`, or with `--tiny` the
 //!    random fixture [`FIXTURE`]; CPU only, `auto_load: false`); `llama-server` is started on the
-//!    same file with the same context size and threads, one slot and no prompt cache (Hangar
-//!    decodes the whole prompt for every request; with the cache, `llama-server` would skip
-//!    it for these identical requests).
+//!    same file with the same context size and threads, one slot and no prompt cache. Hangar's
+//!    slot reuses the prefix it holds, so on these identical requests it skips the prompt and
+//!    `llama-server` decodes it again: the time-to-first-token row measures that prefill, not
+//!    the servers (`docs/benchmarks.md`; the concurrency table runs both on their defaults).
 //! 3. Load time, [`LOAD_ROUNDS`] times each: Hangar's `POST /v1/admin/models/{name}/load`
 //!    wall time, and for both servers process spawn → model ready (Hangar: its listening
 //!    line, then the load; `llama-server`: `GET /health` answers 200).
@@ -114,7 +115,12 @@ pub(crate) fn run(root: &Path, tiny: bool) -> Result<()> {
         model = crate::trained::ensure(root)?.join(crate::trained::CHAT_FILE);
     }
     let config = write_config(&work, &model)?;
-    let bench = Bench { hangard, llama_server, model, config, work };
+    let row_requests = if tiny {
+        crate::bench_streams::ROW_REQUESTS
+    } else {
+        crate::bench_streams::ROW_REQUESTS_TRAINED
+    };
+    let bench = Bench { hangard, llama_server, model, config, work, row_requests };
 
     eprintln!("load: {LOAD_ROUNDS} process starts per server");
     let mut hangar_load = Vec::new();
@@ -269,6 +275,8 @@ pub(crate) struct Bench {
     pub(crate) model: PathBuf,
     /// The config directory of the single-stream rows.
     config: PathBuf,
+    /// Streaming requests per row of the concurrency table.
+    pub(crate) row_requests: usize,
     /// `target/bench/llamacpp`: configs and server logs.
     pub(crate) work: PathBuf,
 }

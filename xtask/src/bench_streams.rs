@@ -46,9 +46,13 @@ use crate::bench_llamacpp::{
 
 /// Concurrent streams per row.
 const STREAM_COUNTS: [usize; 3] = [1, 4, 8];
-/// Streaming requests per row, split evenly among its N clients (K = `ROW_REQUESTS / N`
-/// each): 768 × [`MAX_TOKENS`] ≈ 98,000 tokens, about 10–20 s at 5,000–10,000 tokens/s.
-const ROW_REQUESTS: usize = 768;
+/// Streaming requests per row on the tiny fixture, split evenly among its N clients (K =
+/// `ROW_REQUESTS / N` each): 768 × [`MAX_TOKENS`] ≈ 98,000 tokens, about 10–20 s at
+/// 5,000–10,000 tokens/s.
+pub(crate) const ROW_REQUESTS: usize = 768;
+/// Streaming requests per row on the trained model: 32 × [`MAX_TOKENS`] ≈ 4,100 tokens,
+/// about 40–80 s at its 50–100 tokens/s on two cores.
+pub(crate) const ROW_REQUESTS_TRAINED: usize = 32;
 
 /// Runs every row and prints the second table; both servers are killed on return.
 pub(crate) fn run(bench: &Bench) -> Result<()> {
@@ -65,7 +69,7 @@ pub(crate) fn run(bench: &Bench) -> Result<()> {
             if let Some(details) = runtime_details(&hangar, &entry.name)? {
                 notes.push(format!("hangar {}: runtime_details {details}", entry.name));
             }
-            rows.push(measure(&hangar, &entry.name, n, entry.mode)?);
+            rows.push(measure(&hangar, &entry.name, n, entry.mode, bench.row_requests)?);
             admin(&hangar, &format!("/v1/admin/models/{}/unload", entry.name))?;
         }
         eprintln!("streams: {n} on llama-server");
@@ -75,16 +79,16 @@ pub(crate) fn run(bench: &Bench) -> Result<()> {
         if let Some(threads) = llama_threads(&llama) {
             notes.push(format!("llama-server -np {n}: {threads}"));
         }
-        rows.push(measure(&llama, MODEL, n, "llama-server")?);
+        rows.push(measure(&llama, MODEL, n, "llama-server", bench.row_requests)?);
     }
     drop(hangar);
-    print_table(&crate::bench_llamacpp::model_name(&bench.model), &rows, &notes);
+    print_table(bench, &rows, &notes);
     Ok(())
 }
 
 /// One Hangar model entry of the config: how one row serves its N streams.
 struct Entry {
-    /// The entry's name, e.g. `tiny-batch-4`.
+    /// The entry's name, e.g. `batch-4`.
     name: String,
     /// The table's label: `hangar batch` or `hangar replicas`.
     mode: &'static str,
@@ -96,14 +100,10 @@ struct Entry {
 
 /// The Hangar entries for `n` streams: batch, and replicas when `n` > 1.
 fn entries(n: usize) -> Vec<Entry> {
-    let batch = Entry {
-        name: format!("tiny-batch-{n}"),
-        mode: "hangar batch",
-        replicas: 1,
-        target_inflight: n,
-    };
+    let batch =
+        Entry { name: format!("batch-{n}"), mode: "hangar batch", replicas: 1, target_inflight: n };
     let replicas = Entry {
-        name: format!("tiny-replicas-{n}"),
+        name: format!("replicas-{n}"),
         mode: "hangar replicas",
         replicas: n,
         target_inflight: 1,
@@ -210,7 +210,13 @@ struct ClientRun {
 }
 
 /// A warm-up of `n` concurrent requests, then the timed row of `n` clients on `server`.
-fn measure(server: &Server, model: &str, n: usize, mode: &'static str) -> Result<Row> {
+fn measure(
+    server: &Server,
+    model: &str,
+    n: usize,
+    mode: &'static str,
+    requests: usize,
+) -> Result<Row> {
     std::thread::scope(|s| {
         let warm: Vec<_> = (0..n)
             .map(|i| {
@@ -221,7 +227,7 @@ fn measure(server: &Server, model: &str, n: usize, mode: &'static str) -> Result
     })
     .with_context(|| format!("{mode}, {n} streams: warm-up; see {}", server.log.display()))?;
 
-    let per_client = ROW_REQUESTS / n;
+    let per_client = requests / n;
     let barrier = Barrier::new(n);
     let failed = AtomicBool::new(false);
     let runs = std::thread::scope(|s| {
@@ -315,16 +321,17 @@ fn rss_mib(server: &Server) -> Result<f64> {
 
 /// The second table (stdout): each row next to `llama-server` at the same N, then `notes`
 /// (the engines' reported settings).
-fn print_table(model: &str, rows: &[Row], notes: &[String]) {
+fn print_table(bench: &Bench, rows: &[Row], notes: &[String]) {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!();
     println!(
         "Concurrent streams: {} on {cores} cores ({}), CPU only, both servers on their \
-         default threads; context {N_CTX} per sequence; {ROW_REQUESTS} streaming chat \
+         default threads; context {N_CTX} per sequence; {} streaming chat \
          completions per row (split among the streams), each with its own message, \
          temperature 0, max_tokens {MAX_TOKENS}",
-        model,
-        cpu_model()
+        crate::bench_llamacpp::model_name(&bench.model),
+        cpu_model(),
+        bench.row_requests
     );
     println!(
         "hangar batch: replicas 1, target_inflight N; hangar replicas: replicas N, \
