@@ -174,7 +174,7 @@ pub(crate) fn dry_run(root: &Path, hangard: Option<PathBuf>) -> Result<()> {
     }
     let bundle = dir.join("bundle");
     fill(root, &bundle, &tarball)?;
-    let nvml = fake_nvml(root, &dir.join("nvml"))?;
+    let nvml = hangar_gpu::fake::build(&dir.join("nvml")).context("cannot build the fake NVML")?;
     let script = nvml.with_file_name("nvml-script");
     let registry = dir.join("gpu-processes");
     let fakes = root.join("xtask/gpu-check/dry-run");
@@ -199,7 +199,7 @@ pub(crate) fn dry_run(root: &Path, hangard: Option<PathBuf>) -> Result<()> {
         .env("GPU_CHECK_FAKE_NVML_SCRIPT", &script)
         .env("GPU_CHECK_FAKE_GPU_DIR", &registry)
         .env("GPU_CHECK_FAKE_REAL_SERVER", &llama)
-        .env(NVML_LIBRARY_ENV, &nvml);
+        .env(hangar_gpu::NVML_LIBRARY_ENV, &nvml);
     eprintln!("$ OUT={} bash {}", out.display(), bundle.join("run.sh").display());
     let status = cmd.status().context("cannot start bash")?;
     drop(driver);
@@ -225,9 +225,6 @@ pub(crate) fn verify(file: &Path) -> Result<()> {
     eprintln!("{}: every phase and check passed, every figure present", file.display());
     Ok(())
 }
-
-/// `hangar-gpu`'s `NVML_LIBRARY_ENV` (xtask does not depend on the crate).
-const NVML_LIBRARY_ENV: &str = "HANGAR_NVML_LIBRARY";
 
 /// The dry run's pretend driver process; killed when dropped.
 struct Driver(Child);
@@ -308,17 +305,6 @@ fn trimmed_tree(root: &Path) -> Result<PathBuf> {
     run_checked(pack)?;
     std::fs::remove_dir_all(&unpacked)?;
     Ok(tarball)
-}
-
-/// The fake NVML library of `hangar-gpu`, compiled with `$CC` into `dir`.
-fn fake_nvml(root: &Path, dir: &Path) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let out = dir.join("libnvidia-ml.so.1");
-    let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
-    cc.args(["-shared", "-fPIC", "-O1", "-o"]).arg(&out);
-    cc.arg(root.join("crates/hangar-gpu/tests/fake/libnvidia-ml.c"));
-    run_checked(cc)?;
-    Ok(out)
 }
 
 fn git(repo: &Path) -> Command {

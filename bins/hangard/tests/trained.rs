@@ -31,8 +31,9 @@ const OPEN: [&str; 2] =
     ["Write a haiku about the sea.", "Explain what a CPU does in two sentences."];
 
 /// A server with the chat model in-process (`inproc`, four sequences) and, with `child`,
-/// through a `llama-server` child too (`child`, four slots), loaded at start-up.
-fn chat_server(path: &str, child: bool) -> Server {
+/// through a `llama-server` child too (`child`, four slots), loaded at start-up; returned
+/// once ready.
+async fn chat_server(path: &str, child: bool) -> Server {
     let mut models = json!({
         "inproc": {
             "backend": "llama_cpp", "model_path": path, "enabled": true,
@@ -47,7 +48,15 @@ fn chat_server(path: &str, child: bool) -> Server {
             "llama_server_extra_args": ["--no-webui"],
         });
     }
-    Server::start(&json!({ "max_loaded_models": { "llm": 2 }, "models": models }), &[])
+    let server =
+        Server::start(&json!({ "max_loaded_models": { "llm": 2 }, "models": models }), &[]);
+    ready(&server).await;
+    server
+}
+
+/// `llama-server` alone on the chat model: one slot, the context of `inproc`'s sequences.
+async fn alone(path: &str) -> Standalone {
+    Standalone::start(path, &["-c", "4096", "-np", "1"]).await
 }
 
 async fn ready(server: &Server) {
@@ -86,9 +95,8 @@ fn content(answer: &Value) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn greedy_answers_are_right_and_agree_with_llama_server_alone_through_each_engine() {
     let Some(path) = trained(CHAT) else { return };
-    let alone = Standalone::start(&path, &["-c", "4096", "-np", "1"]).await;
-    let server = chat_server(&path, true);
-    ready(&server).await;
+    let alone = alone(&path).await;
+    let server = chat_server(&path, true).await;
     let greedy = json!({ "temperature": 0, "max_tokens": 48 });
     let prompts = FACTS.iter().map(|(p, _)| *p).chain(OPEN);
     for (i, prompt) in prompts.enumerate() {
@@ -117,9 +125,8 @@ async fn greedy_answers_are_right_and_agree_with_llama_server_alone_through_each
 #[tokio::test(flavor = "multi_thread")]
 async fn auto_renders_the_chat_as_llama_server_renders_it() {
     let Some(path) = trained(CHAT) else { return };
-    let alone = Standalone::start(&path, &["-c", "4096", "-np", "1"]).await;
-    let server = chat_server(&path, false);
-    ready(&server).await;
+    let alone = alone(&path).await;
+    let server = chat_server(&path, false).await;
     let chats = [
         ("plain", user("Hi there!")),
         (
@@ -171,8 +178,7 @@ async fn auto_renders_the_chat_as_llama_server_renders_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn default_sampling_ends_by_itself_and_is_not_greedy() {
     let Some(path) = trained(CHAT) else { return };
-    let server = chat_server(&path, false);
-    ready(&server).await;
+    let server = chat_server(&path, false).await;
     let url = server.url("/v1/chat/completions");
     let seeded = chat(
         "inproc",
@@ -220,8 +226,7 @@ async fn futures_join4(url: &str, body: &Value) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_second_turn_reuses_the_prefix_and_answers_as_a_fresh_context() {
     let Some(path) = trained(CHAT) else { return };
-    let server = chat_server(&path, false);
-    ready(&server).await;
+    let server = chat_server(&path, false).await;
     let url = server.url("/v1/chat/completions");
     let story = "The hangar at the edge of the airfield held three planes: a red biplane, a silver \
                  jet and a yellow glider. Every morning the mechanic checked the biplane first. ";

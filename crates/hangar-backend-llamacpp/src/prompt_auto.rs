@@ -75,24 +75,21 @@ impl AutoTemplate {
         tools: &[ToolDefinition],
     ) -> Result<String, RuntimeError> {
         let uses_tools = !tools.is_empty() || messages.iter().any(|m| !m.tool_calls.is_empty());
+        let reads_tools = matches!(self, Self::Jinja(template) if template.reads_tools());
+        let described;
+        let (messages, tools) = if uses_tools && !reads_tools {
+            described = with_tools(messages, tools);
+            (&described[..], &[][..])
+        } else {
+            (messages, tools)
+        };
         match self {
-            Self::Jinja(template) if template.reads_tools() || !uses_tools => {
+            Self::Jinja(template) => {
                 template.render(messages, tools).map_err(|e| RuntimeError::InvalidRequest {
                     message: format!("the model's chat template refused the chat: {e}"),
                 })
             }
-            Self::Jinja(template) => {
-                template.render(&with_tools(messages, tools), &[]).map_err(|e| {
-                    RuntimeError::InvalidRequest {
-                        message: format!("the model's chat template refused the chat: {e}"),
-                    }
-                })
-            }
-            Self::Builtin { .. } => {
-                let messages =
-                    if uses_tools { with_tools(messages, tools) } else { messages.to_vec() };
-                builtin(model, &messages)
-            }
+            Self::Builtin { .. } => builtin(model, messages),
         }
     }
 }

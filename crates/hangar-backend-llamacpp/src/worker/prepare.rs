@@ -77,9 +77,8 @@ fn prompt_text(
     let tools = request.tools.as_ref().map_or(&[][..], |t| t.tools.as_slice());
     if let (PromptFormat::Auto, Prompt::Chat(messages)) = (format, &request.prompt) {
         if messages.is_empty() {
-            return Err(RuntimeError::InvalidRequest {
-                message: "the request has no messages".into(),
-            });
+            let message = prompt::PromptError::EmptyMessages.to_string();
+            return Err(RuntimeError::InvalidRequest { message });
         }
         return shared.auto.render(&shared.model, messages, tools);
     }

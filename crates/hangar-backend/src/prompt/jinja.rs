@@ -27,7 +27,7 @@ use crate::{ChatMessage, Role, ToolDefinition};
 /// The most minijinja instructions one render may execute: far above what a long chat needs
 /// with any published template (a 100-message chat through Qwen3's template takes well under
 /// a million), far below what holds a thread for long.
-pub const FUEL: u64 = 5_000_000;
+pub(crate) const FUEL: u64 = 5_000_000;
 
 /// The template's name inside its environment.
 const NAME: &str = "chat_template";

@@ -58,7 +58,7 @@ mod translategemma;
 use crate::{ChatMessage, Prompt, Role, ThinkingMode, Translation};
 use hangar_config::PromptFormat;
 
-pub use self::jinja::{ChatTemplate, FUEL as TEMPLATE_FUEL};
+pub use self::jinja::ChatTemplate;
 pub use self::languages::{LANGUAGES, Language, language, language_name};
 pub use self::tools::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN, python_json, tool_call_text, with_tools};
 pub use self::translategemma::{
