@@ -8,9 +8,10 @@ checks that fields absent from `load_constraints` are not offered, that the effe
 value follows the key-presence rule and that bytes are typed in MiB; pauses, continues,
 leases and checksums by the row's buttons; follows a model's logs while it is reloaded; shows GPU memory as bars (two GPUs answered by
 the test, one under a budget); sends a
-streamed chat and an embedding in the playground; works the page by keyboard; and renders 1,000 models (the
+streamed chat and an embedding in the playground, and holds a two-turn conversation with the
+trained SmolLM2 there; works the page by keyboard; and renders 1,000 models (the
 listing answered by the test) with the time it took printed. Any JavaScript error or console
-error fails it. Screenshots of the models view and the load dialog go to
+error fails it. Screenshots of the models view, the load dialog and the conversation go to
 HANGAR_SCREENSHOTS (default target/e2e-screenshots).
 """
 
@@ -29,6 +30,7 @@ SHOTS = os.environ.get("HANGAR_SCREENSHOTS", "target/e2e-screenshots")
 STATUS_TEXT = {400: "Bad Request", 401: "Unauthorized", 422: "Unprocessable Entity"}
 MODEL = "tiny-llama-gguf"  # in-process llama.cpp: gguf_* constraints and cache presets
 ENGINE = "tiny-llama-server"  # a child process: it has logs
+TRAINED = "smollm2"  # the trained SmolLM2-135M-Instruct, in-process
 
 
 def api(path, body=None, method=None):
@@ -179,20 +181,54 @@ def main():
         # A streamed chat in the playground: the same text the API answers.
         page.locator('nav button[data-view="playground"]').click()
         page.locator("#play-model").select_option("chat")
+        page.locator("#play-form input[name=max_tokens]").fill("32")
         page.locator("#play-form textarea").fill("hello workbench")
         page.locator('#play-form button[type="submit"]').click()
-        output = page.locator("#play-output")
-        expect(output).to_have_attribute("data-done", "true", timeout=30000)
+        replies = page.locator("#play-turns li.assistant")
+        expect(replies.last).to_have_attribute("data-done", "true", timeout=30000)
         answer = api(
             "/v1/chat/completions",
             {"model": "chat", "messages": [{"role": "user", "content": "hello workbench"}], "max_tokens": 32},
         )["choices"][0]["message"]["content"]
-        assert output.inner_text() == answer, (output.inner_text(), answer)
+        shown = replies.last.locator(".text").inner_text()
+        assert shown == answer, (shown, answer)
+        expect(replies.last.locator(".meta")).to_contain_text("finish: ")
         # An embedding model shows its vector's size and first values.
+        output = page.locator("#play-output")
         page.locator("#play-model").select_option("embed")
+        page.locator("#play-form textarea").fill("hello workbench")
         page.locator('#play-form button[type="submit"]').click()
         dims = len(api("/v1/embeddings", {"model": "embed", "input": "hello workbench"})["data"][0]["embedding"])
         expect(output).to_contain_text(f"{dims} dimensions: [")
+
+        # A real conversation with the trained model: two turns, the second sent with the
+        # first (and its answer), its shared prefix reused from the engine's prompt cache.
+        expect(row(TRAINED)).to_have_attribute("data-state", "loaded", timeout=120000)
+        sent = []
+        page.on(
+            "request",
+            lambda r: sent.append(r.post_data_json)
+            if r.method == "POST" and r.url.endswith("/v1/chat/completions")
+            else None,
+        )
+        page.locator("#play-model").select_option(TRAINED)
+        page.locator("#play-form input[name=temperature]").fill("0")
+        page.locator("#play-form input[name=max_tokens]").fill("48")
+        page.locator("#play-new").click()
+        expect(page.locator("#play-turns li")).to_have_count(0)
+        for i, question in enumerate(["What is the capital of France?", "Name one famous building there."]):
+            page.locator("#play-form textarea").fill(question)
+            page.locator("#play-form textarea").press("Control+Enter")
+            expect(replies).to_have_count(i + 1)
+            expect(replies.nth(i)).to_have_attribute("data-done", "true", timeout=120000)
+        first, second = (replies.nth(i).locator(".text").inner_text() for i in range(2))
+        assert "Paris" in first, first
+        assert second.strip(), "the second turn has an answer"
+        assert [m["role"] for m in sent[-1]["messages"]] == ["user", "assistant", "user"], sent[-1]
+        assert sent[-1]["messages"][1]["content"] == first, (sent[-1], first)
+        expect(replies.nth(1).locator(".meta")).to_contain_text("cached)")
+        print(f"playground, {TRAINED}: {first!r} then {second!r}")
+        page.screenshot(path=os.path.join(SHOTS, "workbench-playground.png"))
 
         # GPU memory: the view answers (no GPU here: the reason is shown) ...
         page.locator('nav button[data-view="gpu"]').click()

@@ -25,6 +25,8 @@
 //!    end, on errors too.
 //! 6. The concurrency section ([`crate::bench_streams`]): 1, 4 and 8 concurrent streams on
 //!    both servers' defaults, in a second table.
+//! 7. The prefill section ([`crate::bench_prefill`]): a prompt of about 2,000 tokens on both
+//!    servers' defaults, in a third table.
 //!
 //! The HTTP client is `ureq` (blocking), configured the same for both servers: a fresh
 //! connection per request (no pooled keep-alive connection that a server may close under
@@ -246,7 +248,8 @@ pub(crate) fn run(root: &Path, tiny: bool) -> Result<()> {
         ),
     ];
     print_table(root, &bench, &rows, &totals);
-    crate::bench_streams::run(&bench)
+    crate::bench_streams::run(&bench)?;
+    crate::bench_prefill::run(&bench)
 }
 
 /// A greedy chat request to `model` with the user message `content`, `max_tokens`

@@ -144,7 +144,7 @@ fn write_config(bench: &Bench) -> Result<std::path::PathBuf> {
 }
 
 /// `POST path` (a load or unload) without a body; anything but 200 is an error.
-fn admin(server: &Server, path: &str) -> Result<()> {
+pub(crate) fn admin(server: &Server, path: &str) -> Result<()> {
     let mut response = server.agent.post(server.url(path)).send_empty()?;
     let body = response.body_mut().read_to_string()?;
     let status = response.status();

@@ -53,6 +53,7 @@ use clap::{Parser, Subcommand};
 
 mod bench_bridge;
 mod bench_llamacpp;
+mod bench_prefill;
 mod bench_proxy;
 mod bench_streams;
 mod deps;

@@ -407,7 +407,8 @@ async fn the_configured_context_is_the_limit_even_when_llama_cpp_pads_it() {
 async fn without_max_tokens_generation_runs_until_the_model_stops_or_the_context_is_full() {
     // No 128-token (or any) default cut: a request without max_tokens ends at end-of-generation
     // or, as OpenAI and llama-server do, with `length` once the context is full. Greedy
-    // decoding on random weights ends by itself after some prompts, so the prompts are tried
+    // decoding (asked for: the engine samples by default, and a sampled run on random weights
+    // may end early on every prompt) ends by itself after some prompts, so the prompts are tried
     // in turn until one fills the context; every one must end one of the two ways.
     let runtime = load(json!({ "gguf_n_ctx": 256 })).await;
     let chat = |text: &str| Prompt::Chat(vec![ChatMessage::new(Role::User, text)]);
@@ -424,8 +425,9 @@ async fn without_max_tokens_generation_runs_until_the_model_stops_or_the_context
     ];
     let mut filled = None;
     for prompt in prompts {
-        let request = GenerateRequest::new(prompt.clone());
+        let mut request = GenerateRequest::new(prompt.clone());
         assert_eq!(request.params.max_tokens, None);
+        request.params.temperature = Some(0.0);
         let (summary, pieces) = generate(&*runtime, request).await;
         let summary = summary.expect("a full context ends the generation, it is no error");
         eprintln!("{prompt:?}: {summary:?}");

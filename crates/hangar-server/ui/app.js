@@ -607,15 +607,33 @@ async function startLogs() {
 // ---------------------------------------------------------------------------------------
 // Playground
 
+/** The playground's conversation: its model and the turns sent so far (OpenAI messages). */
+const chat = { model: null, messages: [] };
+
+function newConversation() {
+  chat.model = null;
+  chat.messages = [];
+  $("#play-turns").replaceChildren();
+}
+
+/** Appends one turn to the transcript; returns its text element. */
+function turn(role, text) {
+  const body = el("span", { class: "text", text });
+  const item = el("li", { class: `turn ${role}` }, el("span", { class: "role", text: role === "user" ? "You" : chat.model }), body);
+  $("#play-turns").append(item);
+  return body;
+}
+
 async function play(event) {
   event.preventDefault();
   const form = $("#play-form").elements;
   const row = page.rows.get(form.model.value);
   const out = $("#play-output");
-  out.textContent = "";
   if (!row) return;
   const text = form.text.value;
   if (row.type === "embedding") {
+    out.hidden = false;
+    out.textContent = "";
     const { status, body } = await api("/v1/embeddings", { method: "POST", body: { model: row.name, input: text } });
     if (status !== 200) out.textContent = errorText(body, status);
     else {
@@ -624,30 +642,67 @@ async function play(event) {
     }
     return;
   }
+  out.hidden = true;
+  // A conversation is with one model: another model starts a new one.
+  if (chat.model !== row.name) newConversation();
+  chat.model = row.name;
+  chat.messages.push({ role: "user", content: text });
+  turn("user", text);
+  const answer = turn("assistant", "");
+  const item = answer.parentElement;
+  form.text.value = "";
   const request = {
     model: row.name,
-    messages: [{ role: "user", content: text }],
-    max_tokens: Number(form.max_tokens.value) || 32,
+    messages: chat.messages.slice(),
+    max_tokens: Number(form.max_tokens.value) || 128,
     stream: true,
+    stream_options: { include_usage: true },
+  };
+  // Blank: the engine's default sampling (docs/defaults.md).
+  if (form.temperature.value !== "") request.temperature = Number(form.temperature.value);
+  const failed = (message) => {
+    // The refused turn leaves the conversation, so the next message continues without it.
+    chat.messages.pop();
+    item.classList.add("error");
+    answer.textContent = message;
+    item.dataset.done = "true";
   };
   const response = await fetch("/v1/chat/completions", {
     method: "POST",
     headers: authHeaders({ "Content-Type": "application/json" }),
     body: JSON.stringify(request),
-  });
+  }).catch((error) => ({ ok: false, status: 0, error }));
   if (!response.ok) {
-    const body = await response.json().catch(() => null);
-    out.textContent = errorText(body, response.status);
+    const body = response.json ? await response.json().catch(() => null) : null;
+    failed(response.error ? response.error.message : errorText(body, response.status));
     return;
   }
+  let finish = null;
+  let usage = null;
+  let streamError = null;
   await eachEvent(response, (data) => {
     if (data === "[DONE]") return;
     const chunk = JSON.parse(data);
-    if (chunk.error) out.append(`\n${errorText(chunk, 500)}`);
-    const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
-    if (delta && delta.content) out.append(delta.content);
+    if (chunk.error) streamError = errorText(chunk, 500);
+    const choice = chunk.choices && chunk.choices[0];
+    if (choice && choice.delta && choice.delta.content) answer.append(choice.delta.content);
+    if (choice && choice.finish_reason) finish = choice.finish_reason;
+    if (chunk.usage) usage = chunk.usage;
+  }).catch((error) => {
+    streamError = error.message;
   });
-  out.dataset.done = "true";
+  if (streamError) {
+    failed(`${answer.textContent}\n${streamError}`);
+    return;
+  }
+  chat.messages.push({ role: "assistant", content: answer.textContent });
+  const cached = usage && usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : 0;
+  const meta = [
+    finish && `finish: ${finish}`,
+    usage && `${usage.prompt_tokens} prompt tokens${cached ? ` (${cached} cached)` : ""}, ${usage.completion_tokens} completion`,
+  ];
+  item.append(el("span", { class: "meta", text: meta.filter(Boolean).join(" · ") }));
+  item.dataset.done = "true";
 }
 
 function fillModelSelects() {
@@ -691,6 +746,11 @@ function start() {
     startLogs();
   });
   $("#play-form").addEventListener("submit", play);
+  $("#play-new").addEventListener("click", newConversation);
+  // Ctrl+Enter (or Cmd+Enter) sends; Enter alone is a new line.
+  $("#play-form textarea").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("#play-form").requestSubmit();
+  });
   loadAll().then(follow);
 }
 

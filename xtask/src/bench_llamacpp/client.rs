@@ -7,7 +7,7 @@ use super::*;
 /// A running server. Killed on drop.
 pub(crate) struct Server {
     /// `hangar` or `llama-server`, for messages.
-    pub(super) name: &'static str,
+    pub(crate) name: &'static str,
     /// The server process.
     pub(crate) child: Child,
     /// `http://127.0.0.1:PORT`.
@@ -86,8 +86,8 @@ pub(super) fn write_config(work: &Path, model: &Path) -> Result<PathBuf> {
 
 /// One non-streaming chat completion.
 pub(crate) struct Completion {
-    pub(super) elapsed: Duration,
-    pub(super) prompt_tokens: u64,
+    pub(crate) elapsed: Duration,
+    pub(crate) prompt_tokens: u64,
     pub(super) completion_tokens: u32,
     pub(super) finish_reason: String,
     pub(super) text: String,
