@@ -25,7 +25,7 @@
 //!    end, on errors too.
 //! 6. The concurrency section ([`crate::bench_streams`]): 1, 4 and 8 concurrent streams on
 //!    both servers' defaults, in a second table.
-//! 7. The prefill section ([`crate::bench_prefill`]): a prompt of about 2,000 tokens on both
+//! 7. The prefill section ([`crate::bench_prefill`]): a prompt of over 2,000 tokens on both
 //!    servers' defaults, in a third table.
 //!
 //! The HTTP client is `ureq` (blocking), configured the same for both servers: a fresh
