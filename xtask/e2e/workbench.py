@@ -203,7 +203,11 @@ def main():
 
         # A real conversation with the trained model: two turns, the second sent with the
         # first (and its answer), its shared prefix reused from the engine's prompt cache.
+        # (An earlier script's load may have evicted it: a user would load it first, too.)
+        if api(f"/v1/admin/models/{TRAINED}")["runtime_state"] != "loaded":
+            api(f"/v1/admin/models/{TRAINED}/load", {})
         expect(row(TRAINED)).to_have_attribute("data-state", "loaded", timeout=120000)
+        expect(page.locator(f'#play-model option[value="{TRAINED}"]')).to_have_count(1)
         sent = []
         page.on(
             "request",
