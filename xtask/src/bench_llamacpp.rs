@@ -47,7 +47,7 @@ use crate::{cargo, deps, llama_server, run as run_checked};
 
 mod client;
 
-pub(crate) use client::{Server, Streamed, client, complete, stream_with};
+pub(crate) use client::{Server, Streamed, client, complete, stream_with, write_settings};
 use client::{stream, write_config};
 
 /// The model both servers load, relative to the workspace root.

@@ -158,8 +158,6 @@ fn long_prompt(tag: usize) -> String {
 /// The config directory of this section: one CPU-only `llama_cpp` model on engine defaults,
 /// not loaded at start.
 fn write_config(bench: &Bench) -> Result<std::path::PathBuf> {
-    let dir = bench.work.join("prefill-config");
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let settings = json!({
         "host": "127.0.0.1",
         "auto_load": false,
@@ -174,8 +172,5 @@ fn write_config(bench: &Bench) -> Result<std::path::PathBuf> {
             }
         }
     });
-    let path = dir.join("settings.json");
-    std::fs::write(&path, format!("{settings:#}\n"))
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(dir)
+    crate::bench_llamacpp::write_settings(&bench.work, "prefill-config", &settings)
 }

@@ -114,8 +114,6 @@ fn entries(n: usize) -> Vec<Entry> {
 /// The config directory of the concurrency rows: every [`entries`] entry, disabled, CPU
 /// only, engine defaults otherwise (no thread count); one LLM loaded at a time.
 fn write_config(bench: &Bench) -> Result<std::path::PathBuf> {
-    let dir = bench.work.join("streams-config");
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut models = Map::new();
     for entry in STREAM_COUNTS.into_iter().flat_map(entries) {
         let model = json!({
@@ -137,10 +135,7 @@ fn write_config(bench: &Bench) -> Result<std::path::PathBuf> {
         "max_loaded_models": {"llm": 1},
         "models": models,
     });
-    let path = dir.join("settings.json");
-    std::fs::write(&path, format!("{settings:#}\n"))
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(dir)
+    crate::bench_llamacpp::write_settings(&bench.work, "streams-config", &settings)
 }
 
 /// `POST path` (a load or unload) without a body; anything but 200 is an error.

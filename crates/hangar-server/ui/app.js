@@ -667,14 +667,19 @@ async function play(event) {
     answer.textContent = message;
     item.dataset.done = "true";
   };
-  const response = await fetch("/v1/chat/completions", {
-    method: "POST",
-    headers: authHeaders({ "Content-Type": "application/json" }),
-    body: JSON.stringify(request),
-  }).catch((error) => ({ ok: false, status: 0, error }));
+  let response;
+  try {
+    response = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: authHeaders({ "Content-Type": "application/json" }),
+      body: JSON.stringify(request),
+    });
+  } catch (error) {
+    failed(error.message);
+    return;
+  }
   if (!response.ok) {
-    const body = response.json ? await response.json().catch(() => null) : null;
-    failed(response.error ? response.error.message : errorText(body, response.status));
+    failed(errorText(await response.json().catch(() => null), response.status));
     return;
   }
   let finish = null;

@@ -58,10 +58,18 @@ impl Drop for Server {
     }
 }
 
+/// Writes `settings` as `<work>/<name>/settings.json`; returns that config directory.
+pub(crate) fn write_settings(work: &Path, name: &str, settings: &Value) -> Result<PathBuf> {
+    let dir = work.join(name);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = dir.join("settings.json");
+    std::fs::write(&path, format!("{settings:#}\n"))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(dir)
+}
+
 /// The config directory of the bench: one CPU-only `llama_cpp` model, nothing loaded at start.
 pub(super) fn write_config(work: &Path, model: &Path) -> Result<PathBuf> {
-    let dir = work.join("config");
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let settings = json!({
         "host": "127.0.0.1",
         "auto_load": false,
@@ -78,10 +86,7 @@ pub(super) fn write_config(work: &Path, model: &Path) -> Result<PathBuf> {
             }
         }
     });
-    let path = dir.join("settings.json");
-    std::fs::write(&path, format!("{settings:#}\n"))
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(dir)
+    write_settings(work, "config", &settings)
 }
 
 /// One non-streaming chat completion.
