@@ -69,4 +69,4 @@ mod policy;
 pub use plan::{
     EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Memory, Victim, VramShortfall,
 };
-pub use policy::{plan_load, plan_load_within, plan_retry_after_failure};
+pub use policy::{plan_load, plan_load_within, plan_retry_after_failure, plan_second_copy};

@@ -92,10 +92,30 @@ pub fn plan_load_within(
     limits: &MaxLoadedModels,
     memory: &Memory,
 ) -> EvictionPlan {
-    let mut plan = plan_load(loaded, incoming, limits);
+    let plan = plan_load(loaded, incoming, limits);
     if plan.is_blocked() || loaded.iter().any(|m| m.name == incoming.name) {
         return plan;
     }
+    fit_memory(plan, loaded, memory)
+}
+
+/// The room a second copy of the loaded model `name` needs: a reload or a weight update
+/// loads the new runtimes next to the old ones, so it takes no slot, only memory. Like
+/// [`plan_load_within`]'s memory part, with `name` itself held: it is never a victim, and the
+/// shortfall lists it as a holder.
+pub fn plan_second_copy(loaded: &[LoadedModel], name: &ModelName, memory: &Memory) -> EvictionPlan {
+    let loaded: Vec<LoadedModel> = loaded
+        .iter()
+        .map(|m| LoadedModel { held: m.held || m.name == *name, ..m.clone() })
+        .collect();
+    fit_memory(EvictionPlan::default(), &loaded, memory)
+}
+
+/// Adds victims to `plan` until `memory` says the incoming model fits, counting what the
+/// plan's victims free: models that hold GPU memory and are not held, idle ones first,
+/// least recently used first, then busy ones. When even every candidate would not make
+/// room, the plan evicts nothing and says what is missing.
+fn fit_memory(mut plan: EvictionPlan, loaded: &[LoadedModel], memory: &Memory) -> EvictionPlan {
     let vram = |name: &ModelName| loaded.iter().find(|m| m.name == *name).map_or(0, |m| m.vram_mib);
     let need = i128::from(memory.needed_mib);
     let mut free =

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use hangar_config::{Device, MaxLoadedModels, ModelName, ModelType};
 use hangar_eviction::{
     EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Memory, Victim, plan_load,
-    plan_load_within, plan_retry_after_failure,
+    plan_load_within, plan_retry_after_failure, plan_second_copy,
 };
 
 use EvictionReason::{ExclusiveDevice, LoadFailureRetry, SlotLimit};
@@ -419,4 +419,51 @@ fn a_shortfall_lists_every_holder_largest_first_with_whether_it_is_held() {
         &memory,
     );
     assert!(again.is_empty() && again.shortfall.is_none());
+}
+
+/// A reload or a weight update loads a second copy next to the model's runtimes: no slot is
+/// needed, only memory, and the model itself is held (never its own victim).
+#[test]
+fn a_second_copy_needs_memory_not_a_slot_and_never_evicts_the_model_itself() {
+    let me = || on_gpu("me", Llm, 1, 0, 3000);
+    // (what, loaded, free MiB, needed MiB, victims, MiB missing)
+    type Row = (&'static str, Vec<LoadedModel>, i64, u64, Vec<&'static str>, Option<u64>);
+    let rows: Vec<Row> = vec![
+        ("fits: nothing evicted, even with every slot taken", vec![me()], 4000, 3000, vec![], None),
+        (
+            "idle others go, least recently used first; the model is older but stays",
+            vec![me(), on_gpu("b", Embedding, 3, 0, 1000), on_gpu("c", Llm, 2, 0, 1000)],
+            1200,
+            3000,
+            vec!["c", "b"],
+            None,
+        ),
+        (
+            "busy others go after idle ones",
+            vec![me(), on_gpu("busy", Llm, 2, 1, 2000), on_gpu("idle", Llm, 3, 0, 500)],
+            500,
+            3000,
+            vec!["idle", "busy"],
+            None,
+        ),
+        (
+            "only the model itself holds memory: refused, not evicted",
+            vec![me()],
+            1000,
+            3000,
+            vec![],
+            Some(2000),
+        ),
+    ];
+    for (what, loaded, free, need, victims, missing) in rows {
+        let memory = Memory { free_mib: free, needed_mib: need };
+        let plan = plan_second_copy(&loaded, &name("me"), &memory);
+        let names: Vec<&str> = plan.victims.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, victims, "{what}");
+        assert!(plan.victims.iter().all(|v| v.reason == EvictionReason::VramBudget), "{what}");
+        assert_eq!(plan.shortfall.as_ref().map(|s| s.missing_mib), missing, "{what}");
+        if let Some(short) = &plan.shortfall {
+            assert!(short.holders.iter().any(|(n, _, held)| n.as_str() == "me" && *held), "{what}");
+        }
+    }
 }

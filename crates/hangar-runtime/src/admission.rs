@@ -75,7 +75,8 @@ impl Work {
 pub struct RequestGuard {
     /// The slot; `None` only while a retracted generation waits for a new one.
     permit: Mutex<Option<Permit<dyn Runtime>>>,
-    scheduler: Scheduler<dyn Runtime>,
+    /// The scheduler the slot came from; a retracted request can move to a reload's new one.
+    scheduler: Mutex<Scheduler<dyn Runtime>>,
     interrupts: watch::Receiver<Interrupt>,
     entry: Arc<ModelEntry>,
     generation: AtomicU64,
@@ -251,7 +252,8 @@ impl RequestGuard {
     /// Whether the request runs on the runtimes in service, whose pauses it obeys; a
     /// request still running on a reload's previous runtimes runs to its end.
     fn in_service(&self) -> bool {
-        in_service(&self.entry.lock(), &self.scheduler)
+        let scheduler = lock(&self.scheduler).clone();
+        in_service(&self.entry.lock(), &scheduler)
     }
 
     /// Reports a crash noticed while reading a forwarded answer's body.
@@ -281,7 +283,9 @@ impl RequestGuard {
         // The old permit is dropped (its slot freed) before waiting for a new one.
         let old = lock(&self.permit).take();
         drop(old);
-        let permit = grant(&self.entry, &self.scheduler, interrupts, true).await?;
+        let scheduler = lock(&self.scheduler).clone();
+        let (permit, scheduler) = grant(&self.entry, scheduler, interrupts, true).await?;
+        *lock(&self.scheduler) = scheduler;
         self.generation.store(self.entry.lock().generation, Ordering::Relaxed);
         *lock(&self.permit) = Some(permit);
         Ok(())
@@ -297,23 +301,48 @@ impl RequestGuard {
 
 /// Takes a slot from `scheduler` (at the head of the queue when `front`), then applies a
 /// pause that began before the request could see its interrupt: `abort` ends it, `retract`
-/// sends it back to the head of the queue.
+/// sends it back to the head of the queue. A request still queued when a reload closes the
+/// previous runtimes' scheduler moves to the new one, at the head of its queue. Returns the
+/// slot and the scheduler it came from.
 async fn grant(
     entry: &ModelEntry,
-    scheduler: &Scheduler<dyn Runtime>,
+    mut scheduler: Scheduler<dyn Runtime>,
     interrupts: &mut watch::Receiver<Interrupt>,
     mut front: bool,
-) -> Result<Permit<dyn Runtime>, ManagerError> {
+) -> Result<(Permit<dyn Runtime>, Scheduler<dyn Runtime>), ManagerError> {
     loop {
-        let permit =
-            if front { scheduler.acquire_front().await? } else { scheduler.acquire().await? };
+        let acquired =
+            if front { scheduler.acquire_front().await } else { scheduler.acquire().await };
+        let permit = match acquired {
+            Ok(permit) => permit,
+            Err(AdmissionError::ModelUnloading) => match successor(entry, &scheduler) {
+                Some(next) => {
+                    (scheduler, front) = (next, true);
+                    continue;
+                }
+                None => return Err(AdmissionError::ModelUnloading.into()),
+            },
+            Err(e) => return Err(e.into()),
+        };
         interrupts.borrow_and_update();
-        match on_grant(&entry.lock(), scheduler) {
-            None => return Ok(permit),
+        match on_grant(&entry.lock(), &scheduler) {
+            None => return Ok((permit, scheduler)),
             Some(Action::Abort(reason)) => return Err(aborted(&reason)),
             Some(Action::Retract) => front = true,
         }
     }
+}
+
+/// The scheduler that replaced `closed` while the model stayed loaded (a reload's), if any.
+fn successor(
+    entry: &ModelEntry,
+    closed: &Scheduler<dyn Runtime>,
+) -> Option<Scheduler<dyn Runtime>> {
+    let slot = entry.lock();
+    if slot.lifecycle.state() != ModelState::Loaded {
+        return None;
+    }
+    slot.scheduler.clone().filter(|s| !s.same(closed))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -333,24 +362,6 @@ impl std::fmt::Debug for RequestGuard {
             .field("model", &self.entry.config.name)
             .field("replica", &self.replica())
             .finish()
-    }
-}
-
-/// Holds a model for a request that triggered its auto-load, so it cannot be evicted before
-/// the request is admitted.
-struct Pin(Arc<ModelEntry>);
-
-impl Pin {
-    fn new(entry: &Arc<ModelEntry>) -> Self {
-        entry.lock().pins += 1;
-        Self(Arc::clone(entry))
-    }
-}
-
-impl Drop for Pin {
-    fn drop(&mut self) {
-        self.0.lock().pins -= 1;
-        self.0.notify();
     }
 }
 
@@ -384,7 +395,8 @@ impl Manager {
         let (scheduler, generation, pin) = match ready {
             Some((s, g)) => (s, g, None),
             None => {
-                let pin = Pin::new(&entry);
+                // Held until the request is admitted, so the model cannot be evicted first.
+                let pin = entry.count(|s| &mut s.pins);
                 match self.load_on_demand(name).await {
                     Ok(_) => {}
                     Err(ManagerError::LoadFailed { snapshot, .. }) => {
@@ -411,11 +423,15 @@ impl Manager {
             }
         };
         let mut interrupts = entry.interrupts.subscribe();
-        let permit = grant(&entry, &scheduler, &mut interrupts, false).await?;
+        let (permit, granted) = grant(&entry, scheduler.clone(), &mut interrupts, false).await?;
+        // Moved to a reload's new runtimes: crash reports are about their generation.
+        let generation =
+            if granted.same(&scheduler) { generation } else { entry.lock().generation };
+        let scheduler = granted;
         drop(pin);
         Ok(RequestGuard {
             permit: Mutex::new(Some(permit)),
-            scheduler,
+            scheduler: Mutex::new(scheduler),
             interrupts,
             entry,
             generation: AtomicU64::new(generation),

@@ -54,6 +54,11 @@ pub(crate) struct Slot {
     pub(crate) last_use: Option<(Instant, SystemTime)>,
     /// Requests that triggered an auto-load and hold the model until they are admitted.
     pub(crate) pins: u32,
+    /// Operations replacing the model's runtimes (a reload, a weight update): while any
+    /// runs, the model is held (never an eviction victim nor unloaded for idleness).
+    pub(crate) replacing: u32,
+    /// Explicit unloads asked for and not yet done: no lease is granted meanwhile.
+    pub(crate) unloads_pending: u32,
     pub(crate) load_progress: Option<f32>,
     pub(crate) loaded_replicas: u32,
     /// Incremented on every successful load, so late crash reports of an older load are
@@ -98,6 +103,8 @@ impl ModelEntry {
                 runtime_details: Arc::new([]),
                 last_use: None,
                 pins: 0,
+                replacing: 0,
+                unloads_pending: 0,
                 load_progress: None,
                 loaded_replicas: 0,
                 generation: 0,
@@ -176,7 +183,32 @@ impl ModelEntry {
         }
     }
 
+    /// Counts one more in the slot's counter `field` until the guard is dropped (dropping
+    /// wakes the model's waiters).
+    pub(crate) fn count(self: &Arc<Self>, field: fn(&mut Slot) -> &mut u32) -> Counted {
+        *field(&mut self.lock()) += 1;
+        Counted { entry: Arc::clone(self), field }
+    }
+
     pub(crate) fn touch(slot: &mut Slot) {
         slot.last_use = Some((Instant::now(), SystemTime::now()));
+    }
+}
+
+/// One count in a slot counter ([`ModelEntry::count`]), taken back on drop, so a caller that
+/// goes away never leaves it behind.
+pub(crate) struct Counted {
+    entry: Arc<ModelEntry>,
+    field: fn(&mut Slot) -> &mut u32,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        {
+            let mut slot = self.entry.lock();
+            let counter = (self.field)(&mut slot);
+            *counter = counter.saturating_sub(1);
+        }
+        self.entry.notify();
     }
 }

@@ -92,6 +92,14 @@ fn lease_not_found(model: &str, id: &str) -> ManagerError {
     ManagerError::LeaseNotFound { model: model.to_owned(), id: id.to_owned() }
 }
 
+/// The refusal of a lease while an explicit unload of the model is under way.
+fn unload_pending(slot: &Slot) -> ManagerError {
+    ManagerError::Conflict {
+        state: slot.lifecycle.state(),
+        message: "an unload of the model is under way; take the lease once it is done".into(),
+    }
+}
+
 fn check_ttl(ttl_seconds: u32) -> Result<Duration, ManagerError> {
     if ttl_seconds == 0 || ttl_seconds > MAX_LEASE_SECONDS {
         return Err(ManagerError::InvalidLoadRequest {
@@ -139,6 +147,9 @@ impl Manager {
             // together. Held before the load, so no eviction planned meanwhile can take the
             // model.
             let mut slot = entry.lock();
+            if slot.unloads_pending > 0 {
+                return Err(unload_pending(&slot));
+            }
             let limit = self.inner.max_leases;
             if slot.live_leases().count() >= limit.get() as usize {
                 let model = entry.config.name.to_string();
@@ -155,12 +166,32 @@ impl Manager {
             lease
         };
         self.start_housekeeping();
-        if let Err(e) = self.load_on_demand(name).await {
-            entry.lock().leases.retain(|h| h.lease.id != lease.id);
-            return Err(e);
-        }
-        self.journal_lease(&entry, &lease, LeaseChange::Acquired);
-        Ok(lease)
+        // The load and the grant run to their end even if this caller goes away: the lease
+        // is then granted (and journaled) or gone, never left half-taken.
+        let (this, name) = (self.clone(), name.to_owned());
+        let task = tokio::spawn(async move {
+            let loaded = this.load_on_demand(&name).await;
+            let mut slot = entry.lock();
+            // An unload decided while the model loaded wins: the lease is not granted.
+            let refused = match loaded {
+                Err(e) => Some(e),
+                Ok(_) if slot.unloads_pending > 0 => Some(unload_pending(&slot)),
+                Ok(_) => None,
+            };
+            if let Some(e) = refused {
+                slot.leases.retain(|h| h.lease.id != lease.id);
+                return Err(e);
+            }
+            drop(slot);
+            this.journal_lease(&entry, &lease, LeaseChange::Acquired);
+            Ok(lease)
+        });
+        task.await.unwrap_or_else(|_| {
+            Err(ManagerError::Conflict {
+                state: ModelState::Unloaded,
+                message: "the lease task panicked".into(),
+            })
+        })
     }
 
     /// Renews lease `id` of `name` for `ttl_seconds` (its own length when `None`).

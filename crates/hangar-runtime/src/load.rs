@@ -19,6 +19,7 @@ use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState, Scheduler, ef
 use crate::entry::{ModelEntry, Slot};
 use crate::error::{ManagerError, load_failed_message};
 use crate::events::Events;
+use crate::evict::{Ask, Refusal};
 use crate::manager::{LoadOptions, Manager};
 use crate::quarantine::FailureKind;
 use crate::snapshot::{ModelSnapshot, snapshot_of};
@@ -247,10 +248,11 @@ impl Manager {
             None => Err(LoadError::BackendUnavailable { kind: model.backend }),
             Some(backend) => backend.preflight(&model).await,
         };
+        let load_override = entry.lock().load_override.clone();
         let result = if let Err(e) = preflight {
             Err(e.to_string())
         } else {
-            match self.make_room(&entry, &model, replicas).await {
+            match self.make_room(&entry, &model, replicas, &load_override, Ask::Load).await {
                 Ok(settled) => {
                     let before = if settled { self.gpu_used_mib(&entry).await } else { None };
                     let loaded = self.load_with_retry(&entry, &model, replicas).await;
@@ -259,7 +261,25 @@ impl Manager {
                     }
                     loaded
                 }
-                Err(message) => Err(message),
+                Err(refusal) => {
+                    // The refusal's own words, as the caller will get them.
+                    let message = match &refusal {
+                        Refusal::Held(held) => format!(
+                            "slots_pinned: no room without evicting pinned or leased model(s): {}",
+                            held.join(", ")
+                        ),
+                        Refusal::Vram(_) => format!(
+                            "insufficient_vram: {}",
+                            refusal.clone().into_error(entry.config.name.as_str())
+                        ),
+                    };
+                    let mut slot = entry.lock();
+                    match refusal {
+                        Refusal::Held(held) => slot.blocked_by = held,
+                        Refusal::Vram(short) => slot.vram_shortfall = Some(short),
+                    }
+                    Err(message)
+                }
             }
         };
 
@@ -318,13 +338,15 @@ impl Manager {
         }
     }
 
-    /// The reload of a loaded model, in the load queue: load new runtimes, swap them in,
-    /// then drain and release the old ones in the background.
+    /// The reload of a loaded model, in the load queue: make room for the new runtimes next
+    /// to the old ones (the model held meanwhile), load them, swap them in (the pause set
+    /// stays), then drain and release the old ones in the background.
     async fn run_reload(
         &self,
         entry: Arc<ModelEntry>,
         prepared: Prepared,
     ) -> Result<ModelSnapshot, ManagerError> {
+        let _replacing = entry.count(|s| &mut s.replacing);
         let queue = self.inner.load_queue.lock().await;
         let resources = entry.resources.lock().await;
         let failed = |message: String, entry: &ModelEntry| {
@@ -341,7 +363,11 @@ impl Manager {
                 message: format!("the model is {state}; reload it once it is loaded"),
             });
         }
-        let settled = self.wait_for_release(&entry).await;
+        let (model, replicas) = (&prepared.effective, prepared.replicas.get());
+        let settled = self
+            .make_room(&entry, model, replicas, &prepared.load_override, Ask::SecondCopy)
+            .await
+            .map_err(|refusal| refusal.into_error(entry.config.name.as_str()))?;
         let before = if settled { self.gpu_used_mib(&entry).await } else { None };
         let loaded = self
             .load_replicas(&entry, &prepared.effective, prepared.replicas.get())
@@ -364,7 +390,13 @@ impl Manager {
                 slot.replicas = prepared.replicas;
                 slot.load_progress = None;
                 let installed = runtimes.clone();
+                let pause = slot.pause.take();
                 self.install(&mut slot, runtimes);
+                // The operator's pause holds the new runtimes too.
+                if let (Some(pause), Some(scheduler)) = (pause, &slot.scheduler) {
+                    scheduler.pause();
+                    slot.pause = Some(pause);
+                }
                 entry.apply(&mut slot, LifecycleEvent::Reloaded, None, &self.inner.events);
                 Ok((old, installed))
             } else {

@@ -50,17 +50,22 @@ impl Manager {
         if let Some(answer) = check()? {
             return Ok(answer);
         }
+        // Decided: from here no lease is granted until the unload is done (or given up).
+        let pending = entry.count(|s| &mut s.unloads_pending);
         let admin = self.admin_lock(&entry).await?;
         if let Some(answer) = check()? {
             return Ok(answer);
         }
+        // Runs to its end, leases revoked, even if this caller goes away.
         let (this, e) = (self.clone(), Arc::clone(&entry));
         let unload = async move {
             let _admin = admin;
-            this.unload_entry(&e, UnloadCause::Request).await
+            if this.unload_entry(&e, UnloadCause::Request).await {
+                this.revoke_leases(&e);
+            }
+            drop(pending);
         };
         let _ = tokio::spawn(unload).await;
-        self.revoke_leases(&entry);
         let slot = entry.lock();
         Ok(snapshot_of(&entry, &slot))
     }
@@ -68,20 +73,24 @@ impl Manager {
     /// Unloads every loaded model (concurrently) and returns the names of the models this
     /// call unloaded. Like an explicit unload, it revokes their leases.
     pub async fn unload_all(&self) -> Vec<String> {
-        let mut tasks = tokio::task::JoinSet::new();
+        // Detached tasks (not a `JoinSet`, which aborts its tasks when dropped): each unload
+        // runs to its end even if this caller goes away.
+        let mut tasks = Vec::new();
         for entry in &self.inner.order {
             let (this, entry) = (self.clone(), Arc::clone(entry));
-            tasks.spawn(async move {
+            let pending = entry.count(|s| &mut s.unloads_pending);
+            tasks.push(tokio::spawn(async move {
                 let unloaded = this.unload_entry(&entry, UnloadCause::Request).await;
                 if unloaded {
                     this.revoke_leases(&entry);
                 }
+                drop(pending);
                 unloaded.then(|| entry.config.name.to_string())
-            });
+            }));
         }
         let mut unloaded = Vec::new();
-        while let Some(done) = tasks.join_next().await {
-            unloaded.extend(done.ok().flatten());
+        for task in tasks {
+            unloaded.extend(task.await.ok().flatten());
         }
         let position =
             |name: &String| self.inner.order.iter().position(|e| e.config.name.as_str() == name);
@@ -90,10 +99,11 @@ impl Manager {
     }
 
     /// The graceful unload: stop admissions, wait for pinned requests to be admitted (not
-    /// on a paused model), cancel queued requests, drain running ones, release the runtimes. Returns whether
-    /// this call unloaded the model (false when it was not loaded, or when an eviction or
-    /// idle unload finds it held: pinned or leased, checked under the same lock as the
-    /// state change, so a lease taken meanwhile always wins).
+    /// on a paused model), cancel queued requests, drain running ones, release the
+    /// runtimes. Returns whether this call unloaded the model (false when it was not
+    /// loaded, or when an eviction or idle unload finds it held: pinned, leased or being
+    /// replaced, checked under the same lock as the state change, so a lease taken
+    /// meanwhile always wins).
     pub(crate) async fn unload_entry(&self, entry: &Arc<ModelEntry>, cause: UnloadCause) -> bool {
         let _resources = entry.resources.lock().await;
         let scheduler = {
@@ -101,7 +111,7 @@ impl Manager {
             if slot.lifecycle.state() != ModelState::Loaded {
                 return false;
             }
-            let held = entry.config.pinned || slot.leased();
+            let held = entry.config.pinned || slot.leased() || slot.replacing > 0;
             match &cause {
                 UnloadCause::Request => {}
                 UnloadCause::Eviction(_) | UnloadCause::Idle(_) if held => return false,

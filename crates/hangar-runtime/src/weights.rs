@@ -17,10 +17,14 @@ use serde::{Deserialize, Serialize};
 use crate::entry::ModelEntry;
 use crate::error::ManagerError;
 use crate::events::Events;
+use crate::evict::Ask;
 use crate::journal::EventKind;
 use crate::manager::Manager;
 use crate::pause::{PauseCause, PauseMode, Paused, not_loaded};
 use crate::snapshot::{ModelSnapshot, snapshot_of};
+
+/// A model's runtimes, one per replica.
+type Runtimes = Vec<Arc<dyn Runtime>>;
 
 /// What a weight update asks for (SGLang's `update_weights_from_disk` body).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -106,6 +110,8 @@ impl Manager {
         entry: &Arc<ModelEntry>,
         update: WeightUpdate,
     ) -> Result<ModelSnapshot, ManagerError> {
+        // Held from the start: no eviction takes the model while its weights are replaced.
+        let _replacing = entry.count(|s| &mut s.replacing);
         let (before, scheduler, effective) = {
             let slot = entry.lock();
             let scheduler = match (&slot.scheduler, slot.lifecycle.state()) {
@@ -133,12 +139,23 @@ impl Manager {
         let loaded = {
             let _queue = self.inner.load_queue.lock().await;
             let _resources = entry.resources.lock().await;
-            let replicas = entry.lock().replicas.get();
-            self.load_replicas(entry, &config, replicas).await
+            let (replicas, load_override) = {
+                let slot = entry.lock();
+                (slot.replicas.get(), slot.load_override.clone())
+            };
+            // The new weights load next to the old ones: one grant, as for any load.
+            match self.make_room(entry, &config, replicas, &load_override, Ask::SecondCopy).await {
+                Ok(_) => self.load_replicas(entry, &config, replicas).await.map_err(Err),
+                Err(refusal) => Err(Ok(refusal)),
+            }
         };
         let runtimes = match loaded {
             Ok(runtimes) => runtimes,
-            Err(e) => {
+            Err(Ok(refusal)) => {
+                self.restore_pause(entry, before);
+                return Err(refusal.into_error(entry.config.name.as_str()));
+            }
+            Err(Err(e)) => {
                 Events::bump(&self.inner.events.load_failures);
                 self.restore_pause(entry, before);
                 let message =
@@ -148,7 +165,22 @@ impl Manager {
                 return Err(ManagerError::LoadFailed { message, snapshot });
             }
         };
-        let old = self.swap_weights(entry, runtimes, config, &update);
+        let old = match self.swap_weights(entry, runtimes, config, &update) {
+            Ok(old) => old,
+            Err(new) => {
+                // The model stopped serving (a crash) while the new weights loaded.
+                for runtime in new {
+                    runtime.unload().await;
+                }
+                let state = entry.lock().lifecycle.state();
+                return Err(ManagerError::Conflict {
+                    state,
+                    message: format!(
+                        "the new weights could not be put in place (the model is {state}); they were released"
+                    ),
+                });
+            }
+        };
         for runtime in old {
             runtime.unload().await;
         }
@@ -164,17 +196,17 @@ impl Manager {
         Ok(snapshot_of(entry, &entry.lock()))
     }
 
-    /// Puts the new runtimes in place under the model's queue; returns the ones to release
-    /// (the new ones when the model stopped being loaded meanwhile).
+    /// Puts the new runtimes in place under the model's queue and returns the old ones to
+    /// release; `Err` gives the new ones back when the model stopped being loaded meanwhile.
     fn swap_weights(
         &self,
         entry: &ModelEntry,
         runtimes: Vec<Arc<dyn Runtime>>,
         config: Arc<hangar_config::ModelConfig>,
         update: &WeightUpdate,
-    ) -> Vec<Arc<dyn Runtime>> {
+    ) -> Result<Runtimes, Runtimes> {
         let mut slot = entry.lock();
-        let Some(scheduler) = slot.scheduler.clone() else { return runtimes };
+        let Some(scheduler) = slot.scheduler.clone() else { return Err(runtimes) };
         let details: Arc<[_]> = runtimes.iter().map(|r| r.details()).collect();
         match scheduler.replace_runtimes(runtimes) {
             Ok(old) => {
@@ -191,9 +223,9 @@ impl Manager {
                 };
                 self.inner.events.journal.record(&entry.config.name, kind);
                 Events::bump(&self.inner.events.loads);
-                old
+                Ok(old)
             }
-            Err(runtimes) => runtimes,
+            Err(runtimes) => Err(runtimes),
         }
     }
 
@@ -247,7 +279,26 @@ impl Manager {
                 ),
             });
         }
-        let _admin = self.admin_lock(&entry).await?;
+        let admin = self.admin_lock(&entry).await?;
+        // Runs to its end even if the caller goes away: a pause taken for the reading is
+        // always undone.
+        let this = self.clone();
+        let task = tokio::spawn(async move {
+            let _admin = admin;
+            this.run_check(&entry, action, may_pause).await
+        });
+        task.await.unwrap_or_else(|e| {
+            Err(ManagerError::Weights { message: format!("the weights check failed: {e}") })
+        })
+    }
+
+    async fn run_check(
+        &self,
+        entry: &Arc<ModelEntry>,
+        action: WeightsAction,
+        may_pause: bool,
+    ) -> Result<WeightsReport, ManagerError> {
+        let name = entry.config.name.as_str();
         let (path, before, loaded) = {
             let slot = entry.lock();
             let loaded = slot.lifecycle.state() == ModelState::Loaded;
@@ -265,14 +316,14 @@ impl Manager {
             return Err(ManagerError::WouldPause { model: name.to_owned(), action });
         }
         if holds {
-            self.pause_entry(&entry, PauseMode::InPlace, PauseCause::Checksum)?;
+            self.pause_entry(entry, PauseMode::InPlace, PauseCause::Checksum)?;
         }
         let started = std::time::Instant::now();
         let digest = tokio::task::spawn_blocking(move || hangar_weights::digest(path.as_ref()))
             .await
             .map_err(|e| ManagerError::Weights { message: format!("digest task failed: {e}") });
         if holds {
-            self.restore_pause(&entry, None::<Paused>);
+            self.restore_pause(entry, None::<Paused>);
         }
         let digest = digest?.map_err(|e| ManagerError::Weights { message: e.to_string() })?;
         let elapsed_ms = started.elapsed().as_millis() as u64;

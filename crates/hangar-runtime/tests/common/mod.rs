@@ -86,3 +86,51 @@ impl hangar_runtime::GpuProbe for PretendGpu {
         }])
     }
 }
+
+/// A manager for `value` whose stub engine takes each model's footprint on a pretend GPU
+/// with `base_mib` in use by something else.
+pub fn manager_on_gpu(
+    value: Value,
+    base_mib: u64,
+) -> (Manager, Arc<StubBackend>, Arc<hangar_backend::stub::StubGpu>) {
+    let gpu = hangar_backend::stub::StubGpu::new(base_mib);
+    let stub = Arc::new(StubBackend::new().with_gpu(Arc::clone(&gpu)));
+    let m = Manager::new(&config(value), Backends::new().with(stub.clone()));
+    m.set_gpu_probe(Arc::new(PretendGpu(Arc::clone(&gpu))));
+    (m, stub, gpu)
+}
+
+/// Polls `future` once; `true` when it finished.
+pub async fn poll_once<F: std::future::Future>(future: &mut std::pin::Pin<Box<F>>) -> bool {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx).is_ready())).await
+}
+
+/// The caller that hangs up: for every count `n` from 0, starts `op`, polls it `n` times
+/// (letting spawned work run between polls), drops it, lets everything settle, and calls
+/// `check` with `n`; stops after the count at which `op` finished by itself.
+pub async fn hang_up_after_every_poll<F, Fut, C, CFut>(mut op: F, mut check: C)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future,
+    C: FnMut(usize) -> CFut,
+    CFut: std::future::Future<Output = ()>,
+{
+    for polls in 0.. {
+        let mut future = Box::pin(op());
+        let mut finished = false;
+        for _ in 0..polls {
+            if poll_once(&mut future).await {
+                finished = true;
+                break;
+            }
+            settle().await;
+        }
+        drop(future);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        check(polls).await;
+        if finished {
+            return;
+        }
+        assert!(polls < 10_000, "the operation never finished");
+    }
+}
