@@ -292,3 +292,29 @@ async fn a_client_that_goes_away_cancels_the_upstream_request() {
     assert!(stderr, "stderr lines are captured too");
     runtime.unload().await;
 }
+
+/// Lemonade #2554: a model that loads on the port an unloaded (or evicted) model just freed
+/// starts cleanly, round after round: an unload returns only once the old child is gone and
+/// its port free, so the next child binds it and answers itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_loaded_on_the_port_another_just_freed_starts_cleanly() {
+    let port = free_port();
+    let on_port = |name: &str| {
+        let value = Value::Object(model(json!({ "vllm_port": port })).raw().clone());
+        let name = hangar_config::ModelName::new(name).unwrap();
+        Arc::new(ModelConfig::parse(&name, &value).unwrap())
+    };
+    for round in 0..3 {
+        let (old, _) = load(on_port("evicted")).await;
+        let old = old.expect("the first model loaded");
+        let pid = i32::try_from(old.pid().expect("a child")).unwrap();
+        old.unload().await;
+        assert!(!pid_alive(pid), "round {round}: the old child outlived its unload");
+        // `fake`: the name the chat request asks for; the old child would not know it.
+        let (new, watch) = load(on_port("fake")).await;
+        let new = new.unwrap_or_else(|e| panic!("round {round}: {e}\n{}", watch.text()));
+        let answer = read_all(new.forward(chat("hi", false)).await.unwrap()).await.unwrap();
+        assert!(answer.contains(r#""model": "fake""#), "round {round}: {answer}");
+        new.unload().await;
+    }
+}

@@ -72,12 +72,10 @@ pub(crate) struct Slot {
     pub(crate) weights_snapshot: Option<Arc<hangar_weights::WeightsDigest>>,
     /// Leases on the model (expired ones until housekeeping drops them).
     pub(crate) leases: Vec<crate::lease::Held>,
-    /// The held models that blocked the last load (`slots_pinned`); cleared at each load.
-    pub(crate) blocked_by: Vec<String>,
+    /// While loading: the outcome channel every caller of the load waits on.
+    pub(crate) load_outcome: Option<crate::outcome::OutcomeRx>,
     /// Recent failed loads and crashes, and the quarantine they led to.
     pub(crate) failures: crate::quarantine::FailureLog,
-    /// Why the last load did not fit in the VRAM budget; cleared at each load.
-    pub(crate) vram_shortfall: Option<hangar_eviction::VramShortfall>,
     /// GPU memory measured across loads (process tree, load delta).
     pub(crate) vram: crate::vram::ObservedVram,
 }
@@ -112,8 +110,7 @@ impl ModelEntry {
                 weight_version: None,
                 weights_snapshot: None,
                 leases: Vec::new(),
-                blocked_by: Vec::new(),
-                vram_shortfall: None,
+                load_outcome: None,
                 failures: Default::default(),
                 vram: Default::default(),
             }),

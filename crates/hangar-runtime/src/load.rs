@@ -17,10 +17,11 @@ use hangar_eviction::{LoadFailure, plan_retry_after_failure};
 use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState, Scheduler, effective_target};
 
 use crate::entry::{ModelEntry, Slot};
-use crate::error::{ManagerError, load_failed_message};
+use crate::error::ManagerError;
 use crate::events::Events;
-use crate::evict::{Ask, Refusal};
+use crate::grant::Ask;
 use crate::manager::{LoadOptions, Manager};
+use crate::outcome::{self, EngineFailure, Outcome, OutcomeRx, OutcomeTx};
 use crate::quarantine::FailureKind;
 use crate::snapshot::{ModelSnapshot, snapshot_of};
 
@@ -107,8 +108,11 @@ impl Manager {
             if options.is_empty() { None } else { Some(prepare(&entry.config, &options)?) };
         // Answers that change nothing come at once; a load to start or to wait for takes
         // the admin lock first, and the state is checked again under it.
-        if let Next::Answer(answer) = next_step(&entry, prepared.as_ref(), same_is_ok)? {
-            return Ok(*answer);
+        match next_step(&entry, prepared.as_ref(), same_is_ok)? {
+            Next::Answer(answer) => return Ok(*answer),
+            // A load in progress is joined: its outcome is this call's answer too.
+            Next::Wait(rx) => return outcome::answer(&entry, rx).await,
+            Next::Start => {}
         }
         // A model that becomes loaded while this waits for the lock is answered at once:
         // the lock's holder may be a reload waiting in the load queue, whose holder may be
@@ -119,16 +123,16 @@ impl Manager {
                 return match next_step(&entry, prepared.as_ref(), same_is_ok)? {
                     Next::Answer(answer) => Ok(*answer),
                     // Not loaded any more: what the state says now.
-                    Next::Wait | Next::Start => Err(ManagerError::Conflict {
+                    Next::Wait(_) | Next::Start => Err(ManagerError::Conflict {
                         state: entry.lock().lifecycle.state(),
                         message: "the model changed state while this load waited".into(),
                     }),
                 };
             }
         };
-        let start = match next_step(&entry, prepared.as_ref(), same_is_ok)? {
+        let rx = match next_step(&entry, prepared.as_ref(), same_is_ok)? {
             Next::Answer(answer) => return Ok(*answer),
-            Next::Wait => false,
+            Next::Wait(rx) => rx,
             Next::Start => {
                 let mut slot = entry.lock();
                 match trigger {
@@ -141,47 +145,25 @@ impl Manager {
                 slot.replicas = p.replicas;
                 slot.load_progress = Some(0.0);
                 slot.loaded_replicas = 0;
-                slot.blocked_by.clear();
-                slot.vram_shortfall = None;
+                let (tx, rx) = outcome::channel();
+                slot.load_outcome = Some(rx.clone());
                 entry.apply(&mut slot, LifecycleEvent::StartLoad, None, &self.inner.events);
-                true
+                drop(slot);
+                // The lock goes with the load, which runs to its end even if this caller
+                // leaves.
+                let (this, e) = (self.clone(), Arc::clone(&entry));
+                tokio::spawn(async move {
+                    let _admin = admin;
+                    this.run_load(e, tx).await;
+                });
+                rx
             }
         };
         entry.notify();
         if self.inner.idle_configured {
             self.start_housekeeping();
         }
-        if start {
-            // The lock goes with the load, which runs to its end even if this caller leaves.
-            let (this, e) = (self.clone(), Arc::clone(&entry));
-            let _ = tokio::spawn(async move {
-                let _admin = admin;
-                this.run_load(e).await;
-            })
-            .await;
-        } else {
-            drop(admin);
-        }
-        entry.wait_until(|s| s.lifecycle.state() != ModelState::Loading).await;
-        let slot = entry.lock();
-        let snapshot = snapshot_of(&entry, &slot);
-        if let Some(short) = &slot.vram_shortfall
-            && slot.lifecycle.state() == ModelState::Failed
-        {
-            let shortfall = Box::new(short.clone());
-            return Err(ManagerError::InsufficientVram { model: name.to_owned(), shortfall });
-        }
-        match slot.lifecycle.state() {
-            ModelState::Failed if !slot.blocked_by.is_empty() => Err(ManagerError::SlotsPinned {
-                model: name.to_owned(),
-                held: slot.blocked_by.clone(),
-            }),
-            ModelState::Failed => Err(ManagerError::LoadFailed {
-                message: load_failed_message(slot.lifecycle.last_error().unwrap_or("unknown")),
-                snapshot: Box::new(snapshot),
-            }),
-            _ => Ok(snapshot),
-        }
+        outcome::answer(&entry, rx).await
     }
 
     /// Loads a model with `options`, replacing its runtimes if it is loaded (Triton's
@@ -236,75 +218,62 @@ impl Manager {
     /// loads every replica (all or nothing), and retries once after evicting everything
     /// else when a failure other than not-found happens. A backend that is not compiled in,
     /// or whose preflight fails (a missing Python package), fails before anything is evicted.
-    async fn run_load(&self, entry: Arc<ModelEntry>) {
+    async fn run_load(&self, entry: Arc<ModelEntry>, done: OutcomeTx) {
         let _queue = self.inner.load_queue.lock().await;
         let _resources = entry.resources.lock().await;
         ModelEntry::touch(&mut entry.lock());
-        let (model, replicas) = {
+        let (model, replicas, load_override) = {
             let slot = entry.lock();
-            (Arc::clone(&slot.effective), slot.replicas.get())
+            (Arc::clone(&slot.effective), slot.replicas.get(), slot.load_override.clone())
         };
         let preflight = match self.inner.backends.get(model.backend) {
             None => Err(LoadError::BackendUnavailable { kind: model.backend }),
             Some(backend) => backend.preflight(&model).await,
         };
-        let load_override = entry.lock().load_override.clone();
-        let result = if let Err(e) = preflight {
-            Err(e.to_string())
-        } else {
-            match self.make_room(&entry, &model, replicas, &load_override, Ask::Load).await {
-                Ok(settled) => {
-                    let before = if settled { self.gpu_used_mib(&entry).await } else { None };
-                    let loaded = self.load_with_retry(&entry, &model, replicas).await;
-                    if let Ok(runtimes) = &loaded {
-                        self.record_load(&entry, before, runtimes).await;
+        let result = match preflight {
+            Err(e) => Err(Outcome::Failed(e.into())),
+            Ok(()) => {
+                match self.make_room(&entry, &model, replicas, &load_override, Ask::Load).await {
+                    Ok(settled) => {
+                        let before = if settled { self.gpu_used_mib(&entry).await } else { None };
+                        let loaded = self.load_with_retry(&entry, &model, replicas).await;
+                        if let Ok(runtimes) = &loaded {
+                            self.record_load(&entry, before, runtimes).await;
+                        }
+                        loaded.map_err(Outcome::Failed)
                     }
-                    loaded
-                }
-                Err(refusal) => {
-                    // The refusal's own words, as the caller will get them.
-                    let message = match &refusal {
-                        Refusal::Held(held) => format!(
-                            "slots_pinned: no room without evicting pinned or leased model(s): {}",
-                            held.join(", ")
-                        ),
-                        Refusal::Vram(_) => format!(
-                            "insufficient_vram: {}",
-                            refusal.clone().into_error(entry.config.name.as_str())
-                        ),
-                    };
-                    let mut slot = entry.lock();
-                    match refusal {
-                        Refusal::Held(held) => slot.blocked_by = held,
-                        Refusal::Vram(short) => slot.vram_shortfall = Some(short),
-                    }
-                    Err(message)
+                    Err(refusal) => Err(Outcome::Refused(refusal)),
                 }
             }
         };
 
         let mut slot = entry.lock();
         slot.load_progress = None;
-        match result {
+        slot.load_outcome = None;
+        let outcome = match result {
             Ok(runtimes) => {
                 self.install(&mut slot, runtimes);
                 entry.apply(&mut slot, LifecycleEvent::LoadSucceeded, None, &self.inner.events);
                 Events::bump(&self.inner.events.loads);
                 *self.inner.last_loaded.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some(entry.config.name.clone());
+                Outcome::Loaded
             }
-            Err(message) => {
+            Err(outcome) => {
                 slot.loaded_replicas = 0;
+                let message = outcome.message(entry.config.name.as_str()).unwrap_or_default();
                 let event = LifecycleEvent::LoadFailed;
                 entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
                 Events::bump(&self.inner.events.load_failures);
                 // Held models or a full GPU in the way are not the model's failure.
-                if slot.blocked_by.is_empty() && slot.vram_shortfall.is_none() {
+                if let Outcome::Failed(_) = outcome {
                     self.record_failure(&entry, &mut slot, FailureKind::LoadFailed, &message);
                 }
+                outcome
             }
-        }
+        };
         drop(slot);
+        done.send_replace(Some(outcome));
         entry.notify();
     }
 
@@ -315,10 +284,10 @@ impl Manager {
         entry: &Arc<ModelEntry>,
         model: &Arc<ModelConfig>,
         replicas: u32,
-    ) -> Result<Vec<Arc<dyn Runtime>>, String> {
+    ) -> Result<Vec<Arc<dyn Runtime>>, EngineFailure> {
         let first = match self.load_replicas(entry, model, replicas).await {
             Ok(runtimes) => return Ok(runtimes),
-            Err(e) if !e.eviction_may_help() => return Err(e.to_string()),
+            Err(e) if !e.eviction_may_help() => return Err(e.into()),
             Err(e) => e,
         };
         match plan_retry_after_failure(
@@ -330,11 +299,11 @@ impl Manager {
                 tracing::warn!(model = %entry.config.name, error = %first, "load failed; evicting every other model and retrying once");
                 // A model leased meanwhile stays; the retry goes ahead without its room.
                 let _ = self.execute(plan, &entry.config.name).await;
-                self.load_replicas(entry, model, replicas).await.map_err(|second| {
-                    format!("{first}; retry after evicting all other models failed: {second}")
-                })
+                self.load_replicas(entry, model, replicas)
+                    .await
+                    .map_err(|second| EngineFailure { first, retry: Some(second) })
             }
-            _ => Err(first.to_string()),
+            _ => Err(first.into()),
         }
     }
 
@@ -514,8 +483,8 @@ enum Trigger {
 enum Next {
     /// Answer with this snapshot: nothing to do.
     Answer(Box<ModelSnapshot>),
-    /// Wait for the load in progress.
-    Wait,
+    /// Join the load in progress: its outcome.
+    Wait(OutcomeRx),
     /// Start a load.
     Start,
 }
@@ -536,7 +505,13 @@ fn next_step(
             field: None,
             message: "the model is loaded; unload it before changing replicas or overrides".into(),
         }),
-        ModelState::Loading if same => Ok(Next::Wait),
+        ModelState::Loading if same => match &slot.load_outcome {
+            Some(rx) => Ok(Next::Wait(rx.clone())),
+            None => Err(ManagerError::Conflict {
+                state: ModelState::Loading,
+                message: "the model is loading without an outcome to wait for".into(),
+            }),
+        },
         ModelState::Loading => Err(ManagerError::Conflict {
             state: ModelState::Loading,
             message: "the model is already loading with other options".into(),

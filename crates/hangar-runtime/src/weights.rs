@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::entry::ModelEntry;
 use crate::error::ManagerError;
 use crate::events::Events;
-use crate::evict::Ask;
+use crate::grant::Ask;
 use crate::journal::EventKind;
 use crate::manager::Manager;
 use crate::pause::{PauseCause, PauseMode, Paused, not_loaded};

@@ -415,7 +415,8 @@ async fn healthz_and_readyz() {
 }
 
 /// Admin operations on one model run one at a time; one that cannot start within
-/// `admin_lock_timeout_s` answers 503 `admin_busy` and changes nothing.
+/// `admin_lock_timeout_s` answers 503 `admin_busy` and changes nothing. A load of a model
+/// that is loading is no such operation: it joins the load in progress.
 #[tokio::test]
 async fn admin_operations_on_a_model_wait_for_each_other_at_most_the_lock_timeout() {
     let config = hangar_config::Config::from_value(&json!({
@@ -436,13 +437,22 @@ async fn admin_operations_on_a_model_wait_for_each_other_at_most_the_lock_timeou
     // An unload while loading is a state conflict, answered at once.
     let (status, body) = post(&s, "/v1/admin/models/slow/unload", "").await;
     assert_eq!((status, body["error"]["code"].as_str()), (409, Some("state_conflict")), "{body}");
-    // A second load waits for the first one's lock, and gives up after a second.
+    // A second load joins the load in progress and answers with it (the spec's "200 if the
+    // model is already loaded or loading"), however long that takes.
+    let second_load = tokio::spawn({
+        let s = s.clone();
+        async move { post(&s, "/v1/admin/models/slow/load", "").await }
+    });
+    // An operation that needs the model to itself waits for the load's lock, and gives up
+    // after a second.
     let started = std::time::Instant::now();
-    let (status, body) = post(&s, "/v1/admin/models/slow/load", "").await;
+    let (status, body) = post(&s, "/v1/admin/models/slow/pause", "{}").await;
     assert_eq!((status, body["error"]["code"].as_str()), (503, Some("admin_busy")), "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("'slow'"), "{body}");
     assert!(started.elapsed() >= std::time::Duration::from_millis(900));
     assert_eq!(first.await.unwrap().0, 200, "the first load went on");
+    let (status, row) = second_load.await.unwrap();
+    assert_eq!((status, row["runtime_state"].as_str()), (200, Some("loaded")), "{row}");
 
     // Two unloads at once: both answer once the model is unloaded (the lock's waiter
     // checks the state again when it gets the lock).

@@ -1,0 +1,328 @@
+//! The grant: the one pure decision every path that creates runtimes goes through (a
+//! load, a reload, a weight update). Given the loaded models as the eviction policy sees
+//! them and, under a VRAM budget, the memory, it answers with the evictions to make or a
+//! typed refusal. No clock, no I/O: the callers in `evict.rs` read the inputs and execute
+//! the plan.
+
+use hangar_eviction::{
+    EvictionPlan, Incoming, LoadedModel, VramShortfall, plan_load, plan_load_within,
+    plan_second_copy,
+};
+
+use crate::error::ManagerError;
+
+/// What a grant is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// A load of a model that is not loaded: a slot and its memory.
+    Load,
+    /// New runtimes next to the model's own (a reload, a weight update): memory only; the
+    /// model is held meanwhile.
+    SecondCopy,
+}
+
+/// Why a grant was refused; nothing was evicted.
+#[derive(Debug, Clone)]
+pub(crate) enum Refusal {
+    /// Only evicting these held (pinned, leased, being replaced) models would make room.
+    Held(Vec<String>),
+    /// The model cannot fit in the VRAM budget.
+    Vram(VramShortfall),
+}
+
+impl Refusal {
+    /// The refusal as the caller gets it.
+    pub(crate) fn into_error(self, model: &str) -> ManagerError {
+        let model = model.to_owned();
+        match self {
+            Self::Held(held) => ManagerError::SlotsPinned { model, held },
+            Self::Vram(short) => {
+                ManagerError::InsufficientVram { model, shortfall: Box::new(short) }
+            }
+        }
+    }
+}
+
+/// The one decision every path that creates runtimes goes through: the eviction plan for
+/// `ask` given the loaded models and, under a VRAM budget, the memory (`None`: no admission
+/// by memory).
+pub(crate) fn decide(
+    ask: Ask,
+    loaded: &[LoadedModel],
+    incoming: &Incoming,
+    limits: &hangar_config::MaxLoadedModels,
+    memory: Option<&hangar_eviction::Memory>,
+) -> Result<EvictionPlan, Refusal> {
+    let plan = match (ask, memory) {
+        (Ask::Load, Some(memory)) => plan_load_within(loaded, incoming, limits, memory),
+        (Ask::Load, None) => plan_load(loaded, incoming, limits),
+        (Ask::SecondCopy, Some(memory)) => plan_second_copy(loaded, &incoming.name, memory),
+        (Ask::SecondCopy, None) => EvictionPlan::default(),
+    };
+    if let Some(short) = plan.shortfall {
+        return Err(Refusal::Vram(short));
+    }
+    if plan.is_blocked() {
+        return Err(Refusal::Held(plan.blocked_by.iter().map(ToString::to_string).collect()));
+    }
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use hangar_config::{Device, MaxLoadedModels, ModelType};
+    use hangar_eviction::Memory;
+
+    use hangar_config::ModelName;
+
+    use super::*;
+
+    fn loaded(name: &str, secs: u64, vram_mib: u64, held: bool) -> LoadedModel {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        LoadedModel {
+            name: ModelName::new(name).unwrap(),
+            model_type: ModelType::Llm,
+            device: Device::GPU,
+            last_use: *BASE.get_or_init(Instant::now) + Duration::from_secs(secs),
+            inflight: 0,
+            held,
+            vram_mib,
+        }
+    }
+
+    /// One row of the grant's table: what is asked, what is loaded, the memory (free,
+    /// needed) under a budget, and the answer as victims or the refusal's summary.
+    struct Row {
+        what: &'static str,
+        ask: Ask,
+        loaded: Vec<LoadedModel>,
+        slots: u32,
+        memory: Option<(i64, u64)>,
+        answer: Result<Vec<&'static str>, String>,
+    }
+
+    fn summary(refusal: &Refusal) -> String {
+        match refusal {
+            Refusal::Held(held) => format!("held: {}", held.join(",")),
+            Refusal::Vram(short) => format!("vram: {} missing", short.missing_mib),
+        }
+    }
+
+    #[test]
+    fn every_path_that_creates_runtimes_is_granted_by_one_table() {
+        let rows = [
+            Row {
+                what: "a load with a free slot and no budget evicts nothing",
+                ask: Ask::Load,
+                loaded: vec![loaded("a", 1, 0, false)],
+                slots: 2,
+                memory: None,
+                answer: Ok(vec![]),
+            },
+            Row {
+                what: "a load without a free slot evicts the least recently used",
+                ask: Ask::Load,
+                loaded: vec![loaded("b", 2, 0, false), loaded("a", 1, 0, false)],
+                slots: 2,
+                memory: None,
+                answer: Ok(vec!["a"]),
+            },
+            Row {
+                what: "a model being replaced is held: the load evicts the other one",
+                ask: Ask::Load,
+                loaded: vec![loaded("replaced", 1, 0, true), loaded("b", 2, 0, false)],
+                slots: 2,
+                memory: None,
+                answer: Ok(vec!["b"]),
+            },
+            Row {
+                what: "only held models in the way: refused, naming them",
+                ask: Ask::Load,
+                loaded: vec![loaded("replaced", 1, 0, true)],
+                slots: 1,
+                memory: None,
+                answer: Err("held: replaced".into()),
+            },
+            Row {
+                what: "a load short of memory even after every eviction is refused",
+                ask: Ask::Load,
+                loaded: vec![loaded("a", 1, 1000, false)],
+                slots: 4,
+                memory: Some((500, 3000)),
+                answer: Err("vram: 1500 missing".into()),
+            },
+            Row {
+                what: "a second copy without a budget needs nothing, whatever the slots",
+                ask: Ask::SecondCopy,
+                loaded: vec![loaded("new", 1, 4000, false), loaded("b", 2, 0, false)],
+                slots: 1,
+                memory: None,
+                answer: Ok(vec![]),
+            },
+            Row {
+                what: "a second copy evicts others for memory, never a slot",
+                ask: Ask::SecondCopy,
+                loaded: vec![
+                    loaded("new", 1, 2000, false),
+                    loaded("b", 2, 2500, false),
+                    loaded("c", 3, 500, false),
+                ],
+                slots: 1,
+                memory: Some((1100, 2000)),
+                answer: Ok(vec!["b"]),
+            },
+            Row {
+                what: "a second copy that only the model's own memory could make room for",
+                ask: Ask::SecondCopy,
+                loaded: vec![loaded("new", 1, 4000, false)],
+                slots: 4,
+                memory: Some((1600, 4000)),
+                answer: Err("vram: 2400 missing".into()),
+            },
+        ];
+        for row in rows {
+            let nz = |n| std::num::NonZeroU32::new(n).unwrap();
+            let limits = MaxLoadedModels { llm: nz(row.slots), embedding: nz(1), reranking: nz(1) };
+            let incoming = Incoming {
+                name: ModelName::new("new").unwrap(),
+                model_type: ModelType::Llm,
+                device: Device::GPU,
+            };
+            let memory = row.memory.map(|(free_mib, needed_mib)| Memory { free_mib, needed_mib });
+            let got = decide(row.ask, &row.loaded, &incoming, &limits, memory.as_ref());
+            let got = got
+                .map(|plan| plan.victims.iter().map(|v| v.name.to_string()).collect::<Vec<_>>())
+                .map_err(|r| summary(&r));
+            let want = row.answer.map(|v| v.into_iter().map(String::from).collect::<Vec<_>>());
+            assert_eq!(got, want, "{}", row.what);
+        }
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use std::time::{Duration, Instant};
+
+    use hangar_config::{Device, MaxLoadedModels, ModelName, ModelType};
+    use hangar_eviction::Memory;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const NAMES: [&str; 6] = ["new", "a", "b", "c", "d", "e"];
+
+    fn model() -> impl Strategy<Value = Model> {
+        // (last use, in flight, held, VRAM MiB, an embedding model)
+        (0..100u64, 0..3u32, any::<bool>(), 0..5000u64, any::<bool>())
+    }
+
+    proptest! {
+        /// Whatever is loaded and asked: a granted plan evicts no held model (nor the model
+        /// a second copy is for), evicts each model at most once, leaves the incoming model
+        /// a free slot for a load, and leaves enough memory under the budget; a refusal for
+        /// memory means even every evictable model would not make room.
+        #[test]
+        fn a_grant_never_evicts_held_models_nor_overfills_the_budget(
+            models in proptest::collection::vec(model(), 0..6),
+            second_copy in any::<bool>(),
+            slots in 1..4u32,
+            memory in proptest::option::of((-2000..8000i64, 0..8000u64)),
+        ) {
+            check(&models, second_copy, slots, memory)?;
+        }
+    }
+
+    type Model = (u64, u32, bool, u64, bool);
+
+    /// The invariants of one grant (see the property's doc).
+    fn check(
+        models: &[Model],
+        second_copy: bool,
+        slots: u32,
+        memory: Option<(i64, u64)>,
+    ) -> Result<(), TestCaseError> {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let base = *BASE.get_or_init(Instant::now);
+        // A second copy is for a loaded model: "new" is then the first one.
+        let skip = usize::from(!second_copy);
+        let loaded: Vec<LoadedModel> = models
+            .iter()
+            .zip(NAMES.iter().skip(skip))
+            .map(|(&(secs, inflight, held, vram_mib, embedding), name)| LoadedModel {
+                name: ModelName::new(*name).unwrap(),
+                model_type: if embedding { ModelType::Embedding } else { ModelType::Llm },
+                device: Device::GPU,
+                last_use: base + Duration::from_secs(secs),
+                inflight,
+                held,
+                vram_mib,
+            })
+            .collect();
+        let ask = if second_copy && !loaded.is_empty() { Ask::SecondCopy } else { Ask::Load };
+        let nz = |n| std::num::NonZeroU32::new(n).unwrap();
+        let limits = MaxLoadedModels { llm: nz(slots), embedding: nz(slots), reranking: nz(1) };
+        let incoming = Incoming {
+            name: ModelName::new("new").unwrap(),
+            model_type: loaded
+                .first()
+                .filter(|_| ask == Ask::SecondCopy)
+                .map_or(ModelType::Llm, |m| m.model_type),
+            device: Device::GPU,
+        };
+        let memory = memory.map(|(free_mib, needed_mib)| Memory { free_mib, needed_mib });
+        let already = loaded.iter().any(|m| m.name == incoming.name);
+        let vram = |m: &LoadedModel| i128::from(m.vram_mib);
+        match decide(ask, &loaded, &incoming, &limits, memory.as_ref()) {
+            Ok(plan) => {
+                let mut seen = std::collections::HashSet::new();
+                for victim in &plan.victims {
+                    let m = loaded.iter().find(|m| m.name == victim.name).expect("a loaded victim");
+                    prop_assert!(!m.held, "held {} evicted", m.name);
+                    prop_assert!(m.name != incoming.name, "the incoming model evicted");
+                    prop_assert!(seen.insert(victim.name.clone()), "{} twice", victim.name);
+                }
+                let stays = |m: &&LoadedModel| !seen.contains(&m.name);
+                if ask == Ask::Load && !already {
+                    let same_type = loaded
+                        .iter()
+                        .filter(stays)
+                        .filter(|m| m.model_type == incoming.model_type)
+                        .count();
+                    prop_assert!(same_type < slots as usize, "no free slot left");
+                }
+                if let (Some(memory), false) = (&memory, ask == Ask::Load && already) {
+                    let freed: i128 =
+                        loaded.iter().filter(|m| seen.contains(&m.name)).map(vram).sum();
+                    prop_assert!(
+                        i128::from(memory.free_mib) + freed >= i128::from(memory.needed_mib),
+                        "over budget"
+                    );
+                }
+            }
+            Err(Refusal::Vram(short)) => {
+                let memory = memory.expect("a VRAM refusal needs a budget");
+                let evictable: i128 = loaded
+                    .iter()
+                    .filter(|m| !(m.held || (ask == Ask::SecondCopy && m.name == incoming.name)))
+                    .map(vram)
+                    .sum();
+                prop_assert!(
+                    i128::from(memory.free_mib) + evictable < i128::from(memory.needed_mib)
+                );
+                prop_assert!(short.missing_mib > 0);
+            }
+            Err(Refusal::Held(held)) => {
+                prop_assert!(!held.is_empty());
+                for name in &held {
+                    prop_assert!(
+                        loaded.iter().any(|m| m.name.as_str() == name && m.held),
+                        "{name} not held"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
