@@ -114,22 +114,12 @@ impl Manager {
             Next::Wait(rx) => return outcome::answer(&entry, rx).await,
             Next::Start => {}
         }
-        // A model that becomes loaded while this waits for the lock is answered at once:
-        // the lock's holder may be a reload waiting in the load queue, whose holder may be
-        // evicting this very model and waiting for the request this load is for (its pin).
-        let admin = tokio::select! {
-            admin = self.admin_lock(&entry) => admin?,
-            () = entry.wait_until(|s| s.lifecycle.state() == ModelState::Loaded) => {
-                return match next_step(&entry, prepared.as_ref(), same_is_ok)? {
-                    Next::Answer(answer) => Ok(*answer),
-                    // Not loaded any more: what the state says now.
-                    Next::Wait(_) | Next::Start => Err(ManagerError::Conflict {
-                        state: entry.lock().lifecycle.state(),
-                        message: "the model changed state while this load waited".into(),
-                    }),
-                };
-            }
-        };
+        // Nothing that holds the lock waits for this call (the pin of the request it may be
+        // for): a reload or weight update holding it keeps the model held (`replacing`), so
+        // no eviction waits for that pin; an explicit unload waits for pins only when the
+        // model is loaded, and it queued for the (FIFO) lock after the model was loaded,
+        // so after any request that pinned the model (which happens only while it is not).
+        let admin = self.admin_lock(&entry).await?;
         let rx = match next_step(&entry, prepared.as_ref(), same_is_ok)? {
             Next::Answer(answer) => return Ok(*answer),
             Next::Wait(rx) => rx,

@@ -375,3 +375,37 @@ async fn an_inflight_count_never_outlives_its_request() {
     loaded_b.await.expect("a was idle").unwrap();
     assert_eq!(loaded(&m), ["b"]);
 }
+
+/// A load, a reload and a weight update whose callers hang up after any number of polls
+/// still end whole: the model serves on exactly one engine, is not paused, and is not held
+/// (an eviction can take it).
+#[tokio::test(start_paused = true)]
+async fn loads_reloads_and_updates_whose_callers_hang_up_end_whole() {
+    let slow =
+        json!({ "backend": "stub", "stub": { "load_delay_ms": 300, "unload_delay_ms": 100 } });
+    let (m, stub) = manager(json!({
+        "max_loaded_models": { "llm": 1 },
+        "models": { "a": slow, "b": { "backend": "stub" } }
+    }));
+    let consistent = |polls: usize, what: &'static str| {
+        let (m, stub) = (m.clone(), stub.clone());
+        async move {
+            let a = row(&m, "a");
+            let engines = usize::from(a.runtime_state == ModelState::Loaded);
+            assert_eq!(stub.live_runtimes(), engines, "{what} after {polls} polls: {a:?}");
+            assert_eq!(a.pause, None, "{what} after {polls} polls");
+        }
+    };
+    hang_up_after_every_poll(|| m.load("a", LoadOptions::default()), |n| consistent(n, "load"))
+        .await;
+    hang_up_after_every_poll(|| m.reload("a", LoadOptions::default()), |n| consistent(n, "reload"))
+        .await;
+    hang_up_after_every_poll(
+        || m.update_weights_from_disk("a", WeightUpdate::default()),
+        |n| consistent(n, "update"),
+    )
+    .await;
+    // Nothing still holds a: b's load evicts it.
+    m.load("b", LoadOptions::default()).await.unwrap();
+    assert_eq!(loaded(&m), ["b"]);
+}
