@@ -136,10 +136,14 @@ proptest! {
                         let result = match op {
                             Op::Load(_) => m.load(&target, LoadOptions::default()).await.map(drop),
                             Op::Unload(_) => m.unload(&target).await.map(drop),
-                            Op::Lease(i) => m.acquire_lease(&target, "job", 3600).await.map(|l| {
+                            Op::Lease(i) => {
+                                // A lease holds its model from the moment it is asked for
+                                // (while the model loads), granted in the end or not.
                                 ever_leased.lock().unwrap().insert(target.clone());
-                                leases.lock().unwrap().push((i % names.len(), l.id));
-                            }),
+                                m.acquire_lease(&target, "job", 3600).await.map(|l| {
+                                    leases.lock().unwrap().push((i % names.len(), l.id));
+                                })
+                            }
                             Op::Request(_) => {
                                 let (tx, mut rx) = tokio::sync::mpsc::channel(64);
                                 let run = m.generate(&target, common::request("hi", 3), tx);
