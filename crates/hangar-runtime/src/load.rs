@@ -163,11 +163,16 @@ impl Manager {
     /// new load fails, the old runtimes keep serving and nothing changes. An unloaded or
     /// failed model is simply loaded.
     ///
-    /// A reload briefly holds both generations of runtimes: on a GPU, their memory twice.
+    /// A reload briefly holds both generations of runtimes: on a GPU, their memory twice,
+    /// so the new ones are granted like a load (a second copy: memory, no slot), the model
+    /// held meanwhile. A pause set on the model stays; requests still queued on the old
+    /// runtimes when they close move to the new ones.
     ///
     /// # Errors
     /// As [`Manager::load`]; [`ManagerError::LoadFailed`] with the old runtimes serving
-    /// when the new ones fail to load.
+    /// when the new ones fail to load; [`ManagerError::InsufficientVram`] /
+    /// [`ManagerError::SlotsPinned`] when the grant refuses the new runtimes (nothing
+    /// changes).
     pub async fn reload(
         &self,
         name: &str,

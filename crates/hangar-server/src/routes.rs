@@ -77,6 +77,8 @@ const UPDATE: &[ErrorCode] = &[
     InvalidLoadRequest,
     RequestsActive,
     LoadFailed,
+    SlotsPinned,
+    InsufficientVram,
     AdminBusy,
 ];
 
@@ -184,7 +186,7 @@ pub(crate) fn all() -> Vec<Route> {
         .admin()
         .doc(
             "Replace a loaded model's weights",
-            "Pauses the model, loads the weights at `model_path` (default: the configured one) next to the running ones, swaps them in behind the same queue, releases the old ones, sets `weight_version` when given, and continues unless `keep_pause`. 409 requests_active while requests run, unless `abort_all_requests` (they end with generation_aborted) or the model is paused with `retract`. When the new weights fail to load, the old ones keep serving, the pause is undone, and the answer is 400 load_failed. Loading both costs the model's memory twice for the length of the load. `load_format` and `flush_cache` are accepted for SGLang compatibility.",
+            "Pauses the model, loads the weights at `model_path` (default: the configured one) next to the running ones, swaps them in behind the same queue, releases the old ones, sets `weight_version` when given, and continues unless `keep_pause`. 409 requests_active while requests run, unless `abort_all_requests` (they end with generation_aborted) or the model is paused with `retract`. When the new weights fail to load, the old ones keep serving, the pause is undone, and the answer is 400 load_failed. Loading both costs the model's memory twice for the length of the load, so the new weights are admitted like a load: under a `vram_budget`, least recently used idle models are evicted to make room, or the answer is 507 insufficient_vram with `error.vram_shortfall` (nothing evicted, the old weights serving, the pause undone). The model is held (never evicted) for the whole update; if it stops serving meanwhile (a crash), the new weights are released and the answer is 409 state_conflict. `load_format` and `flush_cache` are accepted for SGLang compatibility.",
         )
         .body::<admin::UpdateWeightsBody>(true)
         .ok::<admin::ModelRow>()
@@ -462,7 +464,7 @@ pub(crate) fn all() -> Vec<Route> {
             .admin()
             .doc(
                 "Load or reload a model",
-                "Loads the model. Already loaded without parameters: no-op. With `parameters.config` (a JSON object or a JSON string): an atomic reload with that config as the override patch — the patch is checked first, the old runtime serves until the new one is loaded and keeps serving when the reload fails. `file:` parameters are refused. A failed load answers 400.",
+                "Loads the model. Already loaded without parameters: no-op. With `parameters.config` (a JSON object or a JSON string): an atomic reload with that config as the override patch — the patch is checked first, the old runtime serves until the new one is loaded and keeps serving when the reload fails. The new runtime is admitted next to the old one (under a `vram_budget`, idle models are evicted for it, or the answer is 507 insufficient_vram); a pause set on the model stays. `file:` parameters are refused. A failed load answers 400.",
             )
             .body::<kserve::LoadBody>(true)
             .ok::<kserve::Empty>()
