@@ -60,9 +60,9 @@ impl Manager {
         let (this, e) = (self.clone(), Arc::clone(&entry));
         let unload = async move {
             let _admin = admin;
-            if this.unload_entry(&e, UnloadCause::Request).await {
-                this.revoke_leases(&e);
-            }
+            this.unload_entry(&e, UnloadCause::Request).await;
+            // The operator asked for the model gone: its leases go, whatever it is now.
+            this.revoke_leases(&e);
             drop(pending);
         };
         let _ = tokio::spawn(unload).await;
