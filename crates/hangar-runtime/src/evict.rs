@@ -1,9 +1,10 @@
-//! Making room for a load: the eviction plan (slots, exclusive devices, the VRAM budget)
+//! The load lane, where every path that creates runtimes takes its turn ([`Lane`]), and
+//! making room for a load: the eviction plan (slots, exclusive devices, the VRAM budget)
 //! made when the load leaves the queue, and its execution as graceful unloads.
 
 use std::sync::Arc;
 
-use hangar_backend::LoadOverride;
+use hangar_backend::{LoadError, LoadOverride, Runtime};
 use hangar_config::{ModelConfig, ModelName};
 use hangar_eviction::{EvictionPlan, Incoming, LoadedModel};
 use hangar_lifecycle::ModelState;
@@ -14,9 +15,72 @@ use crate::events::Events;
 use crate::grant::{Ask, Refusal, decide};
 use crate::journal::EventKind;
 use crate::manager::Manager;
+use crate::outcome::Outcome;
 use crate::unload::UnloadCause;
 
+/// What a path that creates runtimes asks for.
+pub(crate) struct Creation {
+    pub(crate) model: Arc<ModelConfig>,
+    pub(crate) replicas: u32,
+    pub(crate) load_override: LoadOverride,
+    pub(crate) ask: Ask,
+    /// Whether the GPU memory the runtimes take becomes the model's figure (not for weights
+    /// other than its definition's).
+    pub(crate) measure: bool,
+}
+
+/// A turn in the load lane: the serialized load queue and the model's resource lock, held
+/// while runtimes are created and until the caller has installed them (dropping it ends
+/// the turn).
+pub(crate) struct Lane<'a> {
+    manager: &'a Manager,
+    entry: &'a Arc<ModelEntry>,
+    _queue: tokio::sync::MutexGuard<'a, ()>,
+    _resources: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl Lane<'_> {
+    /// Creates runtimes through the one grant, the same way for every path: the engine's
+    /// preflight, the grant and its evictions (`make_room`), the GPU reading before, the
+    /// replicas (all or none; a load retries once after evicting everything else), and
+    /// the figures.
+    ///
+    /// # Errors
+    /// The [`Outcome`] that says why: refused by the grant, or the engine's failure.
+    pub(crate) async fn create(&self, c: &Creation) -> Result<Vec<Arc<dyn Runtime>>, Outcome> {
+        let (manager, entry) = (self.manager, self.entry);
+        let preflight = match manager.inner.backends.get(c.model.backend) {
+            None => Err(LoadError::BackendUnavailable { kind: c.model.backend }),
+            Some(backend) => backend.preflight(&c.model).await,
+        };
+        preflight.map_err(|e| Outcome::Failed(e.into()))?;
+        let room = manager.make_room(entry, &c.model, c.replicas, &c.load_override, c.ask);
+        let settled = room.await.map_err(Outcome::Refused)?;
+        let before = if settled && c.measure { manager.gpu_used_mib(entry).await } else { None };
+        // The spec's retry after evicting everything else is a load's; a reload or an
+        // update that fails leaves the old runtimes serving and every other model loaded.
+        let runtimes = match c.ask {
+            Ask::Load => manager.load_with_retry(entry, &c.model, c.replicas).await,
+            Ask::SecondCopy => {
+                manager.load_replicas(entry, &c.model, c.replicas).await.map_err(Into::into)
+            }
+        }
+        .map_err(Outcome::Failed)?;
+        if c.measure {
+            manager.record_load(entry, before, &runtimes, &c.load_override).await;
+        }
+        Ok(runtimes)
+    }
+}
+
 impl Manager {
+    /// Waits for `entry`'s turn in the load lane.
+    pub(crate) async fn enter_lane<'a>(&'a self, entry: &'a Arc<ModelEntry>) -> Lane<'a> {
+        let queue = self.inner.load_queue.lock().await;
+        let resources = entry.resources.lock().await;
+        Lane { manager: self, entry, _queue: queue, _resources: resources }
+    }
+
     /// Plans and executes the evictions `ask` for `model` (`replicas` replicas under
     /// `load_override`) needs, after
     /// the memory of earlier unloads shows as released, and waits for the victims' memory

@@ -92,7 +92,7 @@ impl Manager {
         Some(gpus.iter().map(|g| g.used_mib).sum())
     }
 
-    /// Records what a successful load of `runtimes` took: the GPUs' used memory now minus
+    /// Records what a successful load of `runtimes` under `load_override` took: the GPUs' used memory now minus
     /// `before` (`None`: not measured, or an earlier unload's release may have landed in
     /// between), and the memory of the engines' process trees when they run in child
     /// processes; then saves the state file.
@@ -101,6 +101,7 @@ impl Manager {
         entry: &ModelEntry,
         before: Option<u64>,
         runtimes: &[Arc<dyn Runtime>],
+        load_override: &LoadOverride,
     ) {
         let Some(gpus) = self.read_gpus(entry.config.device).await else { return };
         let roots: Vec<u32> = runtimes.iter().filter_map(|r| r.pid()).collect();
@@ -120,7 +121,7 @@ impl Manager {
         let replicas = runtimes.len() as u32;
         {
             let mut slot = entry.lock();
-            let load_override = slot.load_override.fields().clone();
+            let load_override = load_override.fields().clone();
             let now = unix_ms(std::time::SystemTime::now());
             let figure = |method, mib, gpus| Figure {
                 replicas,

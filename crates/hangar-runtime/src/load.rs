@@ -19,6 +19,7 @@ use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState, Scheduler, ef
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::events::Events;
+use crate::evict::Creation;
 use crate::grant::Ask;
 use crate::manager::{LoadOptions, Manager};
 use crate::outcome::{self, EngineFailure, Outcome, OutcomeRx, OutcomeTx};
@@ -214,33 +215,19 @@ impl Manager {
     /// else when a failure other than not-found happens. A backend that is not compiled in,
     /// or whose preflight fails (a missing Python package), fails before anything is evicted.
     async fn run_load(&self, entry: Arc<ModelEntry>, done: OutcomeTx) {
-        let _queue = self.inner.load_queue.lock().await;
-        let _resources = entry.resources.lock().await;
+        let lane = self.enter_lane(&entry).await;
         ModelEntry::touch(&mut entry.lock());
-        let (model, replicas, load_override) = {
+        let creation = {
             let slot = entry.lock();
-            (Arc::clone(&slot.effective), slot.replicas.get(), slot.load_override.clone())
-        };
-        let preflight = match self.inner.backends.get(model.backend) {
-            None => Err(LoadError::BackendUnavailable { kind: model.backend }),
-            Some(backend) => backend.preflight(&model).await,
-        };
-        let result = match preflight {
-            Err(e) => Err(Outcome::Failed(e.into())),
-            Ok(()) => {
-                match self.make_room(&entry, &model, replicas, &load_override, Ask::Load).await {
-                    Ok(settled) => {
-                        let before = if settled { self.gpu_used_mib(&entry).await } else { None };
-                        let loaded = self.load_with_retry(&entry, &model, replicas).await;
-                        if let Ok(runtimes) = &loaded {
-                            self.record_load(&entry, before, runtimes).await;
-                        }
-                        loaded.map_err(Outcome::Failed)
-                    }
-                    Err(refusal) => Err(Outcome::Refused(refusal)),
-                }
+            Creation {
+                model: Arc::clone(&slot.effective),
+                replicas: slot.replicas.get(),
+                load_override: slot.load_override.clone(),
+                ask: Ask::Load,
+                measure: true,
             }
         };
+        let result = lane.create(&creation).await;
 
         let mut slot = entry.lock();
         slot.load_progress = None;
@@ -274,7 +261,7 @@ impl Manager {
 
     /// Loads the replicas; after a failure that eviction may cure (not a missing artifact nor
     /// a taken port), evicts every other model and tries once more.
-    async fn load_with_retry(
+    pub(crate) async fn load_with_retry(
         &self,
         entry: &Arc<ModelEntry>,
         model: &Arc<ModelConfig>,
@@ -311,8 +298,7 @@ impl Manager {
         prepared: Prepared,
     ) -> Result<ModelSnapshot, ManagerError> {
         let _replacing = entry.count(|s| &mut s.replacing);
-        let queue = self.inner.load_queue.lock().await;
-        let resources = entry.resources.lock().await;
+        let lane = self.enter_lane(&entry).await;
         let failed = |message: String, entry: &ModelEntry| {
             let slot = entry.lock();
             ManagerError::LoadFailed {
@@ -327,19 +313,20 @@ impl Manager {
                 message: format!("the model is {state}; reload it once it is loaded"),
             });
         }
-        let (model, replicas) = (&prepared.effective, prepared.replicas.get());
-        let settled = self
-            .make_room(&entry, model, replicas, &prepared.load_override, Ask::SecondCopy)
-            .await
-            .map_err(|refusal| refusal.into_error(entry.config.name.as_str()))?;
-        let before = if settled { self.gpu_used_mib(&entry).await } else { None };
-        let loaded = self
-            .load_replicas(&entry, &prepared.effective, prepared.replicas.get())
-            .await
-            .map_err(|e| e.to_string());
-        let runtimes = match loaded {
+        let creation = Creation {
+            model: Arc::clone(&prepared.effective),
+            replicas: prepared.replicas.get(),
+            load_override: prepared.load_override.clone(),
+            ask: Ask::SecondCopy,
+            measure: true,
+        };
+        let runtimes = match lane.create(&creation).await {
             Ok(runtimes) => runtimes,
-            Err(message) => {
+            Err(Outcome::Refused(refusal)) => {
+                return Err(refusal.into_error(entry.config.name.as_str()));
+            }
+            Err(outcome) => {
+                let message = outcome.message(entry.config.name.as_str()).unwrap_or_default();
                 Events::bump(&self.inner.events.load_failures);
                 tracing::warn!(model = %entry.config.name, error = %message, "reload failed; the previous runtime keeps serving");
                 return Err(failed(message, &entry));
@@ -353,7 +340,6 @@ impl Manager {
                 slot.load_override = prepared.load_override;
                 slot.replicas = prepared.replicas;
                 slot.load_progress = None;
-                let installed = runtimes.clone();
                 let pause = slot.pause.take();
                 self.install(&mut slot, runtimes);
                 // The operator's pause holds the new runtimes too.
@@ -362,12 +348,12 @@ impl Manager {
                     slot.pause = Some(pause);
                 }
                 entry.apply(&mut slot, LifecycleEvent::Reloaded, None, &self.inner.events);
-                Ok((old, installed))
+                Ok(old)
             } else {
                 Err(runtimes)
             }
         };
-        let (old, installed) = match swapped {
+        let old = match swapped {
             Ok(swapped) => swapped,
             Err(runtimes) => {
                 // The old runtime crashed while the new one loaded: keep the failure.
@@ -377,12 +363,10 @@ impl Manager {
                 return Err(failed("the running runtime failed meanwhile".into(), &entry));
             }
         };
-        // The previous runtimes still hold their memory: the difference is the new ones'.
-        self.record_load(&entry, before, &installed).await;
         let snapshot = snapshot_of(&entry, &entry.lock());
         Events::bump(&self.inner.events.loads);
         entry.notify();
-        drop((resources, queue));
+        drop(lane);
         if let Some(old) = old {
             let entry = Arc::clone(&entry);
             tokio::spawn(async move {

@@ -17,9 +17,11 @@ use serde::{Deserialize, Serialize};
 use crate::entry::ModelEntry;
 use crate::error::ManagerError;
 use crate::events::Events;
+use crate::evict::Creation;
 use crate::grant::Ask;
 use crate::journal::EventKind;
 use crate::manager::Manager;
+use crate::outcome::Outcome;
 use crate::pause::{PauseCause, PauseMode, Paused, not_loaded};
 use crate::snapshot::{ModelSnapshot, snapshot_of};
 
@@ -139,28 +141,28 @@ impl Manager {
         let model_path = update.model_path.clone().or_else(|| entry.config.model_path.clone());
         config.model_path.clone_from(&model_path);
         let config = Arc::new(config);
-        let loaded = {
-            let _queue = self.inner.load_queue.lock().await;
-            let _resources = entry.resources.lock().await;
-            let (replicas, load_override) = {
-                let slot = entry.lock();
-                (slot.replicas.get(), slot.load_override.clone())
-            };
-            // The new weights load next to the old ones: one grant, as for any load.
-            match self.make_room(entry, &config, replicas, &load_override, Ask::SecondCopy).await {
-                Ok(_) => self.load_replicas(entry, &config, replicas).await.map_err(Err),
-                Err(refusal) => Err(Ok(refusal)),
+        let lane = self.enter_lane(entry).await;
+        let creation = {
+            let slot = entry.lock();
+            Creation {
+                model: Arc::clone(&config),
+                replicas: slot.replicas.get(),
+                load_override: slot.load_override.clone(),
+                ask: Ask::SecondCopy,
+                // Other weights than the definition's: their memory is not its figure.
+                measure: false,
             }
         };
-        let runtimes = match loaded {
+        let runtimes = match lane.create(&creation).await {
             Ok(runtimes) => runtimes,
-            Err(Ok(refusal)) => {
+            Err(outcome) => {
                 self.restore_pause(entry, before);
-                return Err(refusal.into_error(entry.config.name.as_str()));
-            }
-            Err(Err(e)) => {
+                let name = entry.config.name.as_str();
+                let e = match outcome {
+                    Outcome::Refused(refusal) => return Err(refusal.into_error(name)),
+                    outcome => outcome.message(name).unwrap_or_default(),
+                };
                 Events::bump(&self.inner.events.load_failures);
-                self.restore_pause(entry, before);
                 let message =
                     format!("weight update failed; the previous weights keep serving: {e}");
                 tracing::warn!(model = %entry.config.name, error = %e, "weight update failed; the previous weights keep serving");
@@ -184,6 +186,7 @@ impl Manager {
                 });
             }
         };
+        drop(lane);
         for runtime in old {
             runtime.unload().await;
         }
