@@ -173,7 +173,8 @@ impl Manager {
         let old = match self.swap_weights(entry, runtimes, config, &update) {
             Ok(old) => old,
             Err(new) => {
-                // The model stopped serving (a crash) while the new weights loaded.
+                // The model stopped serving (a crash, an unload-all) while the new weights
+                // loaded.
                 for runtime in new {
                     runtime.unload().await;
                 }
@@ -212,7 +213,12 @@ impl Manager {
         update: &WeightUpdate,
     ) -> Result<Runtimes, Runtimes> {
         let mut slot = entry.lock();
-        let Some(scheduler) = slot.scheduler.clone() else { return Err(runtimes) };
+        // Not into a model an unload (unload-all does not wait for the update) has begun to
+        // take down, nor one that crashed.
+        let serving = slot.lifecycle.state() == hangar_lifecycle::ModelState::Loaded;
+        let Some(scheduler) = slot.scheduler.clone().filter(|_| serving) else {
+            return Err(runtimes);
+        };
         let details: Arc<[_]> = runtimes.iter().map(|r| r.details()).collect();
         match scheduler.replace_runtimes(runtimes) {
             Ok(old) => {

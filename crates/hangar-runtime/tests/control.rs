@@ -409,3 +409,46 @@ async fn loads_reloads_and_updates_whose_callers_hang_up_end_whole() {
     m.load("b", LoadOptions::default()).await.unwrap();
     assert_eq!(loaded(&m), ["b"]);
 }
+
+/// An unload-all (which does not wait for admin operations: it is also the shutdown path)
+/// asked while new weights load: the update either swapped them in while the model still
+/// served, and the journal shows that before the unload began, or it answers a conflict;
+/// either way no engine is left once the unload is done.
+#[tokio::test(start_paused = true)]
+async fn an_unload_all_during_an_update_leaves_an_honest_answer_and_no_engine() {
+    let slow =
+        json!({ "backend": "stub", "stub": { "load_delay_ms": 500, "unload_delay_ms": 2000 } });
+    let (m, stub) = manager(json!({ "models": { "a": slow } }));
+    m.load("a", LoadOptions::default()).await.unwrap();
+    let update = tokio::spawn({
+        let m = m.clone();
+        async move { m.update_weights_from_disk("a", WeightUpdate::default()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let all = tokio::spawn({
+        let m = m.clone();
+        async move { m.unload_all().await }
+    });
+    let updated = update.await.unwrap();
+    assert_eq!(all.await.unwrap(), ["a"]);
+    let order: Vec<String> = m
+        .follow_events(Some((m.events_epoch(), 0)))
+        .backlog
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::WeightsUpdated { .. } => Some("weights_updated".to_owned()),
+            EventKind::State { to, .. } => Some(to.to_string()),
+            _ => None,
+        })
+        .collect();
+    match updated {
+        Ok(_) => assert_eq!(
+            order,
+            ["loading", "loaded", "weights_updated", "unloading", "unloaded"],
+            "the update answered success"
+        ),
+        Err(e) => assert_eq!(e.code(), ErrorCode::StateConflict, "{e}"),
+    }
+    assert_eq!(row(&m, "a").runtime_state, ModelState::Unloaded);
+    assert_eq!(stub.live_runtimes(), 0, "no engine left, old or new");
+}

@@ -27,6 +27,9 @@
 //! 10. no runtime runs more than `target_inflight` (1) + its `dispatch_ahead` calls at once
 //!     (the backend wrapper records any call beyond that); models get a random
 //!     `dispatch_ahead` of 0-2, as an engine with a queue of its own.
+//! 11. new weights are swapped in (journal `weights_updated`, the update's success) only
+//!     while the model is loaded: never into a model an eviction, idle unload or unload-all
+//!     has begun to unload (a model whose weights are being replaced is held).
 
 mod common;
 
@@ -147,6 +150,8 @@ enum Op {
     Continue(usize),
     Lease(usize),
     Release(usize),
+    /// A weight update (abort running requests or not).
+    Update(usize, bool),
 }
 
 fn op(models: usize) -> impl Strategy<Value = Op> {
@@ -162,6 +167,7 @@ fn op(models: usize) -> impl Strategy<Value = Op> {
         2 => (0..models).prop_map(Op::Continue),
         1 => (0..models).prop_map(Op::Lease),
         1 => (0..models).prop_map(Op::Release),
+        1 => (0..models, any::<bool>()).prop_map(|(m, abort)| Op::Update(m, abort)),
     ]
 }
 
@@ -363,6 +369,8 @@ proptest! {
                     // moves once every task waits, so this reader sees each event at the
                     // virtual instant it happened.
                     let mut quarantine: HashMap<String, Quarantine> = HashMap::new();
+                    // Invariant 11's view: each model's state as its last transition left it.
+                    let mut states: HashMap<String, ModelState> = HashMap::new();
                     let mut blind = false;
                     loop {
                         let event = match journal.recv().await {
@@ -378,6 +386,13 @@ proptest! {
                         if let EventKind::Lease { change: LeaseChange::Revoked | LeaseChange::Expired, id, .. } = &event.kind {
                             leased.lock().unwrap().retain(|(_, held)| held != id);
                             ended.lock().unwrap().push(id.clone());
+                        }
+                        if let EventKind::State { to, .. } = &event.kind {
+                            states.insert(event.model.clone(), *to);
+                        }
+                        if let EventKind::WeightsUpdated { .. } = &event.kind && !blind {
+                            let state = states.get(&event.model).copied();
+                            assert_eq!(state, Some(ModelState::Loaded), "{}: new weights swapped in while {state:?}", event.model);
                         }
                         if let EventKind::Evicted { .. } | EventKind::IdleUnload { .. } = event.kind {
                             let pinned = m.model(&event.model).unwrap().pinned;
@@ -453,6 +468,14 @@ proptest! {
                         // Unload-all revokes leases too: the journal reader drops them.
                         let m = m.clone();
                         tasks.push(tokio::spawn(async move { m.unload_all().await; Ok(()) }));
+                    }
+                    Op::Update(i, abort_all_requests) => {
+                        let (m, n) = (m.clone(), names[i % names.len()].clone());
+                        let update = hangar_runtime::WeightUpdate { abort_all_requests, ..Default::default() };
+                        tasks.push(tokio::spawn(async move {
+                            let r = m.update_weights_from_disk(&n, update).await;
+                            r.map(drop).map_err(|e| e.code())
+                        }));
                     }
                     Op::Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
                 }
