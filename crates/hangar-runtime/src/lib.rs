@@ -5,10 +5,14 @@
 //!
 //! - a registry of the configured models (a `DashMap` of entries, each owning its
 //!   lifecycle behind one lock);
-//! - a serialized load queue; the eviction plan (`hangar-eviction`) is made when a load
-//!   leaves the queue, not when it enters, and executed as graceful unloads; loads are
-//!   idempotent for the same options, and a reload ([`Manager::reload`]) swaps in new
-//!   runtimes only once they loaded, the old ones serving meanwhile;
+//! - a serialized load lane that every path creating runtimes takes (a load, a reload, a
+//!   weight update), with one grant for all of them: the eviction plan (`hangar-eviction`),
+//!   made when the job leaves the queue, not when it enters, executed as graceful unloads,
+//!   or a typed refusal (`slots_pinned`, `insufficient_vram`); a model whose runtimes are
+//!   being replaced is held; loads are idempotent for the same options, a load in progress
+//!   is joined (every caller gets its one typed outcome), and a reload
+//!   ([`Manager::reload`]) swaps in new runtimes only once they loaded, the old ones
+//!   serving meanwhile;
 //! - admission ([`Manager::admit`]): a request is checked against the model's type and
 //!   capabilities before anything is loaded, then queued for a replica; the
 //!   [`RequestGuard`] runs it and reports a crashed runtime itself;
