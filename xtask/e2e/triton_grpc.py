@@ -74,8 +74,8 @@ def expect_error(fn, code, text):
 def health():
     assert client.is_server_live()
     # Ready means every enabled model is loaded, as over HTTP. The scripts before this one may
-    # have evicted one (triton_client.py's load of chat-thinking takes tiny-llama-server's
-    # slot); the keyed run starts on a fresh server, where the demo's enabled models are loaded.
+    # have evicted one (a load beyond the demo's slots takes the least recently used one's);
+    # the keyed run starts on a fresh server, where the demo's enabled models are loaded.
     ready = client.is_server_ready()
     assert ready == http_ready(), (ready, http_ready())
     assert ready or not KEY, "a fresh demo server is ready"

@@ -65,7 +65,7 @@ fn demo_config_merges_local_over_settings() {
         json!(["--jinja", "--no-webui"])
     );
     // Objects merge key by key at the top level too.
-    assert_eq!(config.max_loaded_models.llm.get(), 6);
+    assert_eq!(config.max_loaded_models.llm.get(), 7);
     assert_eq!(config.max_loaded_models.embedding.get(), 3);
     assert_eq!(config.max_loaded_models.reranking.get(), 2);
     // Types come from labels; devices from the backend.
