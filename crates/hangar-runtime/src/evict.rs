@@ -82,9 +82,8 @@ impl Manager {
     }
 
     /// Plans and executes the evictions `ask` for `model` (`replicas` replicas under
-    /// `load_override`) needs, after
-    /// the memory of earlier unloads shows as released, and waits for the victims' memory
-    /// too. `Ok(settled)`: whether every release showed in time (else a GPU delta measured
+    /// `load_override`) needs, after the memory of earlier unloads shows as released, and
+    /// waits for the victims' memory too. `Ok(settled)`: whether every release showed in time (else a GPU delta measured
     /// across the load would be wrong).
     ///
     /// # Errors
