@@ -101,15 +101,9 @@ async fn a_model_being_updated_is_held_and_never_evicted_under_the_update() {
     }));
     m.load("a", LoadOptions::default()).await.unwrap();
     // c's slow load is under way; b's load and then a's update wait behind it.
-    let c = tokio::spawn({
-        let m = m.clone();
-        async move { m.load("c", LoadOptions::default()).await }
-    });
+    let c = spawn_load(&m, "c");
     settle().await;
-    let b = tokio::spawn({
-        let m = m.clone();
-        async move { m.load("b", LoadOptions::default()).await }
-    });
+    let b = spawn_load(&m, "b");
     settle().await;
     let update = WeightUpdate { weight_version: Some("v2".into()), ..WeightUpdate::default() };
     let update = tokio::spawn({
@@ -293,10 +287,7 @@ async fn a_victim_asked_for_during_its_eviction_never_hangs_the_load_queue() {
         "models": { "a": slow, "b": { "backend": "stub" }, "c": { "backend": "stub" } }
     }));
     m.load("a", LoadOptions::default()).await.unwrap();
-    let b = tokio::spawn({
-        let m = m.clone();
-        async move { m.load("b", LoadOptions::default()).await }
-    });
+    let b = spawn_load(&m, "b");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(row(&m, "a").runtime_state, ModelState::Unloading);
     let again = spawn_generate(&m, "a", 2);
@@ -305,13 +296,7 @@ async fn a_victim_asked_for_during_its_eviction_never_hangs_the_load_queue() {
         Ok(text) => assert_eq!(text.split_whitespace().count(), 2),
         Err(e) => assert_eq!(e.code(), ErrorCode::ModelUnloading, "{e}"),
     }
-    bounded(tokio::spawn({
-        let m = m.clone();
-        async move { m.load("c", LoadOptions::default()).await }
-    }))
-    .await
-    .unwrap()
-    .unwrap();
+    bounded(spawn_load(&m, "c")).await.unwrap().unwrap();
     assert_eq!(bounded(generate(&m, "a", 2)).await.unwrap().split_whitespace().count(), 2);
     assert_eq!(loaded(&m), ["a"]);
 }

@@ -59,6 +59,15 @@ pub fn spawn_generate(
     tokio::spawn(async move { generate(&m, &model, max_tokens).await })
 }
 
+/// Spawns a load of `model` without options and returns its handle.
+pub fn spawn_load(
+    m: &Manager,
+    model: &str,
+) -> tokio::task::JoinHandle<Result<hangar_runtime::ModelSnapshot, ManagerError>> {
+    let (m, model) = (m.clone(), model.to_owned());
+    tokio::spawn(async move { m.load(&model, hangar_runtime::LoadOptions::default()).await })
+}
+
 /// Lets spawned tasks run until they block (paused clock: advances virtual time by 1 ms).
 pub async fn settle() {
     tokio::time::sleep(Duration::from_millis(1)).await;
