@@ -396,7 +396,7 @@ impl Manager {
             Some((s, g)) => (s, g, None),
             None => {
                 // Held until the request is admitted, so the model cannot be evicted first.
-                let pin = entry.count(|s| &mut s.pins);
+                let pin = self.inner.control.pin(entry.position);
                 match self.load_on_demand(name).await {
                     Ok(_) => {}
                     Err(ManagerError::LoadFailed { snapshot, .. }) => {

@@ -1,4 +1,4 @@
-//! One registered model: its config and its live slot, behind one lock.
+//! One registered model: its config and its live slot, behind one leaf lock.
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -7,7 +7,6 @@ use std::time::SystemTime;
 use hangar_backend::{Capabilities, LoadOverride, ModelLogs, Runtime, RuntimeDetails};
 use hangar_config::ModelConfig;
 use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState, Scheduler};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::events::StateChange;
@@ -25,16 +24,10 @@ pub(crate) struct ModelEntry {
     /// Seconds without work before it is unloaded: its own `idle_unload_seconds`, else the
     /// global one.
     pub(crate) idle_timeout: Option<NonZeroU32>,
+    /// The model's data. A leaf lock: held only to read or assign fields, never across an
+    /// await, and nothing else is taken while it is held. Who may change the runtimes it
+    /// holds is the control loop's decision (`crate::control`).
     slot: Mutex<Slot>,
-    /// Wakes waiters on every slot change they care about (state, pins).
-    changed: Notify,
-    /// Held by whoever creates or destroys this model's runtimes.
-    pub(crate) resources: tokio::sync::Mutex<()>,
-    /// The admin lock: held for the whole of one admin operation (load, reload, unload) so
-    /// that operations on one model run one at a time; waited for at most
-    /// `admin_lock_timeout`. Evictions do not take it (a load holding its own model's lock
-    /// may evict another).
-    pub(crate) admin: Arc<tokio::sync::Mutex<()>>,
     /// Its engine's output, across loads.
     pub(crate) logs: ModelLogs,
     /// Tells running requests to abort or retract (a pause).
@@ -52,8 +45,6 @@ pub(crate) struct Slot {
     /// What the engine reported for each replica of the installed runtimes.
     pub(crate) runtime_details: Arc<[RuntimeDetails]>,
     pub(crate) last_use: Option<(Instant, SystemTime)>,
-    /// Requests that triggered an auto-load and hold the model until they are admitted.
-    pub(crate) pins: u32,
     /// Operations replacing the model's runtimes (a reload, a weight update): while any
     /// runs, the model is held (never an eviction victim nor unloaded for idleness).
     pub(crate) replacing: u32,
@@ -100,7 +91,6 @@ impl ModelEntry {
                 capabilities,
                 runtime_details: Arc::new([]),
                 last_use: None,
-                pins: 0,
                 replacing: 0,
                 unloads_pending: 0,
                 load_progress: None,
@@ -118,9 +108,6 @@ impl ModelEntry {
             position,
             artifacts,
             idle_timeout,
-            changed: Notify::new(),
-            resources: tokio::sync::Mutex::new(()),
-            admin: Arc::new(tokio::sync::Mutex::new(())),
             logs: ModelLogs::default(),
             interrupts: Interrupts::new(),
         }
@@ -129,26 +116,6 @@ impl ModelEntry {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Slot> {
         // Critical sections only assign fields; a poisoned lock holds consistent data.
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Wakes everyone waiting on this model.
-    pub(crate) fn notify(&self) {
-        self.changed.notify_waiters();
-    }
-
-    /// Waits until `done(slot)` holds.
-    pub(crate) async fn wait_until(&self, mut done: impl FnMut(&Slot) -> bool) {
-        loop {
-            // Registered before the check, so a change between the check and the wait is
-            // not missed.
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if done(&self.lock()) {
-                return;
-            }
-            notified.await;
-        }
     }
 
     /// Moves the lifecycle along the transition table and reports the change.
@@ -180,8 +147,7 @@ impl ModelEntry {
         }
     }
 
-    /// Counts one more in the slot's counter `field` until the guard is dropped (dropping
-    /// wakes the model's waiters).
+    /// Counts one more in the slot's counter `field` until the guard is dropped.
     pub(crate) fn count(self: &Arc<Self>, field: fn(&mut Slot) -> &mut u32) -> Counted {
         *field(&mut self.lock()) += 1;
         Counted { entry: Arc::clone(self), field }
@@ -201,11 +167,8 @@ pub(crate) struct Counted {
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        {
-            let mut slot = self.entry.lock();
-            let counter = (self.field)(&mut slot);
-            *counter = counter.saturating_sub(1);
-        }
-        self.entry.notify();
+        let mut slot = self.entry.lock();
+        let counter = (self.field)(&mut slot);
+        *counter = counter.saturating_sub(1);
     }
 }

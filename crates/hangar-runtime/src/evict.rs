@@ -29,14 +29,13 @@ pub(crate) struct Creation {
     pub(crate) measure: bool,
 }
 
-/// A turn in the load lane: the serialized load queue and the model's resource lock, held
-/// while runtimes are created and until the caller has installed them (dropping it ends
-/// the turn).
+/// A turn in the load lane, granted by the control loop: the one lane and the model's
+/// runtimes, held while runtimes are created and until the caller has installed them
+/// (dropping it ends the turn).
 pub(crate) struct Lane<'a> {
     manager: &'a Manager,
     entry: &'a Arc<ModelEntry>,
-    _queue: tokio::sync::MutexGuard<'a, ()>,
-    _resources: tokio::sync::MutexGuard<'a, ()>,
+    _turn: crate::control::Turn,
 }
 
 impl Lane<'_> {
@@ -76,9 +75,8 @@ impl Lane<'_> {
 impl Manager {
     /// Waits for `entry`'s turn in the load lane.
     pub(crate) async fn enter_lane<'a>(&'a self, entry: &'a Arc<ModelEntry>) -> Lane<'a> {
-        let queue = self.inner.load_queue.lock().await;
-        let resources = entry.resources.lock().await;
-        Lane { manager: self, entry, _queue: queue, _resources: resources }
+        let turn = self.inner.control.create(entry.position).await;
+        Lane { manager: self, entry, _turn: turn }
     }
 
     /// Plans and executes the evictions `ask` for `model` (`replicas` replicas under
@@ -127,7 +125,7 @@ impl Manager {
                 model_type: entry.config.model_type,
                 device: entry.config.device,
                 last_use: slot.last_use.map_or_else(Instant::now, |(t, _)| t).into_std(),
-                inflight: busy + slot.pins,
+                inflight: busy + self.inner.control.pins(entry.position),
                 held: entry.config.pinned || slot.leased() || slot.replacing > 0,
                 vram_mib: crate::gpu::vram_held(entry, &slot),
             });

@@ -274,7 +274,8 @@ async fn housekeeping(inner: Weak<Inner>) {
             manager.expire_leases(&entry);
             if let Some(idle) = manager.idle_for(&entry) {
                 // A model busy with an admin operation is not idle; try again next tick.
-                let Ok(admin) = Arc::clone(&entry.admin).try_lock_owned() else { continue };
+                let control = &manager.inner.control;
+                let Ok(admin) = control.admin_now(entry.position).await else { continue };
                 let seconds = idle.as_secs();
                 let kind = EventKind::IdleUnload { idle_seconds: seconds };
                 tracing::info!(model = %entry.config.name, idle_s = seconds, "unloading an idle model");
@@ -318,7 +319,7 @@ impl Manager {
         });
         if slot.lifecycle.state() != ModelState::Loaded
             || busy
-            || slot.pins > 0
+            || self.inner.control.pins(entry.position) > 0
             || slot.pause.is_some()
             || slot.leased()
         {

@@ -47,6 +47,7 @@
 //! ```
 
 mod admission;
+mod control;
 mod entry;
 mod error;
 mod estimate;

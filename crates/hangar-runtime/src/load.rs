@@ -120,7 +120,7 @@ impl Manager {
         // no eviction waits for that pin; an explicit unload waits for pins only when the
         // model is loaded, and it queued for the (FIFO) lock after the model was loaded,
         // so after any request that pinned the model (which happens only while it is not).
-        let admin = self.admin_lock(&entry).await?;
+        let admin = self.admin_turn(&entry).await?;
         let rx = match next_step(&entry, prepared.as_ref(), same_is_ok)? {
             Next::Answer(answer) => return Ok(*answer),
             Next::Wait(rx) => rx,
@@ -150,7 +150,6 @@ impl Manager {
                 rx
             }
         };
-        entry.notify();
         if self.inner.idle_configured {
             self.start_housekeeping();
         }
@@ -181,7 +180,7 @@ impl Manager {
     ) -> Result<ModelSnapshot, ManagerError> {
         let entry = self.entry(name)?;
         let prepared = prepare(&entry.config, &options)?;
-        let admin = self.admin_lock(&entry).await?;
+        let admin = self.admin_turn(&entry).await?;
         let state = entry.lock().lifecycle.state();
         match state {
             ModelState::Loaded => {}
@@ -256,7 +255,6 @@ impl Manager {
         };
         drop(slot);
         done.send_replace(Some(outcome));
-        entry.notify();
     }
 
     /// Loads the replicas; after a failure that eviction may cure (not a missing artifact nor
@@ -365,12 +363,11 @@ impl Manager {
         };
         let snapshot = snapshot_of(&entry, &entry.lock());
         Events::bump(&self.inner.events.loads);
-        entry.notify();
         drop(lane);
         if let Some(old) = old {
-            let entry = Arc::clone(&entry);
+            let (control, position) = (self.inner.control.clone(), entry.position);
             tokio::spawn(async move {
-                let _resources = entry.resources.lock().await;
+                let _runtimes = control.destroy(position).await;
                 old.drained().await;
                 old.close(AdmissionError::ModelUnloading);
                 for runtime in old.runtimes() {

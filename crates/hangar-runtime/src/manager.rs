@@ -79,7 +79,9 @@ pub(crate) struct Inner {
     pub(crate) max_queue_depth: usize,
     /// How long an admin operation waits for another on the same model.
     pub(crate) admin_lock_timeout: std::time::Duration,
-    pub(crate) load_queue: tokio::sync::Mutex<()>,
+    /// The control loop: admin turns, the load lane, runtimes' creation and destruction,
+    /// pins.
+    pub(crate) control: crate::control::Control,
     pub(crate) events: Events,
     pub(crate) last_loaded: std::sync::Mutex<Option<ModelName>>,
     /// Whether any model has an idle timeout (housekeeping starts at the first load).
@@ -141,7 +143,10 @@ impl Manager {
                 auto_load: config.auto_load,
                 max_queue_depth: config.max_queue_depth.get() as usize,
                 admin_lock_timeout: config.admin_lock_timeout,
-                load_queue: tokio::sync::Mutex::new(()),
+                control: crate::control::Control::new(
+                    config.models.len(),
+                    config.admin_lock_timeout,
+                ),
                 events: Events::new(),
                 last_loaded: std::sync::Mutex::new(None),
                 idle_configured: config.idle_unload_seconds.is_some()
@@ -161,19 +166,19 @@ impl Manager {
         }
     }
 
-    /// Takes `entry`'s admin lock, waiting at most `admin_lock_timeout` for the operation
-    /// that holds it.
+    /// Waits for `entry`'s admin turn from the control loop, at most `admin_lock_timeout`
+    /// behind the operation that holds it.
     ///
     /// # Errors
     /// [`ManagerError::AdminBusy`] when the wait ran out.
-    pub(crate) async fn admin_lock(
+    pub(crate) async fn admin_turn(
         &self,
         entry: &ModelEntry,
-    ) -> Result<tokio::sync::OwnedMutexGuard<()>, ManagerError> {
+    ) -> Result<crate::control::Turn, ManagerError> {
         let waited = self.inner.admin_lock_timeout;
-        tokio::time::timeout(waited, Arc::clone(&entry.admin).lock_owned())
-            .await
-            .map_err(|_| ManagerError::AdminBusy { model: entry.config.name.to_string(), waited })
+        self.inner.control.admin(entry.position).await.map_err(|crate::control::Busy| {
+            ManagerError::AdminBusy { model: entry.config.name.to_string(), waited }
+        })
     }
 
     pub(crate) fn entry(&self, name: &str) -> Result<Arc<ModelEntry>, ManagerError> {

@@ -182,7 +182,7 @@ impl Manager {
     /// [`ManagerError::AdminBusy`].
     pub async fn pause(&self, name: &str, mode: PauseMode) -> Result<ModelSnapshot, ManagerError> {
         let entry = self.entry(name)?;
-        let _admin = self.admin_lock(&entry).await?;
+        let _admin = self.admin_turn(&entry).await?;
         self.pause_entry(&entry, mode, PauseCause::Operator)?;
         Ok(snapshot_of(&entry, &entry.lock()))
     }
@@ -194,7 +194,7 @@ impl Manager {
     /// `unknown_model`; [`ManagerError::AdminBusy`].
     pub async fn resume(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
         let entry = self.entry(name)?;
-        let _admin = self.admin_lock(&entry).await?;
+        let _admin = self.admin_turn(&entry).await?;
         self.resume_entry(&entry);
         Ok(snapshot_of(&entry, &entry.lock()))
     }
@@ -232,7 +232,6 @@ impl Manager {
             PauseMode::Retract => entry.interrupts.send(Action::Retract),
             PauseMode::InPlace => {}
         }
-        entry.notify();
         Ok(())
     }
 
@@ -247,7 +246,6 @@ impl Manager {
         }
         self.inner.events.journal.record(&entry.config.name, EventKind::Resumed);
         drop(slot);
-        entry.notify();
     }
 
     /// Restores a pause taken before an operation that paused the model itself.

@@ -52,7 +52,7 @@ impl Manager {
         }
         // Decided: from here no lease is granted until the unload is done (or given up).
         let pending = entry.count(|s| &mut s.unloads_pending);
-        let admin = self.admin_lock(&entry).await?;
+        let admin = self.admin_turn(&entry).await?;
         if let Some(answer) = check()? {
             return Ok(answer);
         }
@@ -105,8 +105,8 @@ impl Manager {
     /// replaced, checked under the same lock as the state change, so a lease taken
     /// meanwhile always wins).
     pub(crate) async fn unload_entry(&self, entry: &Arc<ModelEntry>, cause: UnloadCause) -> bool {
-        let _resources = entry.resources.lock().await;
-        let scheduler = {
+        let _runtimes = self.inner.control.destroy(entry.position).await;
+        let (scheduler, paused) = {
             let mut slot = entry.lock();
             if slot.lifecycle.state() != ModelState::Loaded {
                 return false;
@@ -120,14 +120,16 @@ impl Manager {
                 }
             }
             entry.apply(&mut slot, LifecycleEvent::StartUnload, None, &self.inner.events);
-            slot.scheduler.clone()
+            // Set now or never: a pause needs the model loaded.
+            (slot.scheduler.clone(), slot.pause.is_some())
         };
-        entry.notify();
         tracing::info!(model = %entry.config.name, ?cause, "unloading");
         // Requests that triggered the load are admitted first, unless the model is paused:
         // a paused model admits nothing, so they are refused with the rest of its queue
         // (waiting for them would hold the load queue until someone resumes the model).
-        entry.wait_until(|s| s.pins == 0 || s.pause.is_some()).await;
+        if !paused {
+            self.inner.control.unpinned(entry.position).await;
+        }
         if let Some(scheduler) = &scheduler {
             scheduler.close(AdmissionError::ModelUnloading);
             scheduler.drained().await;
@@ -150,7 +152,6 @@ impl Manager {
         entry.apply(&mut slot, LifecycleEvent::UnloadCompleted, None, &self.inner.events);
         drop(slot);
         Events::bump(&self.inner.events.unloads);
-        entry.notify();
         true
     }
 
@@ -178,12 +179,12 @@ impl Manager {
             scheduler
         };
         Events::bump(&self.inner.events.crashes);
-        entry.notify();
         tracing::error!(model = %entry.config.name, reason, "backend crashed; model marked failed");
         if let Some(scheduler) = scheduler {
             let entry = Arc::clone(entry);
+            let control = self.inner.control.clone();
             tokio::spawn(async move {
-                let _resources = entry.resources.lock().await;
+                let _runtimes = control.destroy(entry.position).await;
                 scheduler.drained().await;
                 for runtime in scheduler.runtimes() {
                     runtime.unload().await;

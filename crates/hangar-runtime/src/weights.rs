@@ -93,7 +93,7 @@ impl Manager {
                 message: "must not be empty".into(),
             });
         }
-        let admin = self.admin_lock(&entry).await?;
+        let admin = self.admin_turn(&entry).await?;
         let (this, e) = (self.clone(), Arc::clone(&entry));
         // Run to its end even if the caller goes away: a half-done update would leave the
         // model paused.
@@ -291,7 +291,7 @@ impl Manager {
                 ),
             });
         }
-        let admin = self.admin_lock(&entry).await?;
+        let admin = self.admin_turn(&entry).await?;
         // Runs to its end even if the caller goes away: a pause taken for the reading is
         // always undone.
         let this = self.clone();

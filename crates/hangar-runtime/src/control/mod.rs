@@ -1,0 +1,201 @@
+//! The control loop: one task owns the runtime's coordination state and decides every
+//! turn with [`step::step`]; this module is its thin async shell.
+//!
+//! Callers post a [`Command`] and wait for their answer over a oneshot: a [`Turn`] (a guard
+//! that posts [`Command::Done`] when dropped, so a caller that goes away — even between the
+//! grant and its first poll — gives its turn back), or busy. Nobody waits on shared fields.
+//!
+//! Pins are the one count admission changes without a round trip: a request that triggers
+//! an auto-load increments its model's pin count ([`Pin`]) before it asks for the load, so
+//! an eviction planned afterwards sees it; the last pin to go posts [`Command::Unpinned`],
+//! and the loop reads the count itself when it takes a pin command, so no wake-up is lost.
+
+pub(crate) mod step;
+#[cfg(test)]
+mod step_tests;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+pub(crate) use step::{Command, Effect, ModelId, State, TurnKind, step};
+
+/// How the loop answers a waiter.
+pub(crate) type Waiter = oneshot::Sender<Result<Turn, Busy>>;
+
+/// The answer to an admin operation that got no turn.
+#[derive(Debug)]
+pub(crate) struct Busy;
+
+/// The handle to the control loop. Cheap to clone; the loop ends when the last handle (and
+/// the last turn and pin) is gone.
+#[derive(Clone)]
+pub(crate) struct Control {
+    tx: mpsc::UnboundedSender<Command<Waiter>>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// Requests pinning each model (see the module docs).
+    pins: Arc<[AtomicU32]>,
+    /// The loop's receiver and settings until it starts (at the first call in a runtime).
+    pending: Mutex<Option<(mpsc::UnboundedReceiver<Command<Waiter>>, Duration)>>,
+    started: OnceLock<()>,
+}
+
+impl Control {
+    /// A loop for `models` models whose admin operations wait at most `admin_wait`.
+    pub(crate) fn new(models: usize, admin_wait: Duration) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pins: Arc<[AtomicU32]> = (0..models).map(|_| AtomicU32::new(0)).collect();
+        let pending = Mutex::new(Some((rx, admin_wait)));
+        Self { tx, shared: Arc::new(Shared { pins, pending, started: OnceLock::new() }) }
+    }
+
+    /// Starts the loop task, once (from async code, in a Tokio runtime).
+    fn start(&self) {
+        self.shared.started.get_or_init(|| {
+            let taken = self.shared.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some((rx, admin_wait)) = taken {
+                let (tx, pins) = (self.tx.downgrade(), Arc::clone(&self.shared.pins));
+                tokio::spawn(run(rx, tx, pins, admin_wait));
+            }
+        });
+    }
+
+    /// Posts `command` (never blocks; a command posted after the loop ended is moot).
+    pub(crate) fn post(&self, command: Command<Waiter>) {
+        let _ = self.tx.send(command);
+    }
+
+    async fn ask(&self, command: impl FnOnce(Waiter) -> Command<Waiter>) -> Result<Turn, Busy> {
+        self.start();
+        let (waiter, answer) = oneshot::channel();
+        self.post(command(waiter));
+        // A loop that ended answers nobody: only when the manager is gone.
+        answer.await.unwrap_or(Err(Busy))
+    }
+
+    /// Waits for `model`'s admin turn (at most the admin wait).
+    pub(crate) async fn admin(&self, model: ModelId) -> Result<Turn, Busy> {
+        self.ask(|waiter| Command::Admin { model, waiter, wait: true }).await
+    }
+
+    /// `model`'s admin turn if nothing holds it now.
+    pub(crate) async fn admin_now(&self, model: ModelId) -> Result<Turn, Busy> {
+        self.ask(|waiter| Command::Admin { model, waiter, wait: false }).await
+    }
+
+    /// Waits for the load lane and `model`'s runtimes, to create runtimes.
+    pub(crate) async fn create(&self, model: ModelId) -> Turn {
+        let turn = self.ask(|waiter| Command::Create { model, waiter }).await;
+        turn.unwrap_or_else(|Busy| Turn::none(model))
+    }
+
+    /// Waits for `model`'s runtimes, to destroy runtimes.
+    pub(crate) async fn destroy(&self, model: ModelId) -> Turn {
+        let turn = self.ask(|waiter| Command::Destroy { model, waiter }).await;
+        turn.unwrap_or_else(|Busy| Turn::none(model))
+    }
+
+    /// Waits until no request pins `model`.
+    pub(crate) async fn unpinned(&self, model: ModelId) {
+        let _ = self.ask(|waiter| Command::AwaitUnpinned { model, pins: 0, waiter }).await;
+    }
+
+    /// Pins `model` until the returned guard is dropped.
+    pub(crate) fn pin(&self, model: ModelId) -> Pin {
+        self.shared.pins[model].fetch_add(1, Ordering::SeqCst);
+        Pin { control: self.clone(), model }
+    }
+
+    /// Requests pinning `model` now.
+    pub(crate) fn pins(&self, model: ModelId) -> u32 {
+        self.shared.pins[model].load(Ordering::SeqCst)
+    }
+}
+
+/// A granted turn; dropping it gives it back.
+#[must_use = "the turn is given back when this is dropped"]
+pub(crate) struct Turn {
+    tx: Option<mpsc::UnboundedSender<Command<Waiter>>>,
+    model: ModelId,
+    kind: TurnKind,
+}
+
+impl Turn {
+    /// A turn that holds nothing (the loop is gone).
+    fn none(model: ModelId) -> Self {
+        Self { tx: None, model, kind: TurnKind::Unpinned }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(tx) = &self.tx
+            && self.kind != TurnKind::Unpinned
+        {
+            let _ = tx.send(Command::Done { model: self.model, turn: self.kind });
+        }
+    }
+}
+
+/// A request pinning its model ([`Control::pin`]).
+pub(crate) struct Pin {
+    control: Control,
+    model: ModelId,
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        if self.control.shared.pins[self.model].fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.control.post(Command::Unpinned { model: self.model, pins: 0 });
+        }
+    }
+}
+
+/// The loop: takes each command, lets [`step`] decide, answers the waiters.
+async fn run(
+    mut rx: mpsc::UnboundedReceiver<Command<Waiter>>,
+    tx: mpsc::WeakUnboundedSender<Command<Waiter>>,
+    pins: Arc<[AtomicU32]>,
+    admin_wait: Duration,
+) {
+    let mut state = State::new(pins.len(), admin_wait);
+    loop {
+        let command = match state.next_deadline() {
+            Some(at) => tokio::select! {
+                command = rx.recv() => command,
+                () = tokio::time::sleep_until(at) => Some(Command::Tick),
+            },
+            None => rx.recv().await,
+        };
+        let Some(mut command) = command else { return };
+        // The pin count as it is now, read here: a pin that went before this read is
+        // counted out; one that goes after posts another `Unpinned`.
+        if let Command::AwaitUnpinned { model, pins: seen, .. }
+        | Command::Unpinned { model, pins: seen } = &mut command
+        {
+            *seen = pins.get(*model).map_or(0, |p| p.load(Ordering::SeqCst));
+        }
+        for effect in step(&mut state, command, Instant::now()) {
+            perform(effect, &tx);
+        }
+    }
+}
+
+fn perform(effect: Effect<Waiter>, tx: &mpsc::WeakUnboundedSender<Command<Waiter>>) {
+    match effect {
+        Effect::Grant { model, turn, waiter } => {
+            let turn = Turn { tx: tx.upgrade(), model, kind: turn };
+            // A waiter that went away drops the turn here, which gives it back.
+            let _ = waiter.send(Ok(turn));
+        }
+        Effect::Busy { waiter, .. } => {
+            let _ = waiter.send(Err(Busy));
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! The control loop's state and its one decision function, [`step`]: pure and synchronous,
+//! no runtime, no clock (the time comes in with each command), so its rules are tested as
+//! tables and its invariants by random command sequences (`step_tests.rs`).
+//!
+//! What it decides is whose turn it is:
+//!
+//! - **a model's admin turn**: one admin operation (load, reload, unload, weight update,
+//!   pause, continue, weights check, idle unload) at a time per model, in the order asked;
+//!   an operation that waited `admin_wait` is answered busy, and one that must not wait (the
+//!   idle unload) is answered busy at once when the turn is taken;
+//! - **the load lane and a model's runtimes**: creating runtimes (a load, a reload, a weight
+//!   update) takes the one lane and the model's runtimes; destroying them (an unload, an
+//!   eviction, a crashed runtime's teardown, a reload's old runtimes) takes the model's
+//!   runtimes only. A model's runtimes are created or destroyed by one holder at a time;
+//!   a destruction waiting goes before a creation of the same model. A creation whose
+//!   model's runtimes are busy lets the creations behind it go first;
+//! - **the requests pinning a model**: an unload waits until no request that triggered the
+//!   model's load still waits for admission. The loop reads the pin count when it takes
+//!   the command; the last pin to go posts [`Command::Unpinned`].
+//!
+//! Every waiter is answered exactly once: granted, or busy.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A model, by its position in config order.
+pub(crate) type ModelId = usize;
+
+/// What a granted turn holds (and what its end gives back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TurnKind {
+    /// The model's admin turn.
+    Admin,
+    /// The load lane and the model's runtimes, to create runtimes.
+    Create,
+    /// The model's runtimes, to destroy runtimes.
+    Destroy,
+    /// No request pins the model: nothing is held, nothing to give back.
+    Unpinned,
+}
+
+/// A change asked of the loop; `W` answers the one who asked.
+#[derive(Debug)]
+pub(crate) enum Command<W> {
+    /// An admin operation asks for the model's turn; with `wait` false it is answered busy
+    /// at once when the turn is taken.
+    Admin { model: ModelId, waiter: W, wait: bool },
+    /// A creation asks for the lane and the model's runtimes.
+    Create { model: ModelId, waiter: W },
+    /// A destruction asks for the model's runtimes.
+    Destroy { model: ModelId, waiter: W },
+    /// A granted turn ended (its holder finished, went away, or was never reached).
+    Done { model: ModelId, turn: TurnKind },
+    /// Waits until no request pins the model; `pins` as the loop read them.
+    AwaitUnpinned { model: ModelId, pins: u32, waiter: W },
+    /// A pin went; `pins` as the loop read them.
+    Unpinned { model: ModelId, pins: u32 },
+    /// Time passed: admin waits past their deadline are answered busy.
+    Tick,
+}
+
+/// What the loop does after a step.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Effect<W> {
+    /// The waiter's turn: it holds `turn` on `model` until it posts [`Command::Done`].
+    Grant { model: ModelId, turn: TurnKind, waiter: W },
+    /// The waiter's admin operation gets no turn: another operation holds the model.
+    Busy { model: ModelId, waiter: W },
+}
+
+/// Everything the loop owns.
+#[derive(Debug)]
+pub(crate) struct State<W> {
+    models: Vec<Model<W>>,
+    /// The model whose creation holds the lane.
+    lane: Option<ModelId>,
+    /// Creations waiting for the lane, in the order asked.
+    creations: VecDeque<(ModelId, W)>,
+    /// How long an admin operation waits for another on the same model.
+    admin_wait: Duration,
+}
+
+#[derive(Debug)]
+struct Model<W> {
+    admin: bool,
+    /// Admin operations waiting, with their deadline.
+    admin_queue: VecDeque<(Instant, W)>,
+    runtimes: Option<TurnKind>,
+    destroys: VecDeque<W>,
+    pin_waiters: Vec<W>,
+}
+
+impl<W> Model<W> {
+    fn new() -> Self {
+        Self {
+            admin: false,
+            admin_queue: VecDeque::new(),
+            runtimes: None,
+            destroys: VecDeque::new(),
+            pin_waiters: Vec::new(),
+        }
+    }
+}
+
+impl<W> State<W> {
+    /// `models` models, nothing held.
+    pub(crate) fn new(models: usize, admin_wait: Duration) -> Self {
+        Self {
+            models: (0..models).map(|_| Model::new()).collect(),
+            lane: None,
+            creations: VecDeque::new(),
+            admin_wait,
+        }
+    }
+
+    /// When the next admin wait runs out, if any waits.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.models.iter().filter_map(|m| m.admin_queue.front().map(|(at, _)| *at)).min()
+    }
+
+    /// The model whose creation holds the lane.
+    #[cfg(test)]
+    pub(crate) fn lane(&self) -> Option<ModelId> {
+        self.lane
+    }
+
+    /// Who holds `model`'s runtimes.
+    #[cfg(test)]
+    pub(crate) fn runtimes(&self, model: ModelId) -> Option<TurnKind> {
+        self.models[model].runtimes
+    }
+
+    /// Whether `model`'s admin turn is held.
+    #[cfg(test)]
+    pub(crate) fn admin_held(&self, model: ModelId) -> bool {
+        self.models[model].admin
+    }
+
+    /// Waiters not answered yet: admin, creation, destruction and pin waits.
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.creations.len()
+            + self
+                .models
+                .iter()
+                .map(|m| m.admin_queue.len() + m.destroys.len() + m.pin_waiters.len())
+                .sum::<usize>()
+    }
+}
+
+/// Decides what `command` changes and what the loop does about it. A command naming a model
+/// that does not exist changes nothing.
+pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -> Vec<Effect<W>> {
+    let mut effects = Vec::new();
+    let known = |model: ModelId| model < state.models.len();
+    match command {
+        Command::Admin { model, .. }
+        | Command::Create { model, .. }
+        | Command::Destroy { model, .. }
+        | Command::Done { model, .. }
+        | Command::AwaitUnpinned { model, .. }
+        | Command::Unpinned { model, .. }
+            if !known(model) => {}
+        Command::Admin { model, waiter, wait } => {
+            let m = &mut state.models[model];
+            if !m.admin {
+                m.admin = true;
+                effects.push(Effect::Grant { model, turn: TurnKind::Admin, waiter });
+            } else if wait {
+                m.admin_queue.push_back((now + state.admin_wait, waiter));
+            } else {
+                effects.push(Effect::Busy { model, waiter });
+            }
+        }
+        Command::Create { model, waiter } => {
+            state.creations.push_back((model, waiter));
+            open_lane(state, &mut effects);
+        }
+        Command::Destroy { model, waiter } => {
+            state.models[model].destroys.push_back(waiter);
+            free_runtimes(state, model, &mut effects);
+        }
+        Command::Done { model, turn } => match turn {
+            TurnKind::Admin => {
+                let m = &mut state.models[model];
+                m.admin = false;
+                expire(m, model, now, &mut effects);
+                if let Some((_, waiter)) = m.admin_queue.pop_front() {
+                    m.admin = true;
+                    effects.push(Effect::Grant { model, turn: TurnKind::Admin, waiter });
+                }
+            }
+            TurnKind::Create | TurnKind::Destroy => {
+                if state.models[model].runtimes != Some(turn) {
+                    return effects;
+                }
+                state.models[model].runtimes = None;
+                if turn == TurnKind::Create && state.lane == Some(model) {
+                    state.lane = None;
+                }
+                free_runtimes(state, model, &mut effects);
+                open_lane(state, &mut effects);
+            }
+            TurnKind::Unpinned => {}
+        },
+        Command::AwaitUnpinned { model, pins, waiter } => {
+            if pins == 0 {
+                effects.push(Effect::Grant { model, turn: TurnKind::Unpinned, waiter });
+            } else {
+                state.models[model].pin_waiters.push(waiter);
+            }
+        }
+        Command::Unpinned { model, pins } => {
+            if pins == 0 {
+                for waiter in state.models[model].pin_waiters.drain(..) {
+                    effects.push(Effect::Grant { model, turn: TurnKind::Unpinned, waiter });
+                }
+            }
+        }
+        Command::Tick => {
+            for (model, m) in state.models.iter_mut().enumerate() {
+                expire(m, model, now, &mut effects);
+            }
+        }
+    }
+    effects
+}
+
+/// Answers busy every admin wait of `m` whose deadline has come.
+fn expire<W>(m: &mut Model<W>, model: ModelId, now: Instant, effects: &mut Vec<Effect<W>>) {
+    // Deadlines are in the order asked: the expired ones are at the front.
+    while m.admin_queue.front().is_some_and(|(at, _)| *at <= now) {
+        if let Some((_, waiter)) = m.admin_queue.pop_front() {
+            effects.push(Effect::Busy { model, waiter });
+        }
+    }
+}
+
+/// Gives `model`'s free runtimes to its first waiting destruction.
+fn free_runtimes<W>(state: &mut State<W>, model: ModelId, effects: &mut Vec<Effect<W>>) {
+    let m = &mut state.models[model];
+    if m.runtimes.is_none()
+        && let Some(waiter) = m.destroys.pop_front()
+    {
+        m.runtimes = Some(TurnKind::Destroy);
+        effects.push(Effect::Grant { model, turn: TurnKind::Destroy, waiter });
+    }
+}
+
+/// Gives a free lane to the first waiting creation whose model's runtimes are free and
+/// whose model has no destruction waiting.
+fn open_lane<W>(state: &mut State<W>, effects: &mut Vec<Effect<W>>) {
+    if state.lane.is_some() {
+        return;
+    }
+    let models = &state.models;
+    let ready = state.creations.iter().position(|(model, _)| {
+        models[*model].runtimes.is_none() && models[*model].destroys.is_empty()
+    });
+    if let Some((model, waiter)) = ready.and_then(|i| state.creations.remove(i)) {
+        state.lane = Some(model);
+        state.models[model].runtimes = Some(TurnKind::Create);
+        effects.push(Effect::Grant { model, turn: TurnKind::Create, waiter });
+    }
+}
