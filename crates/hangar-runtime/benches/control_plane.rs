@@ -1,5 +1,6 @@
-//! Control-plane benchmark: throughput through the scheduler, admission overhead, and
-//! load+unload cycle time, each next to a reference measured in the same run.
+//! Control-plane benchmark: throughput through the scheduler, admission overhead, the
+//! control loop's command throughput, and load+unload cycle time, each next to a reference
+//! measured in the same run.
 //!
 //! Run with `cargo xtask bench control-plane`. Prints one table; no assertions.
 #![allow(missing_docs)]
@@ -64,6 +65,38 @@ where
         t.await.expect("caller");
     }
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Turns per second and the p99 of one turn's latency in µs, with `callers` concurrent
+/// loops of `TURNS` calls each.
+async fn turns<F, Fut>(callers: usize, call: F) -> (f64, f64)
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    const TURNS: usize = 20_000;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..callers {
+        let call = call.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(TURNS);
+            for _ in 0..TURNS {
+                let at = Instant::now();
+                call().await;
+                latencies.push(at.elapsed());
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.expect("caller"));
+    }
+    let rate = latencies.len() as f64 / start.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let p99 = latencies[latencies.len() * 99 / 100].as_secs_f64() * 1e6;
+    (rate, p99)
 }
 
 async fn generate_via(runtime: &Arc<dyn Runtime>) {
@@ -138,6 +171,43 @@ async fn main() {
         semaphore_ns,
         admission_ns / semaphore_ns
     );
+
+    // The control loop: a `resume` of a model that is not paused is one admin turn (an
+    // `Admin` and a `Done` command) around a snapshot. Reference: the same snapshot under a
+    // tokio mutex, what the per-model admin lock was.
+    for callers in [1usize, 8] {
+        let m = manager.clone();
+        let (loop_rate, loop_p99) = turns(callers, move || {
+            let m = m.clone();
+            async move {
+                m.resume("chat").await.expect("resume");
+            }
+        })
+        .await;
+        let (m, lock) = (manager.clone(), Arc::new(tokio::sync::Mutex::new(())));
+        let (lock_rate, lock_p99) = turns(callers, move || {
+            let (m, lock) = (m.clone(), Arc::clone(&lock));
+            async move {
+                let _held = lock.lock().await;
+                m.model("chat").expect("snapshot");
+            }
+        })
+        .await;
+        println!(
+            "{:<44} {:>14.0} {:>14.0} {:>8.2}",
+            format!("loop commands/s, {callers} callers (ref: mutex)"),
+            loop_rate * 2.0,
+            lock_rate * 2.0,
+            loop_rate / lock_rate
+        );
+        println!(
+            "{:<44} {:>14.1} {:>14.1} {:>8.2}",
+            format!("admin turn p99 µs, {callers} callers (ref: mutex)"),
+            loop_p99,
+            lock_p99,
+            loop_p99 / lock_p99
+        );
+    }
 
     // Load + unload cycle of a stub model with no simulated delay.
     let cycles = 2_000u32;

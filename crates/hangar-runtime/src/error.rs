@@ -90,7 +90,7 @@ pub enum ManagerError {
     /// The request reached a runtime and failed there.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    /// Another admin operation on the model held its admin lock for longer than
+    /// Another admin operation on the model held its admin turn for longer than
     /// `admin_lock_timeout`; nothing was done.
     #[error(
         "another admin operation on model '{model}' has been running for over {} s; try again later",

@@ -4,8 +4,11 @@
 //! [`Manager`] composes the layers below it:
 //!
 //! - a registry of the configured models (a `DashMap` of entries, each owning its
-//!   lifecycle behind one lock);
-//! - a serialized load lane that every path creating runtimes takes (a load, a reload, a
+//!   lifecycle behind one leaf lock);
+//! - a control loop, one task that decides every turn with a pure `step`: each model's
+//!   admin turn (one admin operation at a time), the one load lane, who creates or destroys
+//!   a model's runtimes, and the waits for pinned requests;
+//! - a load lane that every path creating runtimes takes (a load, a reload, a
 //!   weight update), with one grant for all of them: the eviction plan (`hangar-eviction`),
 //!   made when the job leaves the queue, not when it enters, executed as graceful unloads,
 //!   or a typed refusal (`slots_pinned`, `insufficient_vram`); a model whose runtimes are

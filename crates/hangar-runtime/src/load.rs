@@ -1,10 +1,11 @@
 //! Loads, reloads, unloads, eviction and crash handling: every operation that creates or
 //! destroys a model's runtimes.
 //!
-//! Loads and reloads wait their turn in one serialized load queue; eviction is planned when
+//! Loads and reloads wait their turn in the one load lane; eviction is planned when
 //! a load leaves the queue (`hangar-eviction`) and executed as graceful unloads. Each
 //! operation runs in its own task, so a caller that goes away cannot strand a model
-//! half-way. A model's resource lock serializes creating and destroying its runtimes.
+//! half-way. The control loop gives one holder at a time a model's runtimes to create or
+//! destroy.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -108,18 +109,18 @@ impl Manager {
         let prepared =
             if options.is_empty() { None } else { Some(prepare(&entry.config, &options)?) };
         // Answers that change nothing come at once; a load to start or to wait for takes
-        // the admin lock first, and the state is checked again under it.
+        // the admin turn first, and the state is checked again in it.
         match next_step(&entry, prepared.as_ref(), same_is_ok)? {
             Next::Answer(answer) => return Ok(*answer),
             // A load in progress is joined: its outcome is this call's answer too.
             Next::Wait(rx) => return outcome::answer(&entry, rx).await,
             Next::Start => {}
         }
-        // Nothing that holds the lock waits for this call (the pin of the request it may be
+        // Nothing that holds the turn waits for this call (the pin of the request it may be
         // for): a reload or weight update holding it keeps the model held (`replacing`), so
         // no eviction waits for that pin; an explicit unload waits for pins only when the
-        // model is loaded, and it queued for the (FIFO) lock after the model was loaded,
-        // so after any request that pinned the model (which happens only while it is not).
+        // model is loaded, and it asked for its (FIFO) turn after the model was loaded, so
+        // after any request that pinned the model (which happens only while it is not).
         let admin = self.admin_turn(&entry).await?;
         let rx = match next_step(&entry, prepared.as_ref(), same_is_ok)? {
             Next::Answer(answer) => return Ok(*answer),
@@ -209,7 +210,7 @@ impl Manager {
         }
     }
 
-    /// The load itself, once accepted: waits its turn in the serialized load queue, evicts,
+    /// The load itself, once accepted: waits its turn in the load lane, evicts,
     /// loads every replica (all or nothing), and retries once after evicting everything
     /// else when a failure other than not-found happens. A backend that is not compiled in,
     /// or whose preflight fails (a missing Python package), fails before anything is evicted.
@@ -287,7 +288,7 @@ impl Manager {
         }
     }
 
-    /// The reload of a loaded model, in the load queue: make room for the new runtimes next
+    /// The reload of a loaded model, in the load lane: make room for the new runtimes next
     /// to the old ones (the model held meanwhile), load them, swap them in (the pause set
     /// stays), then drain and release the old ones in the background.
     async fn run_reload(

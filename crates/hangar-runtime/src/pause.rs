@@ -199,7 +199,7 @@ impl Manager {
         Ok(snapshot_of(&entry, &entry.lock()))
     }
 
-    /// Pauses `entry` (its admin lock held by the caller).
+    /// Pauses `entry` (its admin turn held by the caller).
     pub(crate) fn pause_entry(
         &self,
         entry: &ModelEntry,
@@ -235,7 +235,7 @@ impl Manager {
         Ok(())
     }
 
-    /// Ends `entry`'s pause, if any (its admin lock held by the caller).
+    /// Ends `entry`'s pause, if any (its admin turn held by the caller).
     pub(crate) fn resume_entry(&self, entry: &ModelEntry) {
         let mut slot = entry.lock();
         if slot.pause.take().is_none() {

@@ -34,8 +34,8 @@ impl Manager {
     /// [`ManagerError::AdminBusy`] when another admin operation holds the model too long.
     pub async fn unload(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
         let entry = self.entry(name)?;
-        // Answers that change nothing come at once; an unload takes the admin lock first,
-        // and the state is checked again under it.
+        // Answers that change nothing come at once; an unload takes the admin turn first,
+        // and the state is checked again in it.
         let check = || {
             let slot = entry.lock();
             match slot.lifecycle.state() {
@@ -126,7 +126,7 @@ impl Manager {
         tracing::info!(model = %entry.config.name, ?cause, "unloading");
         // Requests that triggered the load are admitted first, unless the model is paused:
         // a paused model admits nothing, so they are refused with the rest of its queue
-        // (waiting for them would hold the load queue until someone resumes the model).
+        // (waiting for them would hold the load lane until someone resumes the model).
         if !paused {
             self.inner.control.unpinned(entry.position).await;
         }

@@ -437,3 +437,40 @@ async fn an_unload_all_during_an_update_leaves_an_honest_answer_and_no_engine() 
     assert_eq!(row(&m, "a").runtime_state, ModelState::Unloaded);
     assert_eq!(stub.live_runtimes(), 0, "no engine left, old or new");
 }
+
+/// Admin operations on one model take turns in the order asked; those whose callers went
+/// away while they waited hold nothing, so the next operation gets its turn at once.
+#[tokio::test(start_paused = true)]
+async fn admin_turns_go_in_order_and_callers_that_left_hold_nothing() {
+    let slow = json!({ "backend": "stub", "stub": { "load_delay_ms": 1000 } });
+    let (m, _) = manager(json!({ "admin_lock_timeout_s": 30, "models": { "m": slow } }));
+    let load = spawn_load(&m, "m");
+    settle().await;
+    let modes = [PauseMode::InPlace, PauseMode::Retract, PauseMode::Abort];
+    let (mut stay, mut leave) = (Vec::new(), Vec::new());
+    for i in 0..12 {
+        let (m, mode) = (m.clone(), modes[i / 2 % 3]);
+        let task = tokio::spawn(async move { m.pause("m", mode).await });
+        if i % 2 == 0 {
+            stay.push(task)
+        } else {
+            leave.push(task)
+        }
+        settle().await;
+    }
+    for task in &leave {
+        task.abort();
+    }
+    load.await.unwrap().unwrap();
+    let started = tokio::time::Instant::now();
+    for task in stay {
+        task.await.unwrap().unwrap();
+    }
+    // In the order asked: the last pause's mode is the one in effect.
+    let pause = row(&m, "m").pause.expect("paused");
+    assert_eq!(pause.mode, PauseMode::Abort);
+    // Nobody holds the model: an unload is not answered `admin_busy` after 30 s.
+    m.unload("m").await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    assert_eq!(state(&m, "m"), "unloaded");
+}

@@ -50,7 +50,7 @@ const INFERENCE: &[ErrorCode] = &[
     // A forwarding engine's answer over `limits.max_answer_bytes`.
     UpstreamAnswerTooLarge,
     BackendUnavailable,
-    // An auto-load waits for the model's admin lock like any load.
+    // An auto-load waits for the model's admin turn like any load.
     AdminBusy,
     // An operator paused the model with mode abort.
     GenerationAborted,
