@@ -342,7 +342,7 @@ fn successor(
     if slot.lifecycle.state() != ModelState::Loaded {
         return None;
     }
-    slot.scheduler.clone().filter(|s| !s.same(closed))
+    slot.phase.scheduler().filter(|s| !s.same(closed)).cloned()
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -386,7 +386,7 @@ impl Manager {
             match state {
                 ModelState::Loaded => {
                     ModelEntry::touch(&mut slot);
-                    slot.scheduler.clone().map(|s| (s, slot.generation))
+                    slot.phase.scheduler().map(|s| (s.clone(), slot.generation))
                 }
                 ModelState::Unloaded | ModelState::Failed | ModelState::Loading if auto => None,
                 _ => return Err(refusal(&entry, &slot)),
@@ -413,12 +413,13 @@ impl Manager {
                 // A pinned request may still enter while an eviction waits for its pins.
                 let open = state == ModelState::Loaded
                     || (state == ModelState::Unloading
-                        && slot.scheduler.as_ref().is_some_and(|s| !s.stats().closed));
+                        && slot.phase.scheduler().is_some_and(|s| !s.stats().closed));
                 if !open {
                     return Err(refusal(&entry, &slot));
                 }
                 ModelEntry::touch(&mut slot);
-                let scheduler = slot.scheduler.clone().ok_or(AdmissionError::ModelNotLoaded)?;
+                let scheduler =
+                    slot.phase.scheduler().cloned().ok_or(AdmissionError::ModelNotLoaded)?;
                 (scheduler, slot.generation, Some(pin))
             }
         };

@@ -4,14 +4,15 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
-use hangar_backend::{Capabilities, LoadOverride, ModelLogs, Runtime, RuntimeDetails};
+use hangar_backend::{Capabilities, LoadOverride, ModelLogs};
 use hangar_config::ModelConfig;
-use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState, Scheduler};
+use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState};
 use tokio::time::Instant;
 
 use crate::events::StateChange;
 use crate::journal::EventKind;
-use crate::pause::{Interrupts, Paused};
+use crate::pause::Interrupts;
+use crate::phase::Phase;
 
 /// A configured model and its runtime state. The slot is the single owner of the model's
 /// lifecycle; every change goes through [`ModelEntry::apply`].
@@ -36,35 +37,27 @@ pub(crate) struct ModelEntry {
 
 pub(crate) struct Slot {
     pub(crate) lifecycle: Lifecycle,
-    pub(crate) scheduler: Option<Scheduler<dyn Runtime>>,
+    /// The runtimes by phase, with what is valid only in that phase; in step with the
+    /// lifecycle's state ([`ModelEntry::apply`]).
+    pub(crate) phase: Phase,
     /// The definition in effect for the current (or last) load.
     pub(crate) effective: Arc<ModelConfig>,
     pub(crate) load_override: LoadOverride,
     pub(crate) replicas: NonZeroU32,
     pub(crate) capabilities: Arc<Capabilities>,
-    /// What the engine reported for each replica of the installed runtimes.
-    pub(crate) runtime_details: Arc<[RuntimeDetails]>,
     pub(crate) last_use: Option<(Instant, SystemTime)>,
     /// Operations replacing the model's runtimes (a reload, a weight update): while any
     /// runs, the model is held (never an eviction victim nor unloaded for idleness).
     pub(crate) replacing: u32,
     /// Explicit unloads asked for and not yet done: no lease is granted meanwhile.
     pub(crate) unloads_pending: u32,
-    pub(crate) load_progress: Option<f32>,
-    pub(crate) loaded_replicas: u32,
     /// Incremented on every successful load, so late crash reports of an older load are
     /// ignored.
     pub(crate) generation: u64,
-    /// The pause in effect; only while a scheduler is installed.
-    pub(crate) pause: Option<Paused>,
-    /// The `weight_version` a weight update set; `None` for the weights a load loaded.
-    pub(crate) weight_version: Option<String>,
     /// The weights checker's last snapshot, for `compare`.
     pub(crate) weights_snapshot: Option<Arc<hangar_weights::WeightsDigest>>,
     /// Leases on the model (expired ones until housekeeping drops them).
     pub(crate) leases: Vec<crate::lease::Held>,
-    /// While loading: the outcome channel every caller of the load waits on.
-    pub(crate) load_outcome: Option<crate::outcome::OutcomeRx>,
     /// Recent failed loads and crashes, and the quarantine they led to.
     pub(crate) failures: crate::quarantine::FailureLog,
     /// GPU memory measured across loads (process tree, load delta).
@@ -84,23 +77,17 @@ impl ModelEntry {
         Self {
             slot: Mutex::new(Slot {
                 lifecycle: Lifecycle::new(),
-                scheduler: None,
+                phase: Phase::Down,
                 effective: Arc::clone(&config),
                 load_override: LoadOverride::default(),
                 replicas: config.replicas,
                 capabilities,
-                runtime_details: Arc::new([]),
                 last_use: None,
                 replacing: 0,
                 unloads_pending: 0,
-                load_progress: None,
-                loaded_replicas: 0,
                 generation: 0,
-                pause: None,
-                weight_version: None,
                 weights_snapshot: None,
                 leases: Vec::new(),
-                load_outcome: None,
                 failures: Default::default(),
                 vram: Default::default(),
             }),
@@ -118,7 +105,8 @@ impl ModelEntry {
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Moves the lifecycle along the transition table and reports the change.
+    /// Moves the lifecycle along the transition table and reports the change. The caller
+    /// has put the phase of the new state in `slot.phase` (checked in debug builds).
     pub(crate) fn apply(
         &self,
         slot: &mut Slot,
@@ -134,6 +122,11 @@ impl ModelEntry {
         });
         match slot.lifecycle.apply(event, error.clone()) {
             Ok(to) => {
+                debug_assert!(
+                    slot.phase.fits(to),
+                    "{}: phase out of step with {to}",
+                    self.config.name
+                );
                 let cause = event;
                 let state = EventKind::State { from, to, cause, error };
                 events.journal.record(&self.config.name, state);

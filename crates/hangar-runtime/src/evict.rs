@@ -116,7 +116,7 @@ impl Manager {
             if slot.lifecycle.state() != ModelState::Loaded {
                 continue;
             }
-            let busy = slot.scheduler.as_ref().map_or(0, |s| {
+            let busy = slot.phase.scheduler().map_or(0, |s| {
                 let stats = s.stats();
                 stats.runtime_inflight + stats.queue_depth as u32
             });

@@ -313,14 +313,14 @@ impl Manager {
             return None;
         }
         let slot = entry.lock();
-        let busy = slot.scheduler.as_ref().is_none_or(|s| {
+        let busy = slot.phase.scheduler().is_none_or(|s| {
             let stats = s.stats();
             stats.runtime_inflight > 0 || stats.queue_depth > 0
         });
         if slot.lifecycle.state() != ModelState::Loaded
             || busy
             || self.inner.control.pins(entry.position) > 0
-            || slot.pause.is_some()
+            || slot.phase.pause().is_some()
             || slot.leased()
         {
             return None;

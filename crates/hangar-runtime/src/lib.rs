@@ -64,6 +64,7 @@ mod load;
 mod manager;
 mod outcome;
 mod pause;
+mod phase;
 mod quarantine;
 mod snapshot;
 mod state;

@@ -24,6 +24,7 @@ use crate::evict::Creation;
 use crate::grant::Ask;
 use crate::manager::{LoadOptions, Manager};
 use crate::outcome::{self, EngineFailure, Outcome, OutcomeRx, OutcomeTx};
+use crate::phase::{Phase, Serving};
 use crate::quarantine::FailureKind;
 use crate::snapshot::{ModelSnapshot, snapshot_of};
 
@@ -135,10 +136,8 @@ impl Manager {
                 slot.effective = p.effective;
                 slot.load_override = p.load_override;
                 slot.replicas = p.replicas;
-                slot.load_progress = Some(0.0);
-                slot.loaded_replicas = 0;
                 let (tx, rx) = outcome::channel();
-                slot.load_outcome = Some(rx.clone());
+                slot.phase = Phase::Loading { progress: 0.0, outcome: rx.clone() };
                 entry.apply(&mut slot, LifecycleEvent::StartLoad, None, &self.inner.events);
                 drop(slot);
                 // The lock goes with the load, which runs to its end even if this caller
@@ -230,8 +229,6 @@ impl Manager {
         let result = lane.create(&creation).await;
 
         let mut slot = entry.lock();
-        slot.load_progress = None;
-        slot.load_outcome = None;
         let outcome = match result {
             Ok(runtimes) => {
                 self.install(&mut slot, runtimes);
@@ -242,7 +239,7 @@ impl Manager {
                 Outcome::Loaded
             }
             Err(outcome) => {
-                slot.loaded_replicas = 0;
+                slot.phase = Phase::Down;
                 let message = outcome.message(entry.config.name.as_str()).unwrap_or_default();
                 let event = LifecycleEvent::LoadFailed;
                 entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
@@ -334,18 +331,16 @@ impl Manager {
         let swapped = {
             let mut slot = entry.lock();
             if slot.lifecycle.state() == ModelState::Loaded {
-                let old = slot.scheduler.take();
                 slot.effective = prepared.effective;
                 slot.load_override = prepared.load_override;
                 slot.replicas = prepared.replicas;
-                slot.load_progress = None;
-                let pause = slot.pause.take();
-                self.install(&mut slot, runtimes);
+                let old = self.install(&mut slot, runtimes);
                 // The operator's pause holds the new runtimes too.
-                if let (Some(pause), Some(scheduler)) = (pause, &slot.scheduler) {
-                    scheduler.pause();
-                    slot.pause = Some(pause);
+                if let (Some(pause), Some(new)) = (old.pause(), slot.phase.serving_mut()) {
+                    new.scheduler.pause();
+                    new.pause = Some(pause.clone());
                 }
+                let old = old.scheduler().cloned();
                 entry.apply(&mut slot, LifecycleEvent::Reloaded, None, &self.inner.events);
                 Ok(old)
             } else {
@@ -379,19 +374,19 @@ impl Manager {
         Ok(snapshot)
     }
 
-    /// Puts freshly loaded runtimes behind a new scheduler in the slot.
-    fn install(&self, slot: &mut Slot, runtimes: Vec<Arc<dyn Runtime>>) {
+    /// Puts freshly loaded runtimes behind a new scheduler in the slot, unpaused, and
+    /// returns the phase they replace.
+    fn install(&self, slot: &mut Slot, runtimes: Vec<Arc<dyn Runtime>>) -> Phase {
         let caps = runtimes.first().map(|r| r.capabilities().clone()).unwrap_or_default();
         let target = effective_target(slot.effective.target_inflight, caps.max_parallel_sequences);
-        slot.loaded_replicas = runtimes.len() as u32;
-        slot.runtime_details = runtimes.iter().map(|r| r.details()).collect();
-        let scheduler = Scheduler::new(runtimes, target, self.inner.max_queue_depth);
-        slot.scheduler = Some(scheduler.dispatch_ahead(caps.dispatch_ahead));
+        let details = runtimes.iter().map(|r| r.details()).collect();
+        let scheduler = Scheduler::new(runtimes, target, self.inner.max_queue_depth)
+            .dispatch_ahead(caps.dispatch_ahead);
         slot.capabilities = Arc::new(caps);
         slot.generation += 1;
-        slot.pause = None;
-        slot.weight_version = None;
         ModelEntry::touch(slot);
+        let serving = Serving { scheduler, details, pause: None, weight_version: None };
+        std::mem::replace(&mut slot.phase, Phase::Up(serving))
     }
 
     /// Loads `replicas` replicas of `model`; on any failure unloads the ones already loaded.
@@ -417,7 +412,9 @@ impl Manager {
             let (manager, journaled) = (Arc::downgrade(&self.inner), Arc::clone(&journaled));
             let progress = ProgressSink::new(move |p| {
                 let share = (replica as f32 + p) / replicas as f32;
-                progress_entry.lock().load_progress = Some(share);
+                if let Phase::Loading { progress, .. } = &mut progress_entry.lock().phase {
+                    *progress = share;
+                }
                 if let Some(inner) = manager.upgrade() {
                     let mut last = journaled.lock().unwrap_or_else(|e| e.into_inner());
                     let name = &progress_entry.config.name;
@@ -482,9 +479,9 @@ fn next_step(
             field: None,
             message: "the model is loaded; unload it before changing replicas or overrides".into(),
         }),
-        ModelState::Loading if same => match &slot.load_outcome {
-            Some(rx) => Ok(Next::Wait(rx.clone())),
-            None => Err(ManagerError::Conflict {
+        ModelState::Loading if same => match &slot.phase {
+            Phase::Loading { outcome, .. } => Ok(Next::Wait(outcome.clone())),
+            _ => Err(ManagerError::Conflict {
                 state: ModelState::Loading,
                 message: "the model is loading without an outcome to wait for".into(),
             }),

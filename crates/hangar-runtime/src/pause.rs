@@ -153,7 +153,7 @@ pub(crate) fn on_grant(slot: &Slot, scheduler: &Scheduler<dyn Runtime>) -> Optio
     if !in_service(slot, scheduler) {
         return None;
     }
-    slot.pause.as_ref().and_then(|p| match p.info.mode {
+    slot.phase.pause().and_then(|p| match p.info.mode {
         PauseMode::Abort => Some(Action::Abort(Arc::clone(&p.reason))),
         PauseMode::Retract => Some(Action::Retract),
         PauseMode::InPlace => None,
@@ -162,7 +162,7 @@ pub(crate) fn on_grant(slot: &Slot, scheduler: &Scheduler<dyn Runtime>) -> Optio
 
 /// Whether `scheduler` serves the model now (and is not a reload's previous one, draining).
 pub(crate) fn in_service(slot: &Slot, scheduler: &Scheduler<dyn Runtime>) -> bool {
-    slot.scheduler.as_ref().is_some_and(|s| s.same(scheduler))
+    slot.phase.scheduler().is_some_and(|s| s.same(scheduler))
 }
 
 /// A model's pause with the reason an abort gives.
@@ -208,10 +208,11 @@ impl Manager {
     ) -> Result<(), ManagerError> {
         let mut slot = entry.lock();
         let state = slot.lifecycle.state();
-        let scheduler = match (&slot.scheduler, state) {
-            (Some(scheduler), ModelState::Loaded) => scheduler.clone(),
+        let serving = match slot.phase.serving_mut() {
+            Some(serving) if state == ModelState::Loaded => serving,
             _ => return Err(not_loaded(state, "pause")),
         };
+        let scheduler = serving.scheduler.clone();
         let name = &entry.config.name;
         let reason: Arc<str> = match cause {
             PauseCause::WeightUpdate => format!("model '{name}' is updating its weights").into(),
@@ -220,7 +221,7 @@ impl Manager {
         scheduler.pause();
         let since_unix_ms = unix_ms(SystemTime::now());
         let info = PauseInfo { mode, cause, since_unix_ms };
-        slot.pause = Some(Paused { info, reason: Arc::clone(&reason) });
+        serving.pause = Some(Paused { info, reason: Arc::clone(&reason) });
         self.inner.events.journal.record(name, EventKind::Paused { mode, cause });
         drop(slot);
         match mode {
@@ -238,14 +239,12 @@ impl Manager {
     /// Ends `entry`'s pause, if any (its admin turn held by the caller).
     pub(crate) fn resume_entry(&self, entry: &ModelEntry) {
         let mut slot = entry.lock();
-        if slot.pause.take().is_none() {
+        let Some(serving) = slot.phase.serving_mut() else { return };
+        if serving.pause.take().is_none() {
             return;
         }
-        if let Some(scheduler) = &slot.scheduler {
-            scheduler.resume();
-        }
+        serving.scheduler.resume();
         self.inner.events.journal.record(&entry.config.name, EventKind::Resumed);
-        drop(slot);
     }
 
     /// Restores a pause taken before an operation that paused the model itself.
@@ -253,9 +252,8 @@ impl Manager {
         match before {
             None => self.resume_entry(entry),
             Some(before) => {
-                let mut slot = entry.lock();
-                if slot.scheduler.is_some() {
-                    slot.pause = Some(before);
+                if let Some(serving) = entry.lock().phase.serving_mut() {
+                    serving.pause = Some(before);
                 }
             }
         }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::entry::{ModelEntry, Slot};
 use crate::journal::unix_ms;
 use crate::pause::PauseInfo;
+use crate::phase::Phase;
 use crate::vram::VramMethod;
 
 /// Where a VRAM estimate comes from.
@@ -154,7 +155,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
     let position = entry.position;
     let config = &entry.config;
     let state = slot.lifecycle.state();
-    let stats = slot.scheduler.as_ref().map(Scheduler::stats);
+    let stats = slot.phase.scheduler().map(Scheduler::stats);
     let (runtime_inflight, queue_depth) =
         stats.as_ref().map_or((0, 0), |s| (s.runtime_inflight, s.queue_depth as u32));
     let effective_target = stats.as_ref().map_or_else(
@@ -165,10 +166,8 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         ModelState::Loading | ModelState::Loaded | ModelState::Unloading => slot.replicas.get(),
         ModelState::Unloaded | ModelState::Failed => config.replicas.get(),
     };
-    let loaded_replicas = match state {
-        ModelState::Loaded | ModelState::Unloading => slot.loaded_replicas,
-        _ => 0,
-    };
+    let serving = slot.phase.serving();
+    let loaded_replicas = serving.map_or(0, |s| s.details.len() as u32);
     // Measured beats derived: a load's GPU delta, else the files' size per replica.
     let delta = slot.vram.get(VramMethod::ObservedLoadDelta, replicas, &slot.load_override);
     let vram = match delta {
@@ -198,7 +197,10 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         configured_target_inflight: config.target_inflight.get(),
         effective_target_inflight: effective_target,
         last_error: slot.lifecycle.last_error().map(str::to_owned),
-        load_progress: if state == ModelState::Loading { slot.load_progress } else { None },
+        load_progress: match &slot.phase {
+            Phase::Loading { progress, .. } => Some(*progress),
+            _ => None,
+        },
         last_use_unix_ms: slot.last_use.map(|(_, wall)| unix_ms(wall)),
         vram_estimate_mib: vram.0,
         vram_estimate_replica_count: vram.1,
@@ -206,12 +208,9 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         vram_detail: crate::vram::vram_detail(entry, slot, replicas),
         load_override: slot.load_override.clone(),
         capabilities: Arc::clone(&slot.capabilities),
-        runtime_details: match state {
-            ModelState::Loaded | ModelState::Unloading => Arc::clone(&slot.runtime_details),
-            _ => Arc::new([]),
-        },
-        pause: slot.pause.as_ref().map(|p| p.info),
-        weight_version: slot.weight_version.clone(),
+        runtime_details: serving.map_or_else(|| Arc::new([]) as _, |s| Arc::clone(&s.details)),
+        pause: slot.phase.pause().map(|p| p.info),
+        weight_version: serving.and_then(|s| s.weight_version.clone()),
         weights_path: match state {
             ModelState::Loaded | ModelState::Unloading => slot.effective.model_path.clone(),
             _ => None,

@@ -12,6 +12,7 @@ use crate::error::ManagerError;
 use crate::events::Events;
 use crate::journal::EventKind;
 use crate::manager::Manager;
+use crate::phase::Phase;
 use crate::snapshot::{ModelSnapshot, snapshot_of};
 
 /// Why a model is being unloaded.
@@ -121,7 +122,7 @@ impl Manager {
             }
             entry.apply(&mut slot, LifecycleEvent::StartUnload, None, &self.inner.events);
             // Set now or never: a pause needs the model loaded.
-            (slot.scheduler.clone(), slot.pause.is_some())
+            (slot.phase.scheduler().cloned(), slot.phase.pause().is_some())
         };
         tracing::info!(model = %entry.config.name, ?cause, "unloading");
         // Requests that triggered the load are admitted first, unless the model is paused:
@@ -142,10 +143,7 @@ impl Manager {
             }
         }
         let mut slot = entry.lock();
-        slot.scheduler = None;
-        slot.pause = None;
-        slot.weight_version = None;
-        slot.loaded_replicas = 0;
+        slot.phase = Phase::Down;
         slot.load_override = LoadOverride::default();
         slot.effective = Arc::clone(&entry.config);
         slot.replicas = entry.config.replicas;
@@ -165,14 +163,15 @@ impl Manager {
                 return;
             }
             let message = format!("backend crashed: {}", crate::journal::bounded(reason));
+            let down = std::mem::replace(&mut slot.phase, Phase::Down);
             let event = LifecycleEvent::Crashed;
             entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
             let crashed = crate::FailureKind::Crashed;
             self.record_failure(entry, &mut slot, crashed, &message);
-            slot.loaded_replicas = 0;
-            slot.pause = None;
-            slot.weight_version = None;
-            let scheduler = slot.scheduler.take();
+            let scheduler = match down {
+                Phase::Up(serving) => Some(serving.scheduler),
+                _ => None,
+            };
             if let Some(s) = &scheduler {
                 s.close(AdmissionError::ModelFailed { last_error: message });
             }

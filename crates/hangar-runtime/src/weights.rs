@@ -119,19 +119,19 @@ impl Manager {
         let _replacing = entry.count(|s| &mut s.replacing);
         let (before, scheduler, effective) = {
             let slot = entry.lock();
-            let scheduler = match (&slot.scheduler, slot.lifecycle.state()) {
+            let scheduler = match (slot.phase.scheduler(), slot.lifecycle.state()) {
                 (Some(s), ModelState::Loaded) => s.clone(),
                 (_, state) => return Err(not_loaded(state, "a weight update")),
             };
             let running = scheduler.stats().runtime_inflight;
-            let retracting = slot.pause.as_ref().is_some_and(|p| p.info.mode == PauseMode::Retract);
+            let retracting = slot.phase.pause().is_some_and(|p| p.info.mode == PauseMode::Retract);
             if running > 0 && !update.abort_all_requests && !retracting {
                 return Err(ManagerError::RequestsActive {
                     model: entry.config.name.to_string(),
                     running,
                 });
             }
-            (slot.pause.clone(), scheduler, Arc::clone(&slot.effective))
+            (slot.phase.pause().cloned(), scheduler, Arc::clone(&slot.effective))
         };
         let mode = if update.abort_all_requests { PauseMode::Abort } else { PauseMode::InPlace };
         self.pause_entry(entry, mode, PauseCause::WeightUpdate)?;
@@ -193,7 +193,7 @@ impl Manager {
         }
         if update.keep_pause {
             let mut slot = entry.lock();
-            if let Some(pause) = &mut slot.pause {
+            if let Some(pause) = slot.phase.serving_mut().and_then(|s| s.pause.as_mut()) {
                 // Now the operator's pause: it lasts until they continue.
                 pause.info.cause = PauseCause::Operator;
             }
@@ -215,23 +215,24 @@ impl Manager {
         let mut slot = entry.lock();
         // Not into a model an unload (unload-all does not wait for the update) has begun to
         // take down, nor one that crashed.
-        let serving = slot.lifecycle.state() == hangar_lifecycle::ModelState::Loaded;
-        let Some(scheduler) = slot.scheduler.clone().filter(|_| serving) else {
+        let loaded = slot.lifecycle.state() == hangar_lifecycle::ModelState::Loaded;
+        let Some(serving) = slot.phase.serving_mut().filter(|_| loaded) else {
             return Err(runtimes);
         };
         let details: Arc<[_]> = runtimes.iter().map(|r| r.details()).collect();
-        match scheduler.replace_runtimes(runtimes) {
+        match serving.scheduler.replace_runtimes(runtimes) {
             Ok(old) => {
-                slot.runtime_details = details;
+                serving.details = details;
+                if update.weight_version.is_some() {
+                    serving.weight_version.clone_from(&update.weight_version);
+                }
+                let weight_version = serving.weight_version.clone();
                 slot.effective = config;
                 slot.generation += 1;
-                if update.weight_version.is_some() {
-                    slot.weight_version.clone_from(&update.weight_version);
-                }
                 ModelEntry::touch(&mut slot);
                 let kind = EventKind::WeightsUpdated {
                     model_path: slot.effective.model_path.clone().unwrap_or_default(),
-                    weight_version: slot.weight_version.clone(),
+                    weight_version,
                 };
                 self.inner.events.journal.record(&entry.config.name, kind);
                 Events::bump(&self.inner.events.loads);
@@ -315,7 +316,7 @@ impl Manager {
             let slot = entry.lock();
             let loaded = slot.lifecycle.state() == ModelState::Loaded;
             let path = if loaded { slot.effective.model_path.clone() } else { None };
-            (path.or_else(|| entry.config.model_path.clone()), slot.pause.clone(), loaded)
+            (path.or_else(|| entry.config.model_path.clone()), slot.phase.pause().cloned(), loaded)
         };
         let Some(path) = path else {
             return Err(ManagerError::Weights {
