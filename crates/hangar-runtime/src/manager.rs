@@ -62,8 +62,11 @@ impl LoadOptions {
 /// The runtime manager: owns every configured model's runtime state and performs loads,
 /// unloads, evictions and request admission. Cheap to clone; clones share state.
 ///
-/// Loads are serialized through one queue; eviction is planned when a load leaves the
-/// queue. A load request is answered when the model is loaded or failed.
+/// Loads take turns in one lane; eviction is planned when a load gets its turn. A load
+/// request is answered when the model is loaded or failed.
+///
+/// Its control loop and housekeeping are tasks spawned on the Tokio runtime of the first
+/// call that needs them: use a manager within one runtime, which outlives it.
 #[derive(Clone)]
 pub struct Manager {
     pub(crate) inner: Arc<Inner>,
