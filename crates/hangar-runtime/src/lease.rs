@@ -305,27 +305,79 @@ impl Manager {
     }
 
     /// How long `entry` has been idle, if that is past its idle timeout and nothing keeps
-    /// it: loaded, nothing running, queued or pinned by a waiting request, not paused, not
-    /// pinned, not leased.
+    /// it ([`idle_past`]).
     fn idle_for(&self, entry: &ModelEntry) -> Option<Duration> {
         let timeout = entry.idle_timeout?;
-        if entry.config.pinned {
-            return None;
-        }
         let slot = entry.lock();
-        let busy = slot.phase.scheduler().is_none_or(|s| {
-            let stats = s.stats();
-            stats.runtime_inflight > 0 || stats.queue_depth > 0
-        });
-        if slot.lifecycle.state() != ModelState::Loaded
-            || busy
-            || self.inner.control.pins(entry.position) > 0
-            || slot.phase.pause().is_some()
-            || slot.leased()
-        {
-            return None;
+        let stats = slot.phase.scheduler().map(hangar_lifecycle::Scheduler::stats);
+        idle_past(&IdleView {
+            timeout,
+            pinned: entry.config.pinned,
+            loaded: slot.lifecycle.state() == ModelState::Loaded,
+            busy: stats.is_none_or(|s| s.runtime_inflight > 0 || s.queue_depth > 0),
+            pins: self.inner.control.pins(entry.position),
+            paused: slot.phase.pause().is_some(),
+            leased: slot.leased(),
+            idle: slot.last_use.map_or(Duration::ZERO, |(at, _)| at.elapsed()),
+        })
+    }
+}
+
+/// What the idle rule looks at, read under the model's slot lock.
+#[derive(Debug, Clone)]
+struct IdleView {
+    timeout: std::num::NonZeroU32,
+    /// `pinned: true` in its definition.
+    pinned: bool,
+    loaded: bool,
+    /// Requests running or queued.
+    busy: bool,
+    /// Requests that triggered its load and wait for admission.
+    pins: u32,
+    paused: bool,
+    leased: bool,
+    /// Since its last use.
+    idle: Duration,
+}
+
+/// The idle rule: a model is unloaded for idleness once it has been idle for its timeout,
+/// loaded, with nothing running, queued or pinned by a waiting request, not paused, not
+/// pinned by its definition, not leased. Returns how long it has been idle then.
+fn idle_past(v: &IdleView) -> Option<Duration> {
+    let kept = v.pinned || !v.loaded || v.busy || v.pins > 0 || v.paused || v.leased;
+    (!kept && v.idle >= Duration::from_secs(u64::from(v.timeout.get()))).then_some(v.idle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_rule_as_a_table() {
+        let idle = IdleView {
+            timeout: std::num::NonZeroU32::new(60).unwrap(),
+            pinned: false,
+            loaded: true,
+            busy: false,
+            pins: 0,
+            paused: false,
+            leased: false,
+            idle: Duration::from_secs(60),
+        };
+        let s = Duration::from_secs;
+        let rows: [(&str, IdleView, Option<Duration>); 9] = [
+            ("idle for its timeout", idle.clone(), Some(s(60))),
+            ("not yet", IdleView { idle: s(59), ..idle.clone() }, None),
+            ("pinned by its definition", IdleView { pinned: true, ..idle.clone() }, None),
+            ("not loaded", IdleView { loaded: false, ..idle.clone() }, None),
+            ("requests running or queued", IdleView { busy: true, ..idle.clone() }, None),
+            ("a request waits for it", IdleView { pins: 1, ..idle.clone() }, None),
+            ("paused", IdleView { paused: true, ..idle.clone() }, None),
+            ("leased", IdleView { leased: true, ..idle.clone() }, None),
+            ("long idle", IdleView { idle: s(3600), ..idle }, Some(s(3600))),
+        ];
+        for (name, view, expected) in rows {
+            assert_eq!(idle_past(&view), expected, "{name}");
         }
-        let idle = slot.last_use.map_or(Duration::ZERO, |(at, _)| at.elapsed());
-        (idle >= Duration::from_secs(u64::from(timeout.get()))).then_some(idle)
     }
 }
