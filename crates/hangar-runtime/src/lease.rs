@@ -15,6 +15,7 @@
 //! load when an idle timeout is configured, drops expired leases and unloads idle models
 //! once a second.
 
+use std::num::NonZeroU32;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -147,13 +148,14 @@ impl Manager {
             // together. Held before the load, so no eviction planned meanwhile can take the
             // model.
             let mut slot = entry.lock();
-            if slot.unloads_pending > 0 {
-                return Err(unload_pending(&slot));
-            }
             let limit = self.inner.max_leases;
-            if slot.live_leases().count() >= limit.get() as usize {
-                let model = entry.config.name.to_string();
-                return Err(ManagerError::TooManyLeases { model, limit: limit.get() });
+            match lease_refusal(slot.unloads_pending, slot.live_leases().count(), limit) {
+                Some(LeaseRefusal::UnloadPending) => return Err(unload_pending(&slot)),
+                Some(LeaseRefusal::TooMany) => {
+                    let model = entry.config.name.to_string();
+                    return Err(ManagerError::TooManyLeases { model, limit: limit.get() });
+                }
+                None => {}
             }
             let n = self.inner.next_lease.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let lease = Lease {
@@ -323,10 +325,31 @@ impl Manager {
     }
 }
 
+/// Why a lease is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaseRefusal {
+    /// An explicit unload was asked for and is not done.
+    UnloadPending,
+    /// The model has `limits.max_leases_per_model` live leases.
+    TooMany,
+}
+
+/// The lease rule, given the unloads pending and the live leases: never granted while an
+/// unload is decided (the unload would revoke it), never past the cap.
+fn lease_refusal(unloads_pending: u32, live: usize, limit: NonZeroU32) -> Option<LeaseRefusal> {
+    if unloads_pending > 0 {
+        Some(LeaseRefusal::UnloadPending)
+    } else if live >= limit.get() as usize {
+        Some(LeaseRefusal::TooMany)
+    } else {
+        None
+    }
+}
+
 /// What the idle rule looks at, read under the model's slot lock.
 #[derive(Debug, Clone)]
 struct IdleView {
-    timeout: std::num::NonZeroU32,
+    timeout: NonZeroU32,
     /// `pinned: true` in its definition.
     pinned: bool,
     loaded: bool,
@@ -353,9 +376,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_lease_rule_as_a_table() {
+        let limit = NonZeroU32::new(2).unwrap();
+        let rows = [
+            ("room, no unload", 0, 1, None),
+            ("an unload is decided", 1, 0, Some(LeaseRefusal::UnloadPending)),
+            ("an unload beats the cap", 2, 2, Some(LeaseRefusal::UnloadPending)),
+            ("at the cap", 0, 2, Some(LeaseRefusal::TooMany)),
+            ("past it (expired ones are not live)", 0, 3, Some(LeaseRefusal::TooMany)),
+        ];
+        for (name, pending, live, expected) in rows {
+            assert_eq!(lease_refusal(pending, live, limit), expected, "{name}");
+        }
+    }
+
+    #[test]
     fn the_idle_rule_as_a_table() {
         let idle = IdleView {
-            timeout: std::num::NonZeroU32::new(60).unwrap(),
+            timeout: NonZeroU32::new(60).unwrap(),
             pinned: false,
             loaded: true,
             busy: false,
