@@ -78,6 +78,10 @@ pub(crate) struct State<W> {
     lane: Option<ModelId>,
     /// Creations waiting for the lane, in the order asked.
     creations: VecDeque<(ModelId, W)>,
+    /// The deadline of every admin wait queued, in the order queued (so earliest first,
+    /// as every wait is equally long); some may have been granted since. A step costs
+    /// the same whatever the number of models.
+    deadlines: VecDeque<(Instant, ModelId)>,
     /// How long an admin operation waits for another on the same model.
     admin_wait: Duration,
 }
@@ -111,13 +115,15 @@ impl<W> State<W> {
             models: (0..models).map(|_| Model::new()).collect(),
             lane: None,
             creations: VecDeque::new(),
+            deadlines: VecDeque::new(),
             admin_wait,
         }
     }
 
-    /// When the next admin wait runs out, if any waits.
+    /// When the next admin wait may run out, if any waits (a wait granted meanwhile makes
+    /// it a `Tick` that changes nothing).
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.models.iter().filter_map(|m| m.admin_queue.front().map(|(at, _)| *at)).min()
+        self.deadlines.front().map(|(at, _)| *at)
     }
 
     /// The model whose creation holds the lane.
@@ -169,7 +175,9 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
                 m.admin = true;
                 effects.push(Effect::Grant { model, turn: TurnKind::Admin, waiter });
             } else if wait {
-                m.admin_queue.push_back((now + state.admin_wait, waiter));
+                let deadline = now + state.admin_wait;
+                m.admin_queue.push_back((deadline, waiter));
+                state.deadlines.push_back((deadline, model));
             } else {
                 effects.push(Effect::Busy { model, waiter });
             }
@@ -220,8 +228,11 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
             }
         }
         Command::Tick => {
-            for (model, m) in state.models.iter_mut().enumerate() {
-                expire(m, model, now, &mut effects);
+            while let Some(&(at, model)) = state.deadlines.front()
+                && at <= now
+            {
+                state.deadlines.pop_front();
+                expire(&mut state.models[model], model, now, &mut effects);
             }
         }
     }

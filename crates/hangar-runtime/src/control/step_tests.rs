@@ -194,6 +194,17 @@ fn the_next_deadline_is_the_earliest_wait() {
     step(&mut state, admin(1, 3), t0 + Duration::from_secs(3));
     step(&mut state, admin(0, 4), t0 + Duration::from_secs(5));
     assert_eq!(state.next_deadline(), Some(t0 + Duration::from_secs(13)));
+    // Waiter 3 is granted before its deadline: that Tick changes nothing, the next is 4's.
+    assert_eq!(
+        answers(step(&mut state, done(1, Admin), t0 + Duration::from_secs(6))),
+        [(3, Some(Admin))]
+    );
+    let tick = step(&mut state, Command::Tick, t0 + Duration::from_secs(13));
+    assert!(tick.is_empty());
+    assert_eq!(state.next_deadline(), Some(t0 + Duration::from_secs(15)));
+    let tick = step(&mut state, Command::Tick, t0 + Duration::from_secs(15));
+    assert_eq!(answers(tick), [(4, None)]);
+    assert_eq!(state.next_deadline(), None);
 }
 
 #[derive(Debug, Clone)]
