@@ -23,7 +23,7 @@ pub enum ModelState {
     /// Known from config; no runtime is loaded. Requests are rejected (`model_not_loaded`);
     /// the model may be loaded.
     Unloaded,
-    /// A load was requested and has not finished (it may wait in the serialized load queue).
+    /// A load was requested and has not finished (it may wait for its turn in the load lane).
     /// Requests are rejected (`model_loading`); duplicate loads return the current state.
     Loading,
     /// Runtimes exist and serve requests; the model may be unloaded.

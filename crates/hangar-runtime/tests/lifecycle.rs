@@ -418,7 +418,7 @@ async fn a_request_waiting_for_a_load_is_admitted_while_a_reload_waits_for_the_q
         reloaded.as_ref().is_ok() || reloaded.is_err_and(|e| e.code() == ErrorCode::StateConflict),
         "the reload answered with something else"
     );
-    m.resume("broken").await.unwrap(); // its admin lock is free again
+    m.resume("broken").await.unwrap(); // its admin turn is free again
 }
 
 /// Found by the property test: an eviction waited for requests pinned to a paused model,
