@@ -25,8 +25,8 @@ pub(crate) struct ModelEntry {
     /// Seconds without work before it is unloaded: its own `idle_unload_seconds`, else the
     /// global one.
     pub(crate) idle_timeout: Option<NonZeroU32>,
-    /// The model's data. A leaf lock: held only to read or assign fields, never across an
-    /// await, and nothing else is taken while it is held. Who may change the runtimes it
+    /// The model's data, held only to read or assign fields, never across an await; only
+    /// leaf locks are taken under it (the journal's, a scheduler's, `last_loaded`). Who may change the runtimes it
     /// holds is the control loop's decision (`crate::control`).
     slot: Mutex<Slot>,
     /// Its engine's output, across loads.

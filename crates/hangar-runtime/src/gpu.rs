@@ -239,6 +239,6 @@ pub(crate) fn vram_held(entry: &ModelEntry, slot: &Slot) -> u64 {
 
 /// The best figure of what a loaded model's replicas hold, and how it was obtained.
 fn held_figure(entry: &ModelEntry, slot: &Slot) -> Option<(u64, VramMethod)> {
-    let replicas = slot.phase.serving().map_or(0, |s| s.details.len() as u32).max(1);
+    let replicas = slot.phase.loaded_replicas().max(1);
     admission_figure(entry, &slot.vram, &slot.effective, replicas, &slot.load_override)
 }

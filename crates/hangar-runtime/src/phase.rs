@@ -66,6 +66,11 @@ impl Phase {
         self.serving().map(|s| &s.scheduler)
     }
 
+    /// How many replicas serve (0 unless loaded or unloading).
+    pub(crate) fn loaded_replicas(&self) -> u32 {
+        self.serving().map_or(0, |s| s.details.len() as u32)
+    }
+
     /// The pause in effect, if any.
     pub(crate) fn pause(&self) -> Option<&Paused> {
         self.serving().and_then(|s| s.pause.as_ref())

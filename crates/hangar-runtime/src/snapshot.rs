@@ -167,7 +167,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         ModelState::Unloaded | ModelState::Failed => config.replicas.get(),
     };
     let serving = slot.phase.serving();
-    let loaded_replicas = serving.map_or(0, |s| s.details.len() as u32);
+    let loaded_replicas = slot.phase.loaded_replicas();
     // Measured beats derived: a load's GPU delta, else the files' size per replica.
     let delta = slot.vram.get(VramMethod::ObservedLoadDelta, replicas, &slot.load_override);
     let vram = match delta {

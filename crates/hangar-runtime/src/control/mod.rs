@@ -121,13 +121,15 @@ impl Control {
 /// A granted turn; dropping it gives it back.
 #[must_use = "the turn is given back when this is dropped"]
 pub(crate) struct Turn {
+    /// Where its end is posted; `None` for an answer that holds nothing (no request pins
+    /// the model, or the loop is gone).
     tx: Option<mpsc::UnboundedSender<Command<Waiter>>>,
     model: ModelId,
     kind: TurnKind,
 }
 
 impl Turn {
-    /// A turn that holds nothing (the loop is gone).
+    /// A turn that holds nothing.
     fn none(model: ModelId) -> Self {
         Self { tx: None, model, kind: TurnKind::Unpinned }
     }
@@ -135,9 +137,7 @@ impl Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        if let Some(tx) = &self.tx
-            && self.kind != TurnKind::Unpinned
-        {
+        if let Some(tx) = &self.tx {
             let _ = tx.send(Command::Done { model: self.model, turn: self.kind });
         }
     }
@@ -190,7 +190,8 @@ async fn run(
 fn perform(effect: Effect<Waiter>, tx: &mpsc::WeakUnboundedSender<Command<Waiter>>) {
     match effect {
         Effect::Grant { model, turn, waiter } => {
-            let turn = Turn { tx: tx.upgrade(), model, kind: turn };
+            let tx = if turn == TurnKind::Unpinned { None } else { tx.upgrade() };
+            let turn = Turn { tx, model, kind: turn };
             // A waiter that went away drops the turn here, which gives it back.
             let _ = waiter.send(Ok(turn));
         }

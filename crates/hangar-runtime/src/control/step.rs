@@ -205,7 +205,8 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
                     return effects;
                 }
                 state.models[model].runtimes = None;
-                if turn == TurnKind::Create && state.lane == Some(model) {
+                // Only the lane's holder creates: its end frees the lane.
+                if turn == TurnKind::Create {
                     state.lane = None;
                 }
                 free_runtimes(state, model, &mut effects);
