@@ -49,14 +49,13 @@ pub(crate) struct Slot {
     /// Operations replacing the model's runtimes (a reload, a weight update): while any
     /// runs, the model is held (never an eviction victim nor unloaded for idleness).
     pub(crate) replacing: u32,
-    /// Explicit unloads asked for and not yet done: no lease is granted meanwhile.
-    pub(crate) unloads_pending: u32,
     /// Incremented on every successful load, so late crash reports of an older load are
     /// ignored.
     pub(crate) generation: u64,
     /// The weights checker's last snapshot, for `compare`.
     pub(crate) weights_snapshot: Option<Arc<hangar_weights::WeightsDigest>>,
-    /// Leases on the model (expired ones until housekeeping drops them).
+    /// Leases on the model, as the control loop published them (expired ones until its
+    /// next tick); written by the loop only.
     pub(crate) leases: Vec<crate::lease::Held>,
     /// Recent failed loads and crashes, and the quarantine they led to.
     pub(crate) failures: crate::quarantine::FailureLog,
@@ -84,7 +83,6 @@ impl ModelEntry {
                 capabilities,
                 last_use: None,
                 replacing: 0,
-                unloads_pending: 0,
                 generation: 0,
                 weights_snapshot: None,
                 leases: Vec::new(),

@@ -11,9 +11,11 @@
 //! - **Idle unload** (`idle_unload_seconds`, per model or global): a loaded model with
 //!   nothing running or queued, not paused, not held, unused for that long is unloaded.
 //!
-//! One housekeeping task per manager, started when the first lease is taken or at the first
-//! load when an idle timeout is configured, drops expired leases and unloads idle models
-//! once a second.
+//! Leases are the control loop's (`control/step/lease.rs` holds their rules): it reserves,
+//! grants, renews, releases, expires and revokes them, and publishes each model's leases
+//! to its slot, where this module's readers find them. One housekeeping task per manager,
+//! started at the first load when an idle timeout is configured, unloads idle models once
+//! a second.
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, Weak};
@@ -24,6 +26,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::control::{LeaseCommand, LeaseRefusal};
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::journal::{EventKind, unix_ms};
@@ -37,7 +40,7 @@ pub const MAX_LEASE_SECONDS: u32 = 7 * 24 * 3600;
 /// journaled with every change.
 pub const MAX_LEASE_OWNER_BYTES: usize = 256;
 
-/// How often housekeeping looks for expired leases and idle models.
+/// How often housekeeping looks for idle models.
 const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(1);
 
 /// A lease on a model, as the admin row lists it.
@@ -54,7 +57,7 @@ pub struct Lease {
 }
 
 /// A lease and its monotonic deadline.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Held {
     pub(crate) lease: Lease,
     pub(crate) deadline: Instant,
@@ -89,18 +92,6 @@ impl Slot {
     }
 }
 
-fn lease_not_found(model: &str, id: &str) -> ManagerError {
-    ManagerError::LeaseNotFound { model: model.to_owned(), id: id.to_owned() }
-}
-
-/// The refusal of a lease while an explicit unload of the model is under way.
-fn unload_pending(slot: &Slot) -> ManagerError {
-    ManagerError::Conflict {
-        state: slot.lifecycle.state(),
-        message: "an unload of the model is under way; take the lease once it is done".into(),
-    }
-}
-
 fn check_ttl(ttl_seconds: u32) -> Result<Duration, ManagerError> {
     if ttl_seconds == 0 || ttl_seconds > MAX_LEASE_SECONDS {
         return Err(ManagerError::InvalidLoadRequest {
@@ -113,13 +104,19 @@ fn check_ttl(ttl_seconds: u32) -> Result<Duration, ManagerError> {
 
 impl Manager {
     /// Takes a lease on `name` for `ttl_seconds`, loading the model if it is not loaded.
+    /// The control loop reserves the lease before the load (so no eviction planned
+    /// meanwhile takes the model) and grants it once the model loaded; the whole runs to
+    /// its end even if this caller goes away, so a lease is granted (and journaled) or
+    /// gone, never left half-taken.
     ///
     /// # Errors
     /// `unknown_model`; [`ManagerError::InvalidLoadRequest`] for an empty owner, one over
     /// [`MAX_LEASE_OWNER_BYTES`] or a ttl outside 1..=[`MAX_LEASE_SECONDS`];
     /// [`ManagerError::TooManyLeases`] when the model already has
-    /// `limits.max_leases_per_model` live leases; the load's errors (the lease is not kept
-    /// then). A refusal changes nothing.
+    /// `limits.max_leases_per_model` live leases; [`ManagerError::Conflict`] while an
+    /// explicit unload of the model is decided (or when one revoked the lease before the
+    /// model loaded); the load's errors (the lease is not kept then). A refusal changes
+    /// nothing.
     pub async fn acquire_lease(
         &self,
         name: &str,
@@ -142,51 +139,20 @@ impl Manager {
                 ),
             });
         }
-        let ttl = check_ttl(ttl_seconds)?;
-        let lease = {
-            // Counted and taken under one lock, so concurrent acquires cannot pass the cap
-            // together. Held before the load, so no eviction planned meanwhile can take the
-            // model.
-            let mut slot = entry.lock();
-            let limit = self.inner.max_leases;
-            match lease_refusal(slot.unloads_pending, slot.live_leases().count(), limit) {
-                Some(LeaseRefusal::UnloadPending) => return Err(unload_pending(&slot)),
-                Some(LeaseRefusal::TooMany) => {
-                    let model = entry.config.name.to_string();
-                    return Err(ManagerError::TooManyLeases { model, limit: limit.get() });
-                }
-                None => {}
-            }
-            let n = self.inner.next_lease.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let lease = Lease {
-                id: format!("lease-{n}"),
-                owner: owner.to_owned(),
-                ttl_seconds,
-                expires_unix_ms: unix_ms(SystemTime::now() + ttl),
-            };
-            slot.leases.push(Held { lease: lease.clone(), deadline: Instant::now() + ttl });
-            lease
-        };
-        self.start_housekeeping();
-        // The load and the grant run to their end even if this caller goes away: the lease
-        // is then granted (and journaled) or gone, never left half-taken.
-        let (this, name) = (self.clone(), name.to_owned());
+        check_ttl(ttl_seconds)?;
+        let (this, owner, name) = (self.clone(), owner.to_owned(), name.to_owned());
         let task = tokio::spawn(async move {
+            let (control, model) = (&this.inner.control, entry.position);
+            let wall_ms = unix_ms(SystemTime::now());
+            let acquire = |waiter| LeaseCommand::Acquire { owner, ttl_seconds, wall_ms, waiter };
+            let reserved = control.lease(model, acquire).await;
+            let lease = reserved.map_err(|r| this.lease_refused(&entry, r, None))?;
             let loaded = this.load_on_demand(&name).await;
-            let mut slot = entry.lock();
-            // An unload decided while the model loaded wins: the lease is not granted.
-            let refused = match loaded {
-                Err(e) => Some(e),
-                Ok(_) if slot.unloads_pending > 0 => Some(unload_pending(&slot)),
-                Ok(_) => None,
-            };
-            if let Some(e) = refused {
-                slot.leases.retain(|h| h.lease.id != lease.id);
-                return Err(e);
-            }
-            drop(slot);
-            this.journal_lease(&entry, &lease, LeaseChange::Acquired);
-            Ok(lease)
+            let id = lease.id.clone();
+            let settle = |waiter| LeaseCommand::Settle { id, loaded: loaded.is_ok(), waiter };
+            let settled = control.lease(model, settle).await;
+            loaded?;
+            settled.map_err(|r| this.lease_refused(&entry, r, Some(&lease.id)))
         });
         task.await.unwrap_or_else(|_| {
             Err(ManagerError::Conflict {
@@ -201,56 +167,62 @@ impl Manager {
     /// # Errors
     /// `unknown_model`; [`ManagerError::LeaseNotFound`] (also once it expired);
     /// [`ManagerError::InvalidLoadRequest`] for a ttl out of range.
-    pub fn renew_lease(
+    pub async fn renew_lease(
         &self,
         name: &str,
         id: &str,
         ttl_seconds: Option<u32>,
     ) -> Result<Lease, ManagerError> {
         let entry = self.entry(name)?;
-        let mut slot = entry.lock();
-        let now = Instant::now();
-        let held = slot
-            .leases
-            .iter_mut()
-            .find(|h| h.lease.id == id && h.deadline > now)
-            .ok_or_else(|| lease_not_found(name, id))?;
-        let ttl_seconds = ttl_seconds.unwrap_or(held.lease.ttl_seconds);
-        let ttl = check_ttl(ttl_seconds)?;
-        held.deadline = now + ttl;
-        held.lease.ttl_seconds = ttl_seconds;
-        held.lease.expires_unix_ms = unix_ms(SystemTime::now() + ttl);
-        let lease = held.lease.clone();
-        drop(slot);
-        self.journal_lease(&entry, &lease, LeaseChange::Renewed);
-        Ok(lease)
+        if let Some(ttl_seconds) = ttl_seconds {
+            check_ttl(ttl_seconds)?;
+        }
+        let wall_ms = unix_ms(SystemTime::now());
+        let id = id.to_owned();
+        let renew = |waiter| LeaseCommand::Renew { id: id.clone(), ttl_seconds, wall_ms, waiter };
+        let renewed = self.inner.control.lease(entry.position, renew).await;
+        renewed.map_err(|r| self.lease_refused(&entry, r, Some(&id)))
     }
 
     /// Releases lease `id` of `name`. The model stays loaded (evictable, idle-unloadable).
     ///
     /// # Errors
     /// `unknown_model`; [`ManagerError::LeaseNotFound`].
-    pub fn release_lease(&self, name: &str, id: &str) -> Result<Lease, ManagerError> {
+    pub async fn release_lease(&self, name: &str, id: &str) -> Result<Lease, ManagerError> {
         let entry = self.entry(name)?;
-        let mut slot = entry.lock();
-        let at = slot.leases.iter().position(|h| h.lease.id == id);
-        let held = at.map(|i| slot.leases.remove(i)).ok_or_else(|| lease_not_found(name, id))?;
-        drop(slot);
-        self.journal_lease(&entry, &held.lease, LeaseChange::Released);
-        Ok(held.lease)
+        let release = |waiter| LeaseCommand::Release { id: id.to_owned(), waiter };
+        let released = self.inner.control.lease(entry.position, release).await;
+        released.map_err(|r| self.lease_refused(&entry, r, Some(id)))
     }
 
-    /// Drops every lease of `entry` (an explicit unload, a crash).
-    pub(crate) fn revoke_leases(&self, entry: &ModelEntry) {
-        let revoked = std::mem::take(&mut entry.lock().leases);
-        for held in revoked {
-            self.journal_lease(entry, &held.lease, LeaseChange::Revoked);
+    /// The error of a lease operation the loop refused (`id`: the lease it named).
+    fn lease_refused(
+        &self,
+        entry: &ModelEntry,
+        refusal: LeaseRefusal,
+        id: Option<&str>,
+    ) -> ManagerError {
+        let model = entry.config.name.to_string();
+        let state = entry.lock().lifecycle.state();
+        match refusal {
+            LeaseRefusal::UnloadPending => ManagerError::Conflict {
+                state,
+                message: "an unload of the model is under way; take the lease once it is done"
+                    .into(),
+            },
+            LeaseRefusal::TooMany => {
+                ManagerError::TooManyLeases { model, limit: self.inner.max_leases.get() }
+            }
+            LeaseRefusal::NotFound => {
+                ManagerError::LeaseNotFound { model, id: id.unwrap_or_default().to_owned() }
+            }
+            LeaseRefusal::Ended => ManagerError::Conflict {
+                state,
+                message: "the lease ended before the model loaded (it expired, was released, \
+                          or an unload revoked it)"
+                    .into(),
+            },
         }
-    }
-
-    fn journal_lease(&self, entry: &ModelEntry, lease: &Lease, change: LeaseChange) {
-        let kind = EventKind::Lease { change, id: lease.id.clone(), owner: lease.owner.clone() };
-        self.inner.events.journal.record(&entry.config.name, kind);
     }
 
     /// Starts the housekeeping task once (it needs a tokio runtime: called from async
@@ -264,7 +236,7 @@ impl Manager {
     }
 }
 
-/// Once a second: drop expired leases, unload idle models; ends with the manager.
+/// Once a second: unload idle models; ends with the manager.
 async fn housekeeping(inner: Weak<Inner>) {
     let mut tick = tokio::time::interval(HOUSEKEEPING_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -273,7 +245,6 @@ async fn housekeeping(inner: Weak<Inner>) {
         let Some(inner) = inner.upgrade() else { return };
         let manager = Manager { inner };
         for entry in manager.inner.order.clone() {
-            manager.expire_leases(&entry);
             if let Some(idle) = manager.idle_for(&entry) {
                 // A model busy with an admin operation is not idle; try again next tick.
                 let control = &manager.inner.control;
@@ -292,20 +263,6 @@ async fn housekeeping(inner: Weak<Inner>) {
 }
 
 impl Manager {
-    fn expire_leases(&self, entry: &ModelEntry) {
-        let now = Instant::now();
-        let expired: Vec<Held> = {
-            let mut slot = entry.lock();
-            let (gone, kept) =
-                std::mem::take(&mut slot.leases).into_iter().partition(|h| h.deadline <= now);
-            slot.leases = kept;
-            gone
-        };
-        for held in expired {
-            self.journal_lease(entry, &held.lease, LeaseChange::Expired);
-        }
-    }
-
     /// How long `entry` has been idle, if that is past its idle timeout and nothing keeps
     /// it ([`idle_past`]).
     fn idle_for(&self, entry: &ModelEntry) -> Option<Duration> {
@@ -322,27 +279,6 @@ impl Manager {
             leased: slot.leased(),
             idle: slot.last_use.map_or(Duration::ZERO, |(at, _)| at.elapsed()),
         })
-    }
-}
-
-/// Why a lease is refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LeaseRefusal {
-    /// An explicit unload was asked for and is not done.
-    UnloadPending,
-    /// The model has `limits.max_leases_per_model` live leases.
-    TooMany,
-}
-
-/// The lease rule, given the unloads pending and the live leases: never granted while an
-/// unload is decided (the unload would revoke it), never past the cap.
-fn lease_refusal(unloads_pending: u32, live: usize, limit: NonZeroU32) -> Option<LeaseRefusal> {
-    if unloads_pending > 0 {
-        Some(LeaseRefusal::UnloadPending)
-    } else if live >= limit.get() as usize {
-        Some(LeaseRefusal::TooMany)
-    } else {
-        None
     }
 }
 
@@ -374,21 +310,6 @@ fn idle_past(v: &IdleView) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_lease_rule_as_a_table() {
-        let limit = NonZeroU32::new(2).unwrap();
-        let rows = [
-            ("room, no unload", 0, 1, None),
-            ("an unload is decided", 1, 0, Some(LeaseRefusal::UnloadPending)),
-            ("an unload beats the cap", 2, 2, Some(LeaseRefusal::UnloadPending)),
-            ("at the cap", 0, 2, Some(LeaseRefusal::TooMany)),
-            ("past it (expired ones are not live)", 0, 3, Some(LeaseRefusal::TooMany)),
-        ];
-        for (name, pending, live, expected) in rows {
-            assert_eq!(lease_refusal(pending, live, limit), expected, "{name}");
-        }
-    }
 
     #[test]
     fn the_idle_rule_as_a_table() {

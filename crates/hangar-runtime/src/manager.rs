@@ -85,12 +85,10 @@ pub(crate) struct Inner {
     /// The control loop: admin turns, the load lane, runtimes' creation and destruction,
     /// pins.
     pub(crate) control: crate::control::Control,
-    pub(crate) events: Events,
+    pub(crate) events: Arc<Events>,
     pub(crate) last_loaded: std::sync::Mutex<Option<ModelName>>,
     /// Whether any model has an idle timeout (housekeeping starts at the first load).
     pub(crate) idle_configured: bool,
-    /// Numbers lease ids.
-    pub(crate) next_lease: std::sync::atomic::AtomicU64,
     /// Set once the housekeeping task runs.
     pub(crate) housekeeping: std::sync::OnceLock<()>,
     /// When a model that keeps failing is quarantined.
@@ -137,6 +135,13 @@ impl Manager {
         if let Some(state) = &state {
             state.restore(&order);
         }
+        let events = Arc::new(Events::new());
+        let control = crate::control::Control::new(
+            &order,
+            Arc::clone(&events),
+            config.admin_lock_timeout,
+            config.limits.max_leases_per_model,
+        );
         Self {
             inner: Arc::new(Inner {
                 models,
@@ -146,15 +151,11 @@ impl Manager {
                 auto_load: config.auto_load,
                 max_queue_depth: config.max_queue_depth.get() as usize,
                 admin_lock_timeout: config.admin_lock_timeout,
-                control: crate::control::Control::new(
-                    config.models.len(),
-                    config.admin_lock_timeout,
-                ),
-                events: Events::new(),
+                control,
+                events,
                 last_loaded: std::sync::Mutex::new(None),
                 idle_configured: config.idle_unload_seconds.is_some()
                     || config.models.iter().any(|m| m.idle_unload_seconds.is_some()),
-                next_lease: std::sync::atomic::AtomicU64::new(1),
                 housekeeping: std::sync::OnceLock::new(),
                 quarantine: config.quarantine,
                 request_timeout: config.limits.request_timeout,

@@ -52,7 +52,7 @@ impl Manager {
             return Ok(answer);
         }
         // Decided: from here no lease is granted until the unload is done (or given up).
-        let pending = entry.count(|s| &mut s.unloads_pending);
+        let decided = self.inner.control.unload_decided(entry.position);
         let admin = self.admin_turn(&entry).await?;
         if let Some(answer) = check()? {
             return Ok(answer);
@@ -63,8 +63,7 @@ impl Manager {
             let _admin = admin;
             this.unload_entry(&e, UnloadCause::Request).await;
             // The operator asked for the model gone: its leases go, whatever it is now.
-            this.revoke_leases(&e);
-            drop(pending);
+            decided.end(true);
         };
         let _ = tokio::spawn(unload).await;
         let slot = entry.lock();
@@ -79,13 +78,10 @@ impl Manager {
         let mut tasks = Vec::new();
         for entry in &self.inner.order {
             let (this, entry) = (self.clone(), Arc::clone(entry));
-            let pending = entry.count(|s| &mut s.unloads_pending);
+            let decided = this.inner.control.unload_decided(entry.position);
             tasks.push(tokio::spawn(async move {
                 let unloaded = this.unload_entry(&entry, UnloadCause::Request).await;
-                if unloaded {
-                    this.revoke_leases(&entry);
-                }
-                drop(pending);
+                decided.end(unloaded);
                 unloaded.then(|| entry.config.name.to_string())
             }));
         }

@@ -185,6 +185,39 @@ async fn a_lease_is_never_granted_on_a_model_whose_unload_has_been_decided() {
     }
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_lease_that_ends_while_its_model_loads_is_not_granted() {
+    let slow = json!({ "backend": "stub", "stub": { "load_delay_ms": 2000 } });
+    let (m, _) = manager(json!({ "models": { "a": slow } }));
+    let acquire = |ttl| {
+        let m = m.clone();
+        tokio::spawn(async move { m.acquire_lease("a", "job", ttl).await })
+    };
+    // Released by its id (listed in the row while the model loads) before it was granted.
+    let first = acquire(600);
+    settle().await;
+    let reserved = row(&m, "a").leases;
+    assert_eq!(reserved.len(), 1, "the reservation is listed while the model loads");
+    m.release_lease("a", &reserved[0].id).await.unwrap();
+    let refused = first.await.unwrap().expect_err("a released lease was granted");
+    assert_eq!(refused.code(), ErrorCode::StateConflict, "{refused}");
+    assert_eq!(row(&m, "a").runtime_state, ModelState::Loaded, "the load itself went on");
+    m.unload("a").await.unwrap();
+    // Shorter than the load: it expires before the model is loaded.
+    let refused = acquire(1).await.unwrap().expect_err("an expired lease was granted");
+    assert_eq!(refused.code(), ErrorCode::StateConflict, "{refused}");
+    assert_eq!(row(&m, "a").leases, []);
+    let journal = m.follow_events(Some((m.events_epoch(), 0))).backlog;
+    let changes: Vec<String> = journal
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Lease { change, .. } => Some(format!("{change:?}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(changes, ["Released", "Expired"], "neither was ever acquired");
+}
+
 /// A copy of the tiny GGUF fixture for the weights checker to read.
 fn weights_file() -> String {
     concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/models/tiny-llama.gguf").to_owned()

@@ -461,7 +461,7 @@ proptest! {
                         };
                         for id in ids {
                             // Gone already when an explicit unload revoked it.
-                            let _ = m.release_lease(n, &id);
+                            let _ = m.release_lease(n, &id).await;
                         }
                     }
                     Op::UnloadAll => {

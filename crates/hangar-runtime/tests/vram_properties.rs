@@ -129,7 +129,7 @@ proptest! {
                         let taken = leases.lock().unwrap().iter().position(|(j, _)| *j == i % names.len());
                         if let Some(at) = taken {
                             let (j, id) = leases.lock().unwrap().remove(at);
-                            let _ = m.release_lease(&names[j], &id);
+                            let _ = m.release_lease(&names[j], &id).await;
                         }
                     }
                     op => tasks.push(tokio::spawn(async move {

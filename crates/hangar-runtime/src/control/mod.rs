@@ -5,11 +5,19 @@
 //! that posts [`Command::Done`] when dropped, so a caller that goes away — even between the
 //! grant and its first poll — gives its turn back), or busy. Nobody waits on shared fields.
 //!
+//! Leases are the loop's own state: it answers each lease operation, and publishes a
+//! model's leases to its slot (where the row, eviction and the idle rule read them) before
+//! it answers, so a lease granted is a lease every later reader sees. An explicit unload
+//! is announced with [`Control::unload_decided`] before it waits for its turn; from then on
+//! no lease of the model is granted until its guard ends it.
+//!
 //! Pins are the one count admission changes without a round trip: a request that triggers
 //! an auto-load increments its model's pin count ([`Pin`]) before it asks for the load, so
 //! an eviction planned afterwards sees it; the last pin to go posts [`Command::Unpinned`],
 //! and the loop reads the count itself when it takes a pin command, so no wake-up is lost.
 
+#[cfg(test)]
+mod lease_tests;
 pub(crate) mod step;
 #[cfg(test)]
 mod step_tests;
@@ -18,13 +26,47 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use std::num::NonZeroU32;
+
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-pub(crate) use step::{Command, Effect, ModelId, State, TurnKind, step};
+pub(crate) use step::{
+    Command, Effect, LeaseCommand, LeaseRefusal, ModelId, State, TurnKind, step,
+};
+
+use crate::entry::ModelEntry;
+use crate::events::Events;
+use crate::journal::EventKind;
+use crate::lease::Lease;
 
 /// How the loop answers a waiter.
-pub(crate) type Waiter = oneshot::Sender<Result<Turn, Busy>>;
+pub(crate) enum Waiter {
+    /// A turn, or busy.
+    Turn(oneshot::Sender<Result<Turn, Busy>>),
+    /// A lease operation's answer.
+    Lease(oneshot::Sender<Result<Lease, LeaseRefusal>>),
+}
+
+/// What the loop's effects reach besides its waiters: the slots it publishes leases to,
+/// and the journal.
+struct Sink {
+    entries: Vec<Arc<ModelEntry>>,
+    events: Arc<Events>,
+}
+
+/// What the loop starts with.
+struct Start {
+    rx: mpsc::UnboundedReceiver<Command<Waiter>>,
+    settings: Settings,
+    sink: Sink,
+}
+
+/// The loop's settings.
+struct Settings {
+    admin_wait: Duration,
+    max_leases: NonZeroU32,
+}
 
 /// The answer to an admin operation that got no turn.
 #[derive(Debug)]
@@ -41,17 +83,26 @@ pub(crate) struct Control {
 struct Shared {
     /// Requests pinning each model (see the module docs).
     pins: Arc<[AtomicU32]>,
-    /// The loop's receiver and settings until it starts (at the first call in a runtime).
-    pending: Mutex<Option<(mpsc::UnboundedReceiver<Command<Waiter>>, Duration)>>,
+    /// The loop's receiver, settings and sink until it starts (at the first call in a
+    /// runtime).
+    pending: Mutex<Option<Start>>,
     started: OnceLock<()>,
 }
 
 impl Control {
-    /// A loop for `models` models whose admin operations wait at most `admin_wait`.
-    pub(crate) fn new(models: usize, admin_wait: Duration) -> Self {
+    /// A loop for `entries` (by position) whose admin operations wait at most
+    /// `admin_wait`, with at most `max_leases` live leases a model, journaling to `events`.
+    pub(crate) fn new(
+        entries: &[Arc<ModelEntry>],
+        events: Arc<Events>,
+        admin_wait: Duration,
+        max_leases: NonZeroU32,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let pins: Arc<[AtomicU32]> = (0..models).map(|_| AtomicU32::new(0)).collect();
-        let pending = Mutex::new(Some((rx, admin_wait)));
+        let pins: Arc<[AtomicU32]> = entries.iter().map(|_| AtomicU32::new(0)).collect();
+        let sink = Sink { entries: entries.to_vec(), events };
+        let settings = Settings { admin_wait, max_leases };
+        let pending = Mutex::new(Some(Start { rx, settings, sink }));
         Self { tx, shared: Arc::new(Shared { pins, pending, started: OnceLock::new() }) }
     }
 
@@ -59,9 +110,9 @@ impl Control {
     fn start(&self) {
         self.shared.started.get_or_init(|| {
             let taken = self.shared.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some((rx, admin_wait)) = taken {
+            if let Some(start) = taken {
                 let (tx, pins) = (self.tx.downgrade(), Arc::clone(&self.shared.pins));
-                tokio::spawn(run(rx, tx, pins, admin_wait));
+                tokio::spawn(run(start, tx, pins));
             }
         });
     }
@@ -74,9 +125,28 @@ impl Control {
     async fn ask(&self, command: impl FnOnce(Waiter) -> Command<Waiter>) -> Result<Turn, Busy> {
         self.start();
         let (waiter, answer) = oneshot::channel();
-        self.post(command(waiter));
+        self.post(command(Waiter::Turn(waiter)));
         // A loop that ended answers nobody: only when the manager is gone.
         answer.await.unwrap_or(Err(Busy))
+    }
+
+    /// Asks for a lease operation on `model`; a loop that ended answers `Ended`.
+    pub(crate) async fn lease(
+        &self,
+        model: ModelId,
+        command: impl FnOnce(Waiter) -> LeaseCommand<Waiter>,
+    ) -> Result<Lease, LeaseRefusal> {
+        self.start();
+        let (waiter, answer) = oneshot::channel();
+        self.post(Command::Lease { model, command: command(Waiter::Lease(waiter)) });
+        answer.await.unwrap_or(Err(LeaseRefusal::Ended))
+    }
+
+    /// Announces an explicit unload of `model`: no lease is granted until the returned
+    /// guard ends it (dropped: without revoking the model's leases).
+    pub(crate) fn unload_decided(&self, model: ModelId) -> Decided {
+        self.post(Command::UnloadDecided { model });
+        Decided { control: self.clone(), model, revoke: false }
     }
 
     /// Waits for `model`'s admin turn (at most the admin wait).
@@ -143,6 +213,26 @@ impl Drop for Turn {
     }
 }
 
+/// An explicit unload decided ([`Control::unload_decided`]); ends when dropped.
+pub(crate) struct Decided {
+    control: Control,
+    model: ModelId,
+    revoke: bool,
+}
+
+impl Decided {
+    /// Ends the unload; with `revoke`, the model's leases go.
+    pub(crate) fn end(mut self, revoke: bool) {
+        self.revoke = revoke;
+    }
+}
+
+impl Drop for Decided {
+    fn drop(&mut self) {
+        self.control.post(Command::UnloadEnded { model: self.model, revoke: self.revoke });
+    }
+}
+
 /// A request pinning its model ([`Control::pin`]).
 pub(crate) struct Pin {
     control: Control,
@@ -159,12 +249,11 @@ impl Drop for Pin {
 
 /// The loop: takes each command, lets [`step`] decide, answers the waiters.
 async fn run(
-    mut rx: mpsc::UnboundedReceiver<Command<Waiter>>,
+    Start { mut rx, settings, sink }: Start,
     tx: mpsc::WeakUnboundedSender<Command<Waiter>>,
     pins: Arc<[AtomicU32]>,
-    admin_wait: Duration,
 ) {
-    let mut state = State::new(pins.len(), admin_wait);
+    let mut state = State::new(pins.len(), settings.admin_wait, settings.max_leases);
     loop {
         let command = match state.next_deadline() {
             Some(at) => tokio::select! {
@@ -182,21 +271,37 @@ async fn run(
             *seen = pins.get(*model).map_or(0, |p| p.load(Ordering::SeqCst));
         }
         for effect in step(&mut state, command, Instant::now()) {
-            perform(effect, &tx);
+            perform(effect, &tx, &sink);
         }
     }
 }
 
-fn perform(effect: Effect<Waiter>, tx: &mpsc::WeakUnboundedSender<Command<Waiter>>) {
+fn perform(effect: Effect<Waiter>, tx: &mpsc::WeakUnboundedSender<Command<Waiter>>, sink: &Sink) {
     match effect {
-        Effect::Grant { model, turn, waiter } => {
+        Effect::Grant { model, turn, waiter: Waiter::Turn(waiter) } => {
             let tx = if turn == TurnKind::Unpinned { None } else { tx.upgrade() };
             let turn = Turn { tx, model, kind: turn };
             // A waiter that went away drops the turn here, which gives it back.
             let _ = waiter.send(Ok(turn));
         }
-        Effect::Busy { waiter, .. } => {
+        Effect::Busy { waiter: Waiter::Turn(waiter), .. } => {
             let _ = waiter.send(Err(Busy));
         }
+        Effect::Lease { waiter: Waiter::Lease(waiter), answer, .. } => {
+            let _ = waiter.send(answer);
+        }
+        Effect::Leases { model, held } => {
+            if let Some(entry) = sink.entries.get(model) {
+                entry.lock().leases = held;
+            }
+        }
+        Effect::LeaseChanged { model, change, lease } => {
+            if let Some(entry) = sink.entries.get(model) {
+                let kind = EventKind::Lease { change, id: lease.id, owner: lease.owner };
+                sink.events.journal.record(&entry.config.name, kind);
+            }
+        }
+        // A turn's answer to a lease waiter or the reverse: no caller asks that way.
+        Effect::Grant { .. } | Effect::Busy { .. } | Effect::Lease { .. } => {}
     }
 }

@@ -18,12 +18,24 @@
 //!   model's load still waits for admission. The loop reads the pin count when it takes
 //!   the command; the last pin to go posts [`Command::Unpinned`].
 //!
-//! Every waiter is answered exactly once: granted, or busy.
+//! - **leases** (`lease.rs`): reserved before their load, granted after it, never while
+//!   an explicit unload of the model is decided, dropped when they expire or an unload
+//!   revokes them.
+//!
+//! Every waiter is answered exactly once: granted, busy, or its lease answer.
 
-use std::collections::VecDeque;
+mod lease;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+pub(crate) use lease::{LeaseCommand, LeaseRefusal};
+
+use crate::lease::{Held, Lease, LeaseChange};
 
 /// A model, by its position in config order.
 pub(crate) type ModelId = usize;
@@ -57,7 +69,14 @@ pub(crate) enum Command<W> {
     AwaitUnpinned { model: ModelId, pins: u32, waiter: W },
     /// A pin went; `pins` as the loop read them.
     Unpinned { model: ModelId, pins: u32 },
-    /// Time passed: admin waits past their deadline are answered busy.
+    /// A lease operation.
+    Lease { model: ModelId, command: LeaseCommand<W> },
+    /// An explicit unload of the model is decided: no lease is granted until it ends.
+    UnloadDecided { model: ModelId },
+    /// An explicit unload decided earlier ended; with `revoke`, the model's leases go.
+    UnloadEnded { model: ModelId, revoke: bool },
+    /// Time passed: admin waits past their deadline are answered busy, leases past theirs
+    /// are dropped.
     Tick,
 }
 
@@ -68,6 +87,13 @@ pub(crate) enum Effect<W> {
     Grant { model: ModelId, turn: TurnKind, waiter: W },
     /// The waiter's admin operation gets no turn: another operation holds the model.
     Busy { model: ModelId, waiter: W },
+    /// The answer to a lease operation.
+    Lease { model: ModelId, waiter: W, answer: Result<Lease, LeaseRefusal> },
+    /// The model's leases changed: these are all of them now (published before any
+    /// answer of the same step).
+    Leases { model: ModelId, held: Vec<Held> },
+    /// A lease changed (for the journal).
+    LeaseChanged { model: ModelId, change: LeaseChange, lease: Lease },
 }
 
 /// Everything the loop owns.
@@ -84,6 +110,13 @@ pub(crate) struct State<W> {
     deadlines: VecDeque<(Instant, ModelId)>,
     /// How long an admin operation waits for another on the same model.
     admin_wait: Duration,
+    /// Live leases one model may have.
+    max_leases: NonZeroU32,
+    /// Leases taken so far (numbers their ids).
+    next_lease: u64,
+    /// When a model's lease may expire, earliest first; a renewal leaves its old deadline
+    /// here, which then expires nothing.
+    lease_deadlines: BinaryHeap<Reverse<(Instant, ModelId)>>,
 }
 
 #[derive(Debug)]
@@ -94,6 +127,7 @@ struct Model<W> {
     runtimes: Option<TurnKind>,
     destroys: VecDeque<W>,
     pin_waiters: Vec<W>,
+    leases: lease::Book,
 }
 
 impl<W> Model<W> {
@@ -104,26 +138,38 @@ impl<W> Model<W> {
             runtimes: None,
             destroys: VecDeque::new(),
             pin_waiters: Vec::new(),
+            leases: lease::Book::default(),
         }
     }
 }
 
 impl<W> State<W> {
-    /// `models` models, nothing held.
-    pub(crate) fn new(models: usize, admin_wait: Duration) -> Self {
+    /// `models` models, nothing held, no lease.
+    pub(crate) fn new(models: usize, admin_wait: Duration, max_leases: NonZeroU32) -> Self {
         Self {
             models: (0..models).map(|_| Model::new()).collect(),
             lane: None,
             creations: VecDeque::new(),
             deadlines: VecDeque::new(),
             admin_wait,
+            max_leases,
+            next_lease: 0,
+            lease_deadlines: BinaryHeap::new(),
         }
     }
 
-    /// When the next admin wait may run out, if any waits (a wait granted meanwhile makes
-    /// it a `Tick` that changes nothing).
+    /// When the next admin wait or lease may run out, if any (a wait granted or a lease
+    /// renewed meanwhile makes it a `Tick` that changes nothing).
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.front().map(|(at, _)| *at)
+        let admin = self.deadlines.front().map(|(at, _)| *at);
+        let lease = self.lease_deadlines.peek().map(|Reverse((at, _))| *at);
+        admin.into_iter().chain(lease).min()
+    }
+
+    /// `model`'s leases, reserved or granted.
+    #[cfg(test)]
+    pub(crate) fn leases(&self, model: ModelId) -> &[Held] {
+        self.models[model].leases.held()
     }
 
     /// The model whose creation holds the lane.
@@ -168,6 +214,9 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
         | Command::Done { model, .. }
         | Command::AwaitUnpinned { model, .. }
         | Command::Unpinned { model, .. }
+        | Command::Lease { model, .. }
+        | Command::UnloadDecided { model }
+        | Command::UnloadEnded { model, .. }
             if !known(model) => {}
         Command::Admin { model, waiter, wait } => {
             let m = &mut state.models[model];
@@ -228,6 +277,13 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
                 }
             }
         }
+        Command::Lease { model, command } => {
+            lease::lease(state, model, command, now, &mut effects);
+        }
+        Command::UnloadDecided { model } => lease::unload_decided(state, model),
+        Command::UnloadEnded { model, revoke } => {
+            lease::unload_ended(state, model, revoke, &mut effects);
+        }
         Command::Tick => {
             while let Some(&(at, model)) = state.deadlines.front()
                 && at <= now
@@ -235,6 +291,7 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
                 state.deadlines.pop_front();
                 expire(&mut state.models[model], model, now, &mut effects);
             }
+            lease::expire(state, now, &mut effects);
         }
     }
     effects

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::step::{Command, Effect, ModelId, State, TurnKind, step};
 
 const WAIT: Duration = Duration::from_secs(10);
+const LEASES: std::num::NonZeroU32 = std::num::NonZeroU32::MIN;
 
 /// Who got what, in order: `(waiter, Some(turn))` for a grant, `(waiter, None)` for busy.
 fn answers(effects: Vec<Effect<u32>>) -> Vec<(u32, Option<TurnKind>)> {
@@ -18,6 +19,7 @@ fn answers(effects: Vec<Effect<u32>>) -> Vec<(u32, Option<TurnKind>)> {
         .map(|e| match e {
             Effect::Grant { turn, waiter, .. } => (waiter, Some(turn)),
             Effect::Busy { waiter, .. } => (waiter, None),
+            lease => unreachable!("no lease operation here: {lease:?}"),
         })
         .collect()
 }
@@ -176,7 +178,7 @@ fn the_rules_as_a_table() {
         ("an unknown model changes nothing", vec![], admin(7, 1), 0, vec![]),
     ];
     for (name, before, command, when, expected) in rows {
-        let mut state = State::new(3, WAIT);
+        let mut state = State::new(3, WAIT, LEASES);
         for c in before {
             step(&mut state, c, t0);
         }
@@ -187,7 +189,7 @@ fn the_rules_as_a_table() {
 #[test]
 fn the_next_deadline_is_the_earliest_wait() {
     let t0 = Instant::now();
-    let mut state = State::new(2, WAIT);
+    let mut state = State::new(2, WAIT, LEASES);
     assert_eq!(state.next_deadline(), None);
     step(&mut state, admin(0, 1), t0);
     step(&mut state, admin(1, 2), t0);
@@ -253,6 +255,7 @@ impl World {
             let (waiter, grant) = match effect {
                 Effect::Grant { model, turn, waiter } => (waiter, Some((model, turn))),
                 Effect::Busy { waiter, .. } => (waiter, None),
+                lease => unreachable!("no lease operation here: {lease:?}"),
             };
             // Invariant: every waiter is answered exactly once, and only one that asked.
             assert!(self.asked.contains(&waiter), "answered {waiter}, who never asked");
@@ -300,7 +303,7 @@ proptest! {
     fn random_commands_keep_the_invariants(ops in prop::collection::vec(op(), 1..80)) {
         let t0 = Instant::now();
         let mut now = t0;
-        let mut state = State::new(3, WAIT);
+        let mut state = State::new(3, WAIT, LEASES);
         let mut world = World::default();
         let mut next = 0u32;
         let mut ask = |world: &mut World| { next += 1; world.asked.insert(next); next };

@@ -154,13 +154,13 @@ pub(crate) async fn acquire_lease(ctx: Ctx) -> Result<Response, ApiError> {
 /// `POST /v1/admin/models/{name}/leases/{id}`.
 pub(crate) async fn renew_lease(ctx: Ctx) -> Result<Response, ApiError> {
     let body: RenewBody = parse_json(&ctx.body, true)?;
-    let lease = ctx.state.manager.renew_lease(ctx.name(), lease_id(&ctx), body.ttl_seconds)?;
+    let lease = ctx.state.manager.renew_lease(ctx.name(), lease_id(&ctx), body.ttl_seconds).await?;
     Ok(json_response(StatusCode::OK, &lease))
 }
 
 /// `DELETE /v1/admin/models/{name}/leases/{id}`.
 pub(crate) async fn release_lease(ctx: Ctx) -> Result<Response, ApiError> {
-    let lease = ctx.state.manager.release_lease(ctx.name(), lease_id(&ctx))?;
+    let lease = ctx.state.manager.release_lease(ctx.name(), lease_id(&ctx)).await?;
     Ok(json_response(StatusCode::OK, &lease))
 }
 
