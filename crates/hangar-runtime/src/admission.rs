@@ -139,7 +139,7 @@ impl RequestGuard {
                                 return Err(ManagerError::Runtime(RuntimeError::Cancelled));
                             }
                         }
-                        return self.check(result);
+                        return self.check(result).await;
                     }
                     Some(event) = relay.recv(), if resumable => {
                         if let GenerateEvent::Text(text) = &event {
@@ -181,7 +181,7 @@ impl RequestGuard {
     pub async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, ManagerError> {
         let runtime = self.runtime()?;
         let result = self.unless_aborted(runtime.embed(request)).await?;
-        self.check(result)
+        self.check(result).await
     }
 
     /// Scores each document against the query.
@@ -191,7 +191,7 @@ impl RequestGuard {
     pub async fn rerank(&self, request: RerankRequest) -> Result<Rerankings, ManagerError> {
         let runtime = self.runtime()?;
         let result = self.unless_aborted(runtime.rerank(request)).await?;
-        self.check(result)
+        self.check(result).await
     }
 
     /// Whether the runtime passes requests through ([`RequestGuard::forward`]).
@@ -209,7 +209,7 @@ impl RequestGuard {
     pub async fn forward(&self, request: ForwardRequest) -> Result<ForwardResponse, ManagerError> {
         let runtime = self.runtime()?;
         let result = self.unless_aborted(runtime.forward(request)).await?;
-        self.check(result)
+        self.check(result).await
     }
 
     /// Resolves with `generation_aborted` when an operator aborts this request (a pause with
@@ -256,11 +256,14 @@ impl RequestGuard {
         in_service(&self.entry.lock(), &scheduler)
     }
 
-    /// Reports a crash noticed while reading a forwarded answer's body.
-    pub fn report(&self, error: &RuntimeError) {
+    /// Reports a crash noticed while reading a forwarded answer's body; returns once the
+    /// model's row shows it (its failures included), so this request's client and the
+    /// next reader see the same model.
+    pub async fn report(&self, error: &RuntimeError) {
         if let RuntimeError::Crashed { reason } = error {
             let generation = self.generation.load(Ordering::Relaxed);
             self.manager.crashed(&self.entry, generation, reason);
+            self.manager.inner.control.flush().await;
         }
     }
 
@@ -291,9 +294,9 @@ impl RequestGuard {
         Ok(())
     }
 
-    fn check<T>(&self, result: Result<T, RuntimeError>) -> Result<T, ManagerError> {
+    async fn check<T>(&self, result: Result<T, RuntimeError>) -> Result<T, ManagerError> {
         if let Err(error) = &result {
-            self.report(error);
+            self.report(error).await;
         }
         result.map_err(ManagerError::Runtime)
     }

@@ -57,8 +57,9 @@ pub(crate) struct Slot {
     /// Leases on the model, as the control loop published them (expired ones until its
     /// next tick); written by the loop only.
     pub(crate) leases: Vec<crate::lease::Held>,
-    /// Recent failed loads and crashes, and the quarantine they led to.
-    pub(crate) failures: crate::quarantine::FailureLog,
+    /// Recent failed loads and crashes, and the quarantine they led to, as the control
+    /// loop published them; written by the loop only.
+    pub(crate) failures: crate::quarantine::FailureView,
     /// GPU memory measured across loads (process tree, load delta).
     pub(crate) vram: crate::vram::ObservedVram,
 }

@@ -127,11 +127,12 @@ impl Manager {
             Next::Answer(answer) => return Ok(*answer),
             Next::Wait(rx) => rx,
             Next::Start => {
+                // The loop's quarantine rule: an explicit load lifts it, one on demand is
+                // refused while it lasts.
+                let explicit = matches!(trigger, Trigger::Explicit);
+                let may = self.inner.control.may_load(entry.position, explicit).await;
+                may.map_err(|refused| refused.into_error(entry.config.name.as_str()))?;
                 let mut slot = entry.lock();
-                match trigger {
-                    Trigger::OnDemand => self.check_quarantine(&entry, &slot)?,
-                    Trigger::Explicit => self.lift_quarantine(&entry, &mut slot),
-                }
                 let p = prepared.unwrap_or_else(|| Prepared::configured(&entry.config));
                 slot.effective = p.effective;
                 slot.load_override = p.load_override;
@@ -228,11 +229,27 @@ impl Manager {
         };
         let result = lane.create(&creation).await;
 
-        let mut slot = entry.lock();
-        let outcome = match result {
+        let outcome = {
+            let mut slot = entry.lock();
+            self.settle_load(&entry, &mut slot, result)
+        };
+        // The failure is published before anyone hears of it.
+        self.inner.control.flush().await;
+        done.send_replace(Some(outcome));
+    }
+
+    /// Moves `entry` to loaded or failed by the load's `result` (recording the model's
+    /// own failures), and returns the outcome every caller of the load gets.
+    fn settle_load(
+        &self,
+        entry: &Arc<ModelEntry>,
+        slot: &mut Slot,
+        result: Result<Vec<Arc<dyn Runtime>>, Outcome>,
+    ) -> Outcome {
+        match result {
             Ok(runtimes) => {
-                self.install(&mut slot, runtimes);
-                entry.apply(&mut slot, LifecycleEvent::LoadSucceeded, None, &self.inner.events);
+                self.install(slot, runtimes);
+                entry.apply(slot, LifecycleEvent::LoadSucceeded, None, &self.inner.events);
                 Events::bump(&self.inner.events.loads);
                 *self.inner.last_loaded.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some(entry.config.name.clone());
@@ -242,17 +259,16 @@ impl Manager {
                 slot.phase = Phase::Down;
                 let message = outcome.message(entry.config.name.as_str()).unwrap_or_default();
                 let event = LifecycleEvent::LoadFailed;
-                entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
+                entry.apply(slot, event, Some(message.clone()), &self.inner.events);
                 Events::bump(&self.inner.events.load_failures);
                 // Held models or a full GPU in the way are not the model's failure.
                 if let Outcome::Failed(_) = outcome {
-                    self.record_failure(&entry, &mut slot, FailureKind::LoadFailed, &message);
+                    let failed = FailureKind::LoadFailed;
+                    self.inner.control.failed(entry.position, failed, message);
                 }
                 outcome
             }
-        };
-        drop(slot);
-        done.send_replace(Some(outcome));
+        }
     }
 
     /// Loads the replicas; after a failure that eviction may cure (not a missing artifact nor

@@ -91,8 +91,6 @@ pub(crate) struct Inner {
     pub(crate) idle_configured: bool,
     /// Set once the housekeeping task runs.
     pub(crate) housekeeping: std::sync::OnceLock<()>,
-    /// When a model that keeps failing is quarantined.
-    pub(crate) quarantine: hangar_config::QuarantinePolicy,
     /// How long an admitted request may run (`limits.request_timeout_s`).
     pub(crate) request_timeout: Option<std::time::Duration>,
     /// Live leases one model may have (`limits.max_leases_per_model`).
@@ -136,12 +134,12 @@ impl Manager {
             state.restore(&order);
         }
         let events = Arc::new(Events::new());
-        let control = crate::control::Control::new(
-            &order,
-            Arc::clone(&events),
-            config.admin_lock_timeout,
-            config.limits.max_leases_per_model,
-        );
+        let rules = crate::control::Rules {
+            admin_wait: config.admin_lock_timeout,
+            max_leases: config.limits.max_leases_per_model,
+            quarantine: config.quarantine,
+        };
+        let control = crate::control::Control::new(&order, Arc::clone(&events), rules);
         Self {
             inner: Arc::new(Inner {
                 models,
@@ -157,7 +155,6 @@ impl Manager {
                 idle_configured: config.idle_unload_seconds.is_some()
                     || config.models.iter().any(|m| m.idle_unload_seconds.is_some()),
                 housekeeping: std::sync::OnceLock::new(),
-                quarantine: config.quarantine,
                 request_timeout: config.limits.request_timeout,
                 max_leases: config.limits.max_leases_per_model,
                 gpu: std::sync::RwLock::new(Arc::new(hangar_gpu::NoGpu(

@@ -8,11 +8,12 @@
 //! without failing doubles it, up to `max_backoff_seconds`. A load refused with
 //! `slots_pinned` is not the model's failure and does not count.
 //!
-//! The failures are kept per model ([`FailureLog`], in its slot) and shown in the row with
-//! the quarantine in effect.
+//! The failures are the control loop's ([`FailureLog`], one per model, changed only by
+//! `step`: `control/step/quarantine.rs` holds the rules); it publishes each model's
+//! [`FailureView`] to its slot, where the row and admission read them.
 
 use std::collections::VecDeque;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use hangar_config::QuarantinePolicy;
 use schemars::JsonSchema;
@@ -21,8 +22,6 @@ use tokio::time::Instant;
 
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
-use crate::journal::{EventKind, unix_ms};
-use crate::manager::Manager;
 
 /// Failures a row shows at most (more are kept while the policy needs them to count).
 pub const RECENT_FAILURES: usize = 8;
@@ -83,22 +82,23 @@ pub(crate) struct FailureLog {
 }
 
 impl FailureLog {
-    /// Records a failure; returns the quarantine it began, if it began one.
+    /// Records a failure at `now` (`wall_ms` on the wall clock); returns the quarantine it
+    /// began, if it began one.
     pub(crate) fn record(
         &mut self,
         policy: &QuarantinePolicy,
         kind: FailureKind,
         message: &str,
+        now: Instant,
+        wall_ms: u64,
     ) -> Option<QuarantineInfo> {
-        let now = Instant::now();
-        let wall = SystemTime::now();
         let before = self.counted(policy, now);
-        if before == 0 && self.active().is_none() {
+        if before == 0 && self.active(now).is_none() {
             // A whole window without failing: the backoff starts over.
             self.strikes = 0;
         }
         let message = crate::journal::bounded(message);
-        let failure = Failure { kind, message, at_unix_ms: unix_ms(wall) };
+        let failure = Failure { kind, message, at_unix_ms: wall_ms };
         self.recent.push_back((now, self.recorded, failure));
         self.recorded += 1;
         let keep = RECENT_FAILURES.max(policy.failures.get() as usize);
@@ -106,13 +106,13 @@ impl FailureLog {
             self.recent.pop_front();
         }
         let failures = before + 1;
-        if failures < policy.failures.get() || self.active().is_some() {
+        if failures < policy.failures.get() || self.active(now).is_some() {
             return None;
         }
         let doubling = 1u32.checked_shl(self.strikes).unwrap_or(u32::MAX);
         let length = policy.backoff.saturating_mul(doubling).min(policy.max_backoff);
         self.strikes = self.strikes.saturating_add(1);
-        let since_unix_ms = unix_ms(wall);
+        let since_unix_ms = wall_ms;
         let info = QuarantineInfo {
             since_unix_ms,
             until_unix_ms: since_unix_ms + length.as_millis() as u64,
@@ -132,18 +132,16 @@ impl FailureLog {
         self.recent.iter().filter(|(at, n, _)| counts(at, *n)).count() as u32
     }
 
-    /// The quarantine in effect now, with `retry_after_s` as of now.
-    pub(crate) fn active(&self) -> Option<QuarantineInfo> {
-        let (until, info) = self.quarantine.as_ref()?;
-        let left = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())?;
-        Some(QuarantineInfo { retry_after_s: ceil_secs(left), ..*info })
+    /// The quarantine in effect at `now`, with `retry_after_s` as of then.
+    pub(crate) fn active(&self, now: Instant) -> Option<QuarantineInfo> {
+        active(self.quarantine.as_ref(), now)
     }
 
-    /// Lifts the quarantine in effect (an explicit load) and starts counting afresh; whether
-    /// one was in effect. A quarantine that already ended changes nothing: the failures
-    /// before it still count, and the next quarantine is longer.
-    pub(crate) fn lift(&mut self) -> bool {
-        if self.active().is_none() {
+    /// Lifts the quarantine in effect at `now` (an explicit load) and starts counting
+    /// afresh; whether one was in effect. A quarantine that already ended changes nothing:
+    /// the failures before it still count, and the next quarantine is longer.
+    pub(crate) fn lift(&mut self, now: Instant) -> bool {
+        if self.active(now).is_none() {
             return false;
         }
         self.quarantine = None;
@@ -162,54 +160,64 @@ impl FailureLog {
         let skip = self.recent.len().saturating_sub(RECENT_FAILURES);
         self.recent.iter().skip(skip).map(|(_, _, f)| f.clone()).collect()
     }
-}
 
-impl Manager {
-    /// Records a failed load or a crash of `entry`, quarantining it when the policy says.
-    pub(crate) fn record_failure(
-        &self,
-        entry: &ModelEntry,
-        slot: &mut Slot,
-        kind: FailureKind,
-        message: &str,
-    ) {
-        let Some(quarantine) = slot.failures.record(&self.inner.quarantine, kind, message) else {
-            return;
-        };
-        let name = &entry.config.name;
-        tracing::warn!(model = %name, failures = quarantine.failures, retry_after_s = quarantine.retry_after_s, "model quarantined");
-        self.inner.events.journal.record(name, EventKind::Quarantined { quarantine });
-    }
-
-    /// Refuses a load on demand while `entry` is quarantined.
-    ///
-    /// # Errors
-    /// [`ManagerError::Quarantined`].
-    pub(crate) fn check_quarantine(
-        &self,
-        entry: &ModelEntry,
-        slot: &Slot,
-    ) -> Result<(), ManagerError> {
-        match quarantined(entry, slot) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    /// Lifts `entry`'s quarantine (an explicit load).
-    pub(crate) fn lift_quarantine(&self, entry: &ModelEntry, slot: &mut Slot) {
-        if slot.failures.lift() {
-            tracing::info!(model = %entry.config.name, "quarantine lifted by an explicit load");
-            self.inner.events.journal.record(&entry.config.name, EventKind::QuarantineLifted);
+    /// What readers outside the loop see of this log.
+    pub(crate) fn view(&self) -> FailureView {
+        FailureView {
+            recent: self.recent(),
+            quarantine: self.quarantine,
+            last_message: self.last_message().map(str::to_owned),
         }
     }
 }
 
-/// The refusal of a quarantined model, if it is quarantined.
+/// A model's failures as the control loop last published them to its slot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct FailureView {
+    recent: Vec<Failure>,
+    quarantine: Option<(Instant, QuarantineInfo)>,
+    last_message: Option<String>,
+}
+
+impl FailureView {
+    /// The recent failures, oldest first, at most [`RECENT_FAILURES`].
+    pub(crate) fn recent(&self) -> Vec<Failure> {
+        self.recent.clone()
+    }
+
+    /// The quarantine in effect now, with `retry_after_s` as of now.
+    pub(crate) fn active(&self) -> Option<QuarantineInfo> {
+        active(self.quarantine.as_ref(), Instant::now())
+    }
+}
+
+/// The quarantine `latest` (when it ends, and what it was), if in effect at `now`.
+fn active(latest: Option<&(Instant, QuarantineInfo)>, now: Instant) -> Option<QuarantineInfo> {
+    let (until, info) = latest?;
+    let left = until.checked_duration_since(now).filter(|d| !d.is_zero())?;
+    Some(QuarantineInfo { retry_after_s: ceil_secs(left), ..*info })
+}
+
+/// The refusal of a load on demand while the model is quarantined: the quarantine, and the
+/// newest failure's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refused {
+    pub(crate) quarantine: QuarantineInfo,
+    pub(crate) last_error: String,
+}
+
+impl Refused {
+    pub(crate) fn into_error(self, model: &str) -> ManagerError {
+        let Self { quarantine, last_error } = self;
+        ManagerError::Quarantined { model: model.to_owned(), quarantine, last_error }
+    }
+}
+
+/// The refusal of a quarantined model, if it is quarantined (as last published).
 pub(crate) fn quarantined(entry: &ModelEntry, slot: &Slot) -> Option<ManagerError> {
     let quarantine = slot.failures.active()?;
-    let last_error = slot.failures.last_message().unwrap_or_default().to_owned();
-    Some(ManagerError::Quarantined { model: entry.config.name.to_string(), quarantine, last_error })
+    let last_error = slot.failures.last_message.clone().unwrap_or_default();
+    Some(Refused { quarantine, last_error }.into_error(entry.config.name.as_str()))
 }
 
 fn ceil_secs(d: Duration) -> u64 {
@@ -231,58 +239,61 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn quarantines_at_the_threshold_and_doubles_while_failing() {
+    #[test]
+    fn quarantines_at_the_threshold_and_doubles_while_failing() {
         let p = policy(3, 60, 10, 25);
         let mut log = FailureLog::default();
-        assert_eq!(log.record(&p, FailureKind::LoadFailed, "a"), None);
-        assert_eq!(log.record(&p, FailureKind::Crashed, "b"), None);
-        let first = log.record(&p, FailureKind::LoadFailed, "c").expect("third failure");
+        let mut now = Instant::now();
+        assert_eq!(log.record(&p, FailureKind::LoadFailed, "a", now, 0), None);
+        assert_eq!(log.record(&p, FailureKind::Crashed, "b", now, 0), None);
+        let first = log.record(&p, FailureKind::LoadFailed, "c", now, 0).expect("third failure");
         assert_eq!((first.failures, first.strike, first.retry_after_s), (3, 1, 10));
-        assert_eq!(log.active().map(|q| q.retry_after_s), Some(10));
-        tokio::time::advance(Duration::from_millis(9_500)).await;
-        assert_eq!(log.active().map(|q| q.retry_after_s), Some(1));
-        tokio::time::advance(Duration::from_millis(600)).await;
-        assert_eq!(log.active(), None, "over after its backoff");
+        assert_eq!(log.active(now).map(|q| q.retry_after_s), Some(10));
+        now += Duration::from_millis(9_500);
+        assert_eq!(log.active(now).map(|q| q.retry_after_s), Some(1));
+        now += Duration::from_millis(600);
+        assert_eq!(log.active(now), None, "over after its backoff");
         // Still within the window: the next failure quarantines again, twice as long.
-        let second = log.record(&p, FailureKind::Crashed, "d").expect("within the window");
+        let second = log.record(&p, FailureKind::Crashed, "d", now, 0).expect("within the window");
         assert_eq!((second.failures, second.strike, second.retry_after_s), (4, 2, 20));
-        tokio::time::advance(Duration::from_secs(21)).await;
-        let third = log.record(&p, FailureKind::Crashed, "e").unwrap();
+        now += Duration::from_secs(21);
+        let third = log.record(&p, FailureKind::Crashed, "e", now, 0).unwrap();
         assert_eq!((third.strike, third.retry_after_s), (3, 25), "capped at max_backoff");
         let kinds: Vec<_> = log.recent().iter().map(|f| f.message.clone()).collect();
         assert_eq!(kinds, ["a", "b", "c", "d", "e"]);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_healthy_window_and_a_lift_start_over() {
+    #[test]
+    fn a_healthy_window_and_a_lift_start_over() {
         let p = policy(2, 60, 10, 3600);
         let mut log = FailureLog::default();
-        log.record(&p, FailureKind::Crashed, "a");
-        assert!(log.record(&p, FailureKind::Crashed, "b").is_some());
-        tokio::time::advance(Duration::from_secs(11)).await;
-        assert_eq!(log.record(&p, FailureKind::Crashed, "c").unwrap().strike, 2);
+        let mut now = Instant::now();
+        log.record(&p, FailureKind::Crashed, "a", now, 0);
+        assert!(log.record(&p, FailureKind::Crashed, "b", now, 0).is_some());
+        now += Duration::from_secs(11);
+        assert_eq!(log.record(&p, FailureKind::Crashed, "c", now, 0).unwrap().strike, 2);
         // A whole window without failing: one failure no longer quarantines, and the next
         // quarantine is a first one again.
-        tokio::time::advance(Duration::from_secs(61)).await;
-        assert_eq!(log.record(&p, FailureKind::Crashed, "d"), None);
-        let again = log.record(&p, FailureKind::Crashed, "e").unwrap();
+        now += Duration::from_secs(61);
+        assert_eq!(log.record(&p, FailureKind::Crashed, "d", now, 0), None);
+        let again = log.record(&p, FailureKind::Crashed, "e", now, 0).unwrap();
         assert_eq!((again.strike, again.retry_after_s, again.failures), (1, 10, 2));
         // A lift ends it at once and forgets the failures before it for counting.
-        assert!(log.lift());
-        assert_eq!(log.active(), None);
-        assert!(!log.lift(), "nothing left to lift");
-        assert_eq!(log.record(&p, FailureKind::LoadFailed, "f"), None);
-        assert_eq!(log.record(&p, FailureKind::LoadFailed, "g").unwrap().strike, 1);
+        assert!(log.lift(now));
+        assert_eq!(log.active(now), None);
+        assert!(!log.lift(now), "nothing left to lift");
+        assert_eq!(log.record(&p, FailureKind::LoadFailed, "f", now, 0), None);
+        assert_eq!(log.record(&p, FailureKind::LoadFailed, "g", now, 0).unwrap().strike, 1);
         assert_eq!(log.recent().len(), 7, "the row still shows the failures before the lift");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_row_keeps_the_newest_failures() {
+    #[test]
+    fn the_row_keeps_the_newest_failures() {
         let p = policy(100, 60, 10, 3600);
         let mut log = FailureLog::default();
+        let now = Instant::now();
         for i in 0..20 {
-            log.record(&p, FailureKind::LoadFailed, &i.to_string());
+            log.record(&p, FailureKind::LoadFailed, &i.to_string(), now, 0);
         }
         let shown: Vec<_> = log.recent().into_iter().map(|f| f.message).collect();
         assert_eq!(shown, (12..20).map(|i| i.to_string()).collect::<Vec<_>>());

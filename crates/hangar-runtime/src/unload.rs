@@ -163,7 +163,7 @@ impl Manager {
             let event = LifecycleEvent::Crashed;
             entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
             let crashed = crate::FailureKind::Crashed;
-            self.record_failure(entry, &mut slot, crashed, &message);
+            self.inner.control.failed(entry.position, crashed, message.clone());
             let scheduler = match down {
                 Phase::Up(serving) => Some(serving.scheduler),
                 _ => None,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::step::{Command, Effect, LeaseCommand, LeaseRefusal, ModelId, State, step};
+use super::step::{Command, Effect, LeaseCommand, LeaseRefusal, ModelId, Rules, State, row, step};
 use crate::lease::LeaseChange;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -202,11 +202,7 @@ fn the_lease_rules_as_a_table() {
         ("an unknown model changes nothing", vec![], acquire(7, 1, 60), 0, vec![]),
     ];
     for (name, before, command, when, expected) in rows {
-        let mut state = State::new(2, WAIT, LIMIT);
-        for c in before {
-            step(&mut state, c, t0);
-        }
-        let got = lines(step(&mut state, command, t0 + Duration::from_secs(when)));
+        let got = lines(row(2, Rules::of(WAIT, LIMIT.get()), before, command, (t0, when)));
         assert_eq!(got, expected, "{name}");
     }
 }
@@ -214,7 +210,7 @@ fn the_lease_rules_as_a_table() {
 #[test]
 fn a_lease_runs_from_the_wall_time_asked_and_its_deadline_wakes_the_loop() {
     let t0 = Instant::now();
-    let mut state = State::new(1, WAIT, LIMIT);
+    let mut state = State::new(1, Rules::of(WAIT, LIMIT.get()));
     let effects = step(&mut state, acquire(0, 1, 60), t0);
     let Some(Effect::Lease { answer: Ok(lease), .. }) = effects.last() else {
         panic!("{effects:?}")
@@ -337,7 +333,7 @@ proptest! {
     fn random_lease_operations_keep_the_invariants(ops in prop::collection::vec(op(), 1..80)) {
         let t0 = Instant::now();
         let mut now = t0;
-        let mut state = State::new(2, WAIT, LIMIT);
+        let mut state = State::new(2, Rules::of(WAIT, LIMIT.get()));
         let mut world = World::default();
         for (waiter, op) in (1u32..).zip(ops) {
             let (command, asks) = match op {

@@ -18,27 +18,27 @@
 
 #[cfg(test)]
 mod lease_tests;
+#[cfg(test)]
+mod quarantine_tests;
 pub(crate) mod step;
 #[cfg(test)]
 mod step_tests;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
-
-use std::num::NonZeroU32;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 pub(crate) use step::{
-    Command, Effect, LeaseCommand, LeaseRefusal, ModelId, State, TurnKind, step,
+    Command, Effect, LeaseCommand, LeaseRefusal, ModelId, Rules, State, TurnKind, step,
 };
 
 use crate::entry::ModelEntry;
 use crate::events::Events;
 use crate::journal::EventKind;
 use crate::lease::Lease;
+use crate::quarantine::{FailureKind, Refused};
 
 /// How the loop answers a waiter.
 pub(crate) enum Waiter {
@@ -46,6 +46,10 @@ pub(crate) enum Waiter {
     Turn(oneshot::Sender<Result<Turn, Busy>>),
     /// A lease operation's answer.
     Lease(oneshot::Sender<Result<Lease, LeaseRefusal>>),
+    /// Whether a load may start.
+    MayLoad(oneshot::Sender<Result<(), Refused>>),
+    /// That every command posted before has been taken.
+    Flush(oneshot::Sender<()>),
 }
 
 /// What the loop's effects reach besides its waiters: the slots it publishes leases to,
@@ -58,14 +62,8 @@ struct Sink {
 /// What the loop starts with.
 struct Start {
     rx: mpsc::UnboundedReceiver<Command<Waiter>>,
-    settings: Settings,
+    rules: Rules,
     sink: Sink,
-}
-
-/// The loop's settings.
-struct Settings {
-    admin_wait: Duration,
-    max_leases: NonZeroU32,
 }
 
 /// The answer to an admin operation that got no turn.
@@ -90,19 +88,12 @@ struct Shared {
 }
 
 impl Control {
-    /// A loop for `entries` (by position) whose admin operations wait at most
-    /// `admin_wait`, with at most `max_leases` live leases a model, journaling to `events`.
-    pub(crate) fn new(
-        entries: &[Arc<ModelEntry>],
-        events: Arc<Events>,
-        admin_wait: Duration,
-        max_leases: NonZeroU32,
-    ) -> Self {
+    /// A loop for `entries` (by position) deciding by `rules`, journaling to `events`.
+    pub(crate) fn new(entries: &[Arc<ModelEntry>], events: Arc<Events>, rules: Rules) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let pins: Arc<[AtomicU32]> = entries.iter().map(|_| AtomicU32::new(0)).collect();
         let sink = Sink { entries: entries.to_vec(), events };
-        let settings = Settings { admin_wait, max_leases };
-        let pending = Mutex::new(Some(Start { rx, settings, sink }));
+        let pending = Mutex::new(Some(Start { rx, rules, sink }));
         Self { tx, shared: Arc::new(Shared { pins, pending, started: OnceLock::new() }) }
     }
 
@@ -140,6 +131,32 @@ impl Control {
         let (waiter, answer) = oneshot::channel();
         self.post(Command::Lease { model, command: command(Waiter::Lease(waiter)) });
         answer.await.unwrap_or(Err(LeaseRefusal::Ended))
+    }
+
+    /// Records a failed load or a crash of `model`. Post it under the slot lock with the
+    /// state change, so a load asked for after that change is decided after the failure;
+    /// [`Control::flush`] waits until it is published.
+    pub(crate) fn failed(&self, model: ModelId, kind: FailureKind, message: String) {
+        let wall_ms = crate::journal::unix_ms(std::time::SystemTime::now());
+        self.post(Command::Failed { model, kind, message, wall_ms });
+    }
+
+    /// Waits until the loop has taken every command posted before (and published what
+    /// they changed).
+    pub(crate) async fn flush(&self) {
+        self.start();
+        let (waiter, answer) = oneshot::channel();
+        self.post(Command::Flush { waiter: Waiter::Flush(waiter) });
+        let _ = answer.await;
+    }
+
+    /// Whether `model` may load now: an `explicit` load lifts its quarantine; one on
+    /// demand is refused while it is quarantined. A loop that ended lets it load.
+    pub(crate) async fn may_load(&self, model: ModelId, explicit: bool) -> Result<(), Refused> {
+        self.start();
+        let (waiter, answer) = oneshot::channel();
+        self.post(Command::MayLoad { model, explicit, waiter: Waiter::MayLoad(waiter) });
+        answer.await.unwrap_or(Ok(()))
     }
 
     /// Announces an explicit unload of `model`: no lease is granted until the returned
@@ -249,11 +266,11 @@ impl Drop for Pin {
 
 /// The loop: takes each command, lets [`step`] decide, answers the waiters.
 async fn run(
-    Start { mut rx, settings, sink }: Start,
+    Start { mut rx, rules, sink }: Start,
     tx: mpsc::WeakUnboundedSender<Command<Waiter>>,
     pins: Arc<[AtomicU32]>,
 ) {
-    let mut state = State::new(pins.len(), settings.admin_wait, settings.max_leases);
+    let mut state = State::new(pins.len(), rules);
     loop {
         let command = match state.next_deadline() {
             Some(at) => tokio::select! {
@@ -301,7 +318,36 @@ fn perform(effect: Effect<Waiter>, tx: &mpsc::WeakUnboundedSender<Command<Waiter
                 sink.events.journal.record(&entry.config.name, kind);
             }
         }
-        // A turn's answer to a lease waiter or the reverse: no caller asks that way.
-        Effect::Grant { .. } | Effect::Busy { .. } | Effect::Lease { .. } => {}
+        Effect::MayLoad { waiter: Waiter::MayLoad(waiter), answer, .. } => {
+            let _ = waiter.send(answer);
+        }
+        Effect::Flushed { waiter: Waiter::Flush(waiter) } => {
+            let _ = waiter.send(());
+        }
+        Effect::Failures { model, view } => {
+            if let Some(entry) = sink.entries.get(model) {
+                entry.lock().failures = view;
+            }
+        }
+        Effect::Quarantined { model, quarantine } => {
+            if let Some(entry) = sink.entries.get(model) {
+                let name = &entry.config.name;
+                tracing::warn!(model = %name, failures = quarantine.failures, retry_after_s = quarantine.retry_after_s, "model quarantined");
+                sink.events.journal.record(name, EventKind::Quarantined { quarantine });
+            }
+        }
+        Effect::QuarantineLifted { model } => {
+            if let Some(entry) = sink.entries.get(model) {
+                let name = &entry.config.name;
+                tracing::info!(model = %name, "quarantine lifted by an explicit load");
+                sink.events.journal.record(name, EventKind::QuarantineLifted);
+            }
+        }
+        // An answer of one kind to a waiter of another: no caller asks that way.
+        Effect::Grant { .. }
+        | Effect::Busy { .. }
+        | Effect::Lease { .. }
+        | Effect::MayLoad { .. }
+        | Effect::Flushed { .. } => {}
     }
 }

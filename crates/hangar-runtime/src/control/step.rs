@@ -22,9 +22,13 @@
 //!   an explicit unload of the model is decided, dropped when they expire or an unload
 //!   revokes them.
 //!
-//! Every waiter is answered exactly once: granted, busy, or its lease answer.
+//! - **quarantine** (`quarantine.rs`): failures recorded, loads on demand refused while a
+//!   model is quarantined, explicit loads lifting it.
+//!
+//! Every waiter is answered exactly once: granted, busy, or its lease or load answer.
 
 mod lease;
+mod quarantine;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -36,6 +40,18 @@ use tokio::time::Instant;
 pub(crate) use lease::{LeaseCommand, LeaseRefusal};
 
 use crate::lease::{Held, Lease, LeaseChange};
+use crate::quarantine::{FailureKind, FailureLog, FailureView, QuarantineInfo, Refused};
+
+/// The rules' settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Rules {
+    /// How long an admin operation waits for another on the same model.
+    pub(crate) admin_wait: Duration,
+    /// Live leases one model may have.
+    pub(crate) max_leases: NonZeroU32,
+    /// When a model that keeps failing is quarantined.
+    pub(crate) quarantine: hangar_config::QuarantinePolicy,
+}
 
 /// A model, by its position in config order.
 pub(crate) type ModelId = usize;
@@ -51,6 +67,16 @@ pub(crate) enum TurnKind {
     Destroy,
     /// No request pins the model: nothing is held, nothing to give back.
     Unpinned,
+}
+
+impl Rules {
+    /// Rules for tests: admin waits of `admin_wait`, `max_leases` a model, the default
+    /// quarantine policy.
+    #[cfg(test)]
+    pub(crate) fn of(admin_wait: Duration, max_leases: u32) -> Self {
+        let max_leases = NonZeroU32::new(max_leases).expect("at least one lease");
+        Self { admin_wait, max_leases, quarantine: Default::default() }
+    }
 }
 
 /// A change asked of the loop; `W` answers the one who asked.
@@ -75,6 +101,14 @@ pub(crate) enum Command<W> {
     UnloadDecided { model: ModelId },
     /// An explicit unload decided earlier ended; with `revoke`, the model's leases go.
     UnloadEnded { model: ModelId, revoke: bool },
+    /// A load of the model failed or its runtime crashed (`message`, at `wall_ms` on the
+    /// wall clock).
+    Failed { model: ModelId, kind: FailureKind, message: String, wall_ms: u64 },
+    /// May the model load now? An `explicit` load lifts its quarantine; one on demand is
+    /// refused while it is quarantined.
+    MayLoad { model: ModelId, explicit: bool, waiter: W },
+    /// Answered at once: every command posted before it has been taken.
+    Flush { waiter: W },
     /// Time passed: admin waits past their deadline are answered busy, leases past theirs
     /// are dropped.
     Tick,
@@ -94,6 +128,16 @@ pub(crate) enum Effect<W> {
     Leases { model: ModelId, held: Vec<Held> },
     /// A lease changed (for the journal).
     LeaseChanged { model: ModelId, change: LeaseChange, lease: Lease },
+    /// The answer to [`Command::Flush`].
+    Flushed { waiter: W },
+    /// The answer to [`Command::MayLoad`].
+    MayLoad { model: ModelId, waiter: W, answer: Result<(), Refused> },
+    /// The model's failures changed: what readers see of them now.
+    Failures { model: ModelId, view: FailureView },
+    /// A failure began a quarantine (for the journal).
+    Quarantined { model: ModelId, quarantine: QuarantineInfo },
+    /// An explicit load lifted the model's quarantine (for the journal).
+    QuarantineLifted { model: ModelId },
 }
 
 /// Everything the loop owns.
@@ -108,10 +152,7 @@ pub(crate) struct State<W> {
     /// as every wait is equally long); some may have been granted since. A step costs
     /// the same whatever the number of models.
     deadlines: VecDeque<(Instant, ModelId)>,
-    /// How long an admin operation waits for another on the same model.
-    admin_wait: Duration,
-    /// Live leases one model may have.
-    max_leases: NonZeroU32,
+    rules: Rules,
     /// Leases taken so far (numbers their ids).
     next_lease: u64,
     /// When a model's lease may expire, earliest first; a renewal leaves its old deadline
@@ -128,6 +169,7 @@ struct Model<W> {
     destroys: VecDeque<W>,
     pin_waiters: Vec<W>,
     leases: lease::Book,
+    failures: FailureLog,
 }
 
 impl<W> Model<W> {
@@ -139,20 +181,20 @@ impl<W> Model<W> {
             destroys: VecDeque::new(),
             pin_waiters: Vec::new(),
             leases: lease::Book::default(),
+            failures: FailureLog::default(),
         }
     }
 }
 
 impl<W> State<W> {
-    /// `models` models, nothing held, no lease.
-    pub(crate) fn new(models: usize, admin_wait: Duration, max_leases: NonZeroU32) -> Self {
+    /// `models` models, nothing held, no lease, no failure.
+    pub(crate) fn new(models: usize, rules: Rules) -> Self {
         Self {
             models: (0..models).map(|_| Model::new()).collect(),
             lane: None,
             creations: VecDeque::new(),
             deadlines: VecDeque::new(),
-            admin_wait,
-            max_leases,
+            rules,
             next_lease: 0,
             lease_deadlines: BinaryHeap::new(),
         }
@@ -202,6 +244,23 @@ impl<W> State<W> {
     }
 }
 
+/// One row of a rules table: on a fresh `State` of `models` models, steps `before` at
+/// `t0`, then `command` `secs` seconds later; returns what that last step did.
+#[cfg(test)]
+pub(crate) fn row<W>(
+    models: usize,
+    rules: Rules,
+    before: Vec<Command<W>>,
+    command: Command<W>,
+    (t0, secs): (Instant, u64),
+) -> Vec<Effect<W>> {
+    let mut state = State::new(models, rules);
+    for c in before {
+        step(&mut state, c, t0);
+    }
+    step(&mut state, command, t0 + Duration::from_secs(secs))
+}
+
 /// Decides what `command` changes and what the loop does about it. A command naming a model
 /// that does not exist changes nothing.
 pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -> Vec<Effect<W>> {
@@ -217,6 +276,8 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
         | Command::Lease { model, .. }
         | Command::UnloadDecided { model }
         | Command::UnloadEnded { model, .. }
+        | Command::Failed { model, .. }
+        | Command::MayLoad { model, .. }
             if !known(model) => {}
         Command::Admin { model, waiter, wait } => {
             let m = &mut state.models[model];
@@ -224,7 +285,7 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
                 m.admin = true;
                 effects.push(Effect::Grant { model, turn: TurnKind::Admin, waiter });
             } else if wait {
-                let deadline = now + state.admin_wait;
+                let deadline = now + state.rules.admin_wait;
                 m.admin_queue.push_back((deadline, waiter));
                 state.deadlines.push_back((deadline, model));
             } else {
@@ -283,6 +344,13 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
         Command::UnloadDecided { model } => lease::unload_decided(state, model),
         Command::UnloadEnded { model, revoke } => {
             lease::unload_ended(state, model, revoke, &mut effects);
+        }
+        Command::Failed { model, kind, message, wall_ms } => {
+            quarantine::failed(state, model, (kind, message, wall_ms), now, &mut effects);
+        }
+        Command::Flush { waiter } => effects.push(Effect::Flushed { waiter }),
+        Command::MayLoad { model, explicit, waiter } => {
+            quarantine::may_load(state, model, explicit, waiter, now, &mut effects);
         }
         Command::Tick => {
             while let Some(&(at, model)) = state.deadlines.front()

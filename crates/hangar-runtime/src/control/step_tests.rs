@@ -7,10 +7,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::step::{Command, Effect, ModelId, State, TurnKind, step};
+use super::step::{Command, Effect, ModelId, Rules, State, TurnKind, row, step};
 
 const WAIT: Duration = Duration::from_secs(10);
-const LEASES: std::num::NonZeroU32 = std::num::NonZeroU32::MIN;
 
 /// Who got what, in order: `(waiter, Some(turn))` for a grant, `(waiter, None)` for busy.
 fn answers(effects: Vec<Effect<u32>>) -> Vec<(u32, Option<TurnKind>)> {
@@ -37,7 +36,6 @@ use TurnKind::{Admin, Create, Destroy, Unpinned};
 #[test]
 fn the_rules_as_a_table() {
     let t0 = Instant::now();
-    let at = |s: u64| t0 + Duration::from_secs(s);
     // (name, commands before, the command, when, its answers)
     type Row = (&'static str, Vec<Command<u32>>, Command<u32>, u64, Vec<(u32, Option<TurnKind>)>);
     let rows: Vec<Row> = vec![
@@ -178,18 +176,15 @@ fn the_rules_as_a_table() {
         ("an unknown model changes nothing", vec![], admin(7, 1), 0, vec![]),
     ];
     for (name, before, command, when, expected) in rows {
-        let mut state = State::new(3, WAIT, LEASES);
-        for c in before {
-            step(&mut state, c, t0);
-        }
-        assert_eq!(answers(step(&mut state, command, at(when))), expected, "{name}");
+        let got = answers(row(3, Rules::of(WAIT, 1), before, command, (t0, when)));
+        assert_eq!(got, expected, "{name}");
     }
 }
 
 #[test]
 fn the_next_deadline_is_the_earliest_wait() {
     let t0 = Instant::now();
-    let mut state = State::new(2, WAIT, LEASES);
+    let mut state = State::new(2, Rules::of(WAIT, 1));
     assert_eq!(state.next_deadline(), None);
     step(&mut state, admin(0, 1), t0);
     step(&mut state, admin(1, 2), t0);
@@ -303,7 +298,7 @@ proptest! {
     fn random_commands_keep_the_invariants(ops in prop::collection::vec(op(), 1..80)) {
         let t0 = Instant::now();
         let mut now = t0;
-        let mut state = State::new(3, WAIT, LEASES);
+        let mut state = State::new(3, Rules::of(WAIT, 1));
         let mut world = World::default();
         let mut next = 0u32;
         let mut ask = |world: &mut World| { next += 1; world.asked.insert(next); next };

@@ -86,7 +86,7 @@ async fn forward(
             };
             match chunk {
                 Some(Ok(bytes)) => whole.extend_from_slice(&bytes),
-                Some(Err(e)) => return Err(failed(&guard, e)),
+                Some(Err(e)) => return Err(failed(&guard, e).await),
                 None => break,
             }
         }
@@ -134,7 +134,7 @@ async fn pump(
                     }
                 }
                 Some(Err(e)) => {
-                    let error = failed(guard, e);
+                    let error = failed(guard, e).await;
                     let _ = tx.send(data_event(&error.to_body())).await;
                     let _ = tx.send(done_event()).await;
                     return error.code.as_str();
@@ -148,7 +148,7 @@ async fn pump(
 }
 
 /// The API error of a failure while reading the answer; a crash marks the model failed.
-fn failed(guard: &RequestGuard, error: RuntimeError) -> ApiError {
-    guard.report(&error);
+async fn failed(guard: &RequestGuard, error: RuntimeError) -> ApiError {
+    guard.report(&error).await;
     ApiError::from(ManagerError::Runtime(error))
 }

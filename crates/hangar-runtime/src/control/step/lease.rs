@@ -91,7 +91,7 @@ pub(super) fn lease<W>(
     now: Instant,
     effects: &mut Vec<Effect<W>>,
 ) {
-    let limit = state.max_leases.get() as usize;
+    let limit = state.rules.max_leases.get() as usize;
     let mut changes = Vec::new();
     // Whether the model's leases changed (then published before the answer).
     let mut changed = true;

@@ -1,0 +1,66 @@
+//! The quarantine rules, decided in [`step`](super::step): a model that fails to load or
+//! crashes `quarantine.failures` times within `quarantine.window_seconds` is not loaded on
+//! demand until its backoff ends or an explicit load lifts it (`crate::quarantine` holds
+//! the counting and the backoff, [`FailureLog`]).
+//!
+//! - [`Command::Failed`](super::Command::Failed) records a failure, which may begin a
+//!   quarantine (journaled);
+//! - [`Command::MayLoad`](super::Command::MayLoad) asks before a load starts: a load on
+//!   demand (a request's auto-load, a lease) is refused while the model is quarantined; an
+//!   explicit one lifts the quarantine (journaled) and goes ahead.
+//!
+//! Every change of a model's failures is published before any answer of the same step.
+
+use tokio::time::Instant;
+
+use super::{Effect, ModelId, State};
+use crate::quarantine::{FailureKind, FailureLog, Refused};
+
+/// Records a failure of `model`.
+pub(super) fn failed<W>(
+    state: &mut State<W>,
+    model: ModelId,
+    (kind, message, wall_ms): (FailureKind, String, u64),
+    now: Instant,
+    effects: &mut Vec<Effect<W>>,
+) {
+    let log = &mut state.models[model].failures;
+    let began = log.record(&state.rules.quarantine, kind, &message, now, wall_ms);
+    publish(log, model, effects);
+    if let Some(quarantine) = began {
+        effects.push(Effect::Quarantined { model, quarantine });
+    }
+}
+
+/// Whether `model` may load now: an `explicit` load lifts its quarantine; one on demand is
+/// refused while it is quarantined.
+pub(super) fn may_load<W>(
+    state: &mut State<W>,
+    model: ModelId,
+    explicit: bool,
+    waiter: W,
+    now: Instant,
+    effects: &mut Vec<Effect<W>>,
+) {
+    let log = &mut state.models[model].failures;
+    let answer = if explicit {
+        if log.lift(now) {
+            publish(log, model, effects);
+            effects.push(Effect::QuarantineLifted { model });
+        }
+        Ok(())
+    } else {
+        match log.active(now) {
+            None => Ok(()),
+            Some(quarantine) => {
+                let last_error = log.last_message().unwrap_or_default().to_owned();
+                Err(Refused { quarantine, last_error })
+            }
+        }
+    };
+    effects.push(Effect::MayLoad { model, waiter, answer });
+}
+
+fn publish<W>(log: &FailureLog, model: ModelId, effects: &mut Vec<Effect<W>>) {
+    effects.push(Effect::Failures { model, view: log.view() });
+}
