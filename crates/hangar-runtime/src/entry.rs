@@ -47,7 +47,8 @@ pub(crate) struct Slot {
     pub(crate) capabilities: Arc<Capabilities>,
     pub(crate) last_use: Option<(Instant, SystemTime)>,
     /// Operations replacing the model's runtimes (a reload, a weight update): while any
-    /// runs, the model is held (never an eviction victim nor unloaded for idleness).
+    /// runs, the model is held (never an eviction victim nor unloaded for idleness). The
+    /// control loop's published count; written by the loop only.
     pub(crate) replacing: u32,
     /// Incremented on every successful load, so late crash reports of an older load are
     /// ignored.
@@ -139,28 +140,7 @@ impl ModelEntry {
         }
     }
 
-    /// Counts one more in the slot's counter `field` until the guard is dropped.
-    pub(crate) fn count(self: &Arc<Self>, field: fn(&mut Slot) -> &mut u32) -> Counted {
-        *field(&mut self.lock()) += 1;
-        Counted { entry: Arc::clone(self), field }
-    }
-
     pub(crate) fn touch(slot: &mut Slot) {
         slot.last_use = Some((Instant::now(), SystemTime::now()));
-    }
-}
-
-/// One count in a slot counter ([`ModelEntry::count`]), taken back on drop, so a caller that
-/// goes away never leaves it behind.
-pub(crate) struct Counted {
-    entry: Arc<ModelEntry>,
-    field: fn(&mut Slot) -> &mut u32,
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        let mut slot = self.entry.lock();
-        let counter = (self.field)(&mut slot);
-        *counter = counter.saturating_sub(1);
     }
 }

@@ -10,9 +10,10 @@ use hangar_eviction::{EvictionPlan, Incoming, LoadedModel};
 use hangar_lifecycle::ModelState;
 use tokio::time::Instant;
 
+use crate::control::{GrantAsk, ModelId};
 use crate::entry::ModelEntry;
 use crate::events::Events;
-use crate::grant::{Ask, Refusal, decide};
+use crate::grant::{Ask, Refusal};
 use crate::journal::EventKind;
 use crate::manager::Manager;
 use crate::outcome::Outcome;
@@ -60,7 +61,7 @@ impl Lane<'_> {
         // update that fails leaves the old runtimes serving and every other model loaded.
         let runtimes = match c.ask {
             Ask::Load => manager.load_with_retry(entry, &c.model, c.replicas).await,
-            Ask::SecondCopy => {
+            Ask::SecondCopy | Ask::Retry => {
                 manager.load_replicas(entry, &c.model, c.replicas).await.map_err(Into::into)
             }
         }
@@ -103,13 +104,16 @@ impl Manager {
             device: entry.config.device,
         };
         let loaded = self.loaded_models();
-        let plan = decide(ask, &loaded, &incoming, &self.inner.limits, memory.as_ref())?;
+        let plan =
+            self.inner.control.grant(entry.position, GrantAsk { ask, loaded, incoming, memory });
+        let plan = plan.await?;
         self.execute(plan, &entry.config.name).await.map_err(Refusal::Held)?;
         Ok(self.wait_for_release(entry).await && settled)
     }
 
-    /// Loaded models as the eviction policy sees them.
-    pub(crate) fn loaded_models(&self) -> Vec<LoadedModel> {
+    /// Loaded models as the eviction policy sees them, with their model ids; `held` says
+    /// what their definitions pin (the grant adds the control loop's holds).
+    pub(crate) fn loaded_models(&self) -> Vec<(ModelId, LoadedModel)> {
         let mut loaded = Vec::new();
         for entry in &self.inner.order {
             let slot = entry.lock();
@@ -120,15 +124,18 @@ impl Manager {
                 let stats = s.stats();
                 stats.runtime_inflight + stats.queue_depth as u32
             });
-            loaded.push(LoadedModel {
-                name: entry.config.name.clone(),
-                model_type: entry.config.model_type,
-                device: entry.config.device,
-                last_use: slot.last_use.map_or_else(Instant::now, |(t, _)| t).into_std(),
-                inflight: busy + self.inner.control.pins(entry.position),
-                held: entry.config.pinned || slot.leased() || slot.replacing > 0,
-                vram_mib: crate::gpu::vram_held(entry, &slot),
-            });
+            loaded.push((
+                entry.position,
+                LoadedModel {
+                    name: entry.config.name.clone(),
+                    model_type: entry.config.model_type,
+                    device: entry.config.device,
+                    last_use: slot.last_use.map_or_else(Instant::now, |(t, _)| t).into_std(),
+                    inflight: busy + self.inner.control.pins(entry.position),
+                    held: entry.config.pinned,
+                    vram_mib: crate::gpu::vram_held(entry, &slot),
+                },
+            ));
         }
         loaded
     }

@@ -5,8 +5,8 @@
 //! the plan.
 
 use hangar_eviction::{
-    EvictionPlan, Incoming, LoadedModel, VramShortfall, plan_load, plan_load_within,
-    plan_second_copy,
+    EvictionPlan, Incoming, LoadFailure, LoadedModel, VramShortfall, plan_load, plan_load_within,
+    plan_retry_after_failure, plan_second_copy,
 };
 
 use crate::error::ManagerError;
@@ -19,10 +19,13 @@ pub(crate) enum Ask {
     /// New runtimes next to the model's own (a reload, a weight update): memory only; the
     /// model is held meanwhile.
     SecondCopy,
+    /// A load that failed, once more after every other model that is not held is evicted
+    /// (never refused: the plan may be empty).
+    Retry,
 }
 
 /// Why a grant was refused; nothing was evicted.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Refusal {
     /// Only evicting these held (pinned, leased, being replaced) models would make room.
     Held(Vec<String>),
@@ -58,6 +61,9 @@ pub(crate) fn decide(
         (Ask::Load, None) => plan_load(loaded, incoming, limits),
         (Ask::SecondCopy, Some(memory)) => plan_second_copy(loaded, &incoming.name, memory),
         (Ask::SecondCopy, None) => EvictionPlan::default(),
+        (Ask::Retry, _) => {
+            plan_retry_after_failure(loaded, &incoming.name, LoadFailure::Other).unwrap_or_default()
+        }
     };
     if let Some(short) = plan.shortfall {
         return Err(Refusal::Vram(short));

@@ -14,9 +14,10 @@ use hangar_backend::{
     CrashSink, LoadError, LoadOverride, LoadRequest, ProgressSink, Runtime, validate_load_override,
 };
 use hangar_config::ModelConfig;
-use hangar_eviction::{LoadFailure, plan_retry_after_failure};
+use hangar_eviction::Incoming;
 use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState, Scheduler, effective_target};
 
+use crate::control::GrantAsk;
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::events::Events;
@@ -284,12 +285,15 @@ impl Manager {
             Err(e) if !e.eviction_may_help() => return Err(e.into()),
             Err(e) => e,
         };
-        match plan_retry_after_failure(
-            &self.loaded_models(),
-            &entry.config.name,
-            LoadFailure::Other,
-        ) {
-            Some(plan) if !plan.is_empty() => {
+        let incoming = Incoming {
+            name: entry.config.name.clone(),
+            model_type: entry.config.model_type,
+            device: entry.config.device,
+        };
+        let loaded = self.loaded_models();
+        let ask = GrantAsk { ask: Ask::Retry, loaded, incoming, memory: None };
+        match self.inner.control.grant(entry.position, ask).await {
+            Ok(plan) if !plan.is_empty() => {
                 tracing::warn!(model = %entry.config.name, error = %first, "load failed; evicting every other model and retrying once");
                 // A model leased meanwhile stays; the retry goes ahead without its room.
                 let _ = self.execute(plan, &entry.config.name).await;
@@ -309,7 +313,7 @@ impl Manager {
         entry: Arc<ModelEntry>,
         prepared: Prepared,
     ) -> Result<ModelSnapshot, ManagerError> {
-        let _replacing = entry.count(|s| &mut s.replacing);
+        let _replacing = self.inner.control.replacing(entry.position).await;
         let lane = self.enter_lane(&entry).await;
         let failed = |message: String, entry: &ModelEntry| {
             let slot = entry.lock();

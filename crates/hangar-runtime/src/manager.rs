@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use hangar_backend::{Backend, Capabilities, ModelLogs};
-use hangar_config::{BackendKind, Config, MaxLoadedModels, ModelConfig, ModelName};
+use hangar_config::{BackendKind, Config, ModelConfig, ModelName};
 use hangar_lifecycle::{AdmissionError, ModelState};
 use serde_json::{Map, Value};
 use tokio::sync::broadcast;
@@ -77,7 +77,6 @@ pub(crate) struct Inner {
     /// Config order, for listings.
     pub(crate) order: Vec<Arc<ModelEntry>>,
     pub(crate) backends: Backends,
-    pub(crate) limits: MaxLoadedModels,
     pub(crate) auto_load: bool,
     pub(crate) max_queue_depth: usize,
     /// How long an admin operation waits for another on the same model.
@@ -138,6 +137,7 @@ impl Manager {
             admin_wait: config.admin_lock_timeout,
             max_leases: config.limits.max_leases_per_model,
             quarantine: config.quarantine,
+            limits: config.max_loaded_models,
         };
         let control = crate::control::Control::new(&order, Arc::clone(&events), rules);
         Self {
@@ -145,7 +145,6 @@ impl Manager {
                 models,
                 order,
                 backends,
-                limits: config.max_loaded_models,
                 auto_load: config.auto_load,
                 max_queue_depth: config.max_queue_depth.get() as usize,
                 admin_lock_timeout: config.admin_lock_timeout,

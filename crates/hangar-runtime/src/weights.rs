@@ -116,7 +116,7 @@ impl Manager {
         update: WeightUpdate,
     ) -> Result<ModelSnapshot, ManagerError> {
         // Held from the start: no eviction takes the model while its weights are replaced.
-        let _replacing = entry.count(|s| &mut s.replacing);
+        let _replacing = self.inner.control.replacing(entry.position).await;
         let (before, scheduler, effective) = {
             let slot = entry.lock();
             let scheduler = match (slot.phase.scheduler(), slot.lifecycle.state()) {

@@ -17,6 +17,8 @@
 //! and the loop reads the count itself when it takes a pin command, so no wake-up is lost.
 
 #[cfg(test)]
+mod grant_tests;
+#[cfg(test)]
 mod lease_tests;
 #[cfg(test)]
 mod quarantine_tests;
@@ -31,11 +33,14 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 pub(crate) use step::{
-    Command, Effect, LeaseCommand, LeaseRefusal, ModelId, Rules, State, TurnKind, step,
+    Command, Effect, GrantAsk, LeaseCommand, LeaseRefusal, ModelId, Rules, State, TurnKind, step,
 };
+
+use hangar_eviction::EvictionPlan;
 
 use crate::entry::ModelEntry;
 use crate::events::Events;
+use crate::grant::Refusal;
 use crate::journal::EventKind;
 use crate::lease::Lease;
 use crate::quarantine::{FailureKind, Refused};
@@ -50,6 +55,8 @@ pub(crate) enum Waiter {
     MayLoad(oneshot::Sender<Result<(), Refused>>),
     /// That every command posted before has been taken.
     Flush(oneshot::Sender<()>),
+    /// A grant's plan, or its refusal.
+    Grant(oneshot::Sender<Result<EvictionPlan, Refusal>>),
 }
 
 /// What the loop's effects reach besides its waiters: the slots it publishes leases to,
@@ -159,6 +166,29 @@ impl Control {
         answer.await.unwrap_or(Ok(()))
     }
 
+    /// Asks the grant for room for new runtimes of `model` (see `step/grant.rs`). A loop
+    /// that ended grants nothing to evict.
+    pub(crate) async fn grant(
+        &self,
+        model: ModelId,
+        ask: GrantAsk,
+    ) -> Result<EvictionPlan, Refusal> {
+        self.start();
+        let (waiter, answer) = oneshot::channel();
+        self.post(Command::Grant { model, ask, waiter: Waiter::Grant(waiter) });
+        answer.await.unwrap_or_else(|_| Ok(EvictionPlan::default()))
+    }
+
+    /// Holds `model` while its runtimes are replaced (a reload, a weight update), until
+    /// the guard is dropped; returns once the hold is published (a caller that goes away
+    /// meanwhile gives it back).
+    pub(crate) async fn replacing(&self, model: ModelId) -> Replacing {
+        self.post(Command::Replacing { model });
+        let guard = Replacing { control: self.clone(), model };
+        self.flush().await;
+        guard
+    }
+
     /// Announces an explicit unload of `model`: no lease is granted until the returned
     /// guard ends it (dropped: without revoking the model's leases).
     pub(crate) fn unload_decided(&self, model: ModelId) -> Decided {
@@ -250,6 +280,18 @@ impl Drop for Decided {
     }
 }
 
+/// A model held while its runtimes are replaced ([`Control::replacing`]).
+pub(crate) struct Replacing {
+    control: Control,
+    model: ModelId,
+}
+
+impl Drop for Replacing {
+    fn drop(&mut self) {
+        self.control.post(Command::Replaced { model: self.model });
+    }
+}
+
 /// A request pinning its model ([`Control::pin`]).
 pub(crate) struct Pin {
     control: Control,
@@ -324,6 +366,14 @@ fn perform(effect: Effect<Waiter>, tx: &mpsc::WeakUnboundedSender<Command<Waiter
         Effect::Flushed { waiter: Waiter::Flush(waiter) } => {
             let _ = waiter.send(());
         }
+        Effect::Granted { waiter: Waiter::Grant(waiter), answer, .. } => {
+            let _ = waiter.send(answer);
+        }
+        Effect::Replacing { model, count } => {
+            if let Some(entry) = sink.entries.get(model) {
+                entry.lock().replacing = count;
+            }
+        }
         Effect::Failures { model, view } => {
             if let Some(entry) = sink.entries.get(model) {
                 entry.lock().failures = view;
@@ -348,6 +398,7 @@ fn perform(effect: Effect<Waiter>, tx: &mpsc::WeakUnboundedSender<Command<Waiter
         | Effect::Busy { .. }
         | Effect::Lease { .. }
         | Effect::MayLoad { .. }
-        | Effect::Flushed { .. } => {}
+        | Effect::Flushed { .. }
+        | Effect::Granted { .. } => {}
     }
 }

@@ -27,6 +27,7 @@
 //!
 //! Every waiter is answered exactly once: granted, busy, or its lease or load answer.
 
+mod grant;
 mod lease;
 mod quarantine;
 
@@ -37,8 +38,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+pub(crate) use grant::GrantAsk;
 pub(crate) use lease::{LeaseCommand, LeaseRefusal};
 
+use hangar_eviction::EvictionPlan;
+
+use crate::grant::Refusal;
 use crate::lease::{Held, Lease, LeaseChange};
 use crate::quarantine::{FailureKind, FailureLog, FailureView, QuarantineInfo, Refused};
 
@@ -51,6 +56,8 @@ pub(crate) struct Rules {
     pub(crate) max_leases: NonZeroU32,
     /// When a model that keeps failing is quarantined.
     pub(crate) quarantine: hangar_config::QuarantinePolicy,
+    /// How many models of each type may be loaded at once.
+    pub(crate) limits: hangar_config::MaxLoadedModels,
 }
 
 /// A model, by its position in config order.
@@ -75,7 +82,7 @@ impl Rules {
     #[cfg(test)]
     pub(crate) fn of(admin_wait: Duration, max_leases: u32) -> Self {
         let max_leases = NonZeroU32::new(max_leases).expect("at least one lease");
-        Self { admin_wait, max_leases, quarantine: Default::default() }
+        Self { admin_wait, max_leases, quarantine: Default::default(), limits: Default::default() }
     }
 }
 
@@ -109,6 +116,12 @@ pub(crate) enum Command<W> {
     MayLoad { model: ModelId, explicit: bool, waiter: W },
     /// Answered at once: every command posted before it has been taken.
     Flush { waiter: W },
+    /// Room for new runtimes of the model: the evictions to make, or a refusal.
+    Grant { model: ModelId, ask: GrantAsk, waiter: W },
+    /// A reload or weight update begins replacing the model's runtimes: it is held.
+    Replacing { model: ModelId },
+    /// One that began ends.
+    Replaced { model: ModelId },
     /// Time passed: admin waits past their deadline are answered busy, leases past theirs
     /// are dropped.
     Tick,
@@ -130,6 +143,10 @@ pub(crate) enum Effect<W> {
     LeaseChanged { model: ModelId, change: LeaseChange, lease: Lease },
     /// The answer to [`Command::Flush`].
     Flushed { waiter: W },
+    /// The answer to [`Command::Grant`]: the plan to execute, or why not.
+    Granted { model: ModelId, waiter: W, answer: Result<EvictionPlan, Refusal> },
+    /// Operations replacing the model's runtimes now (published).
+    Replacing { model: ModelId, count: u32 },
     /// The answer to [`Command::MayLoad`].
     MayLoad { model: ModelId, waiter: W, answer: Result<(), Refused> },
     /// The model's failures changed: what readers see of them now.
@@ -170,6 +187,8 @@ struct Model<W> {
     pin_waiters: Vec<W>,
     leases: lease::Book,
     failures: FailureLog,
+    /// Reloads and weight updates replacing its runtimes.
+    replacing: u32,
 }
 
 impl<W> Model<W> {
@@ -182,6 +201,7 @@ impl<W> Model<W> {
             pin_waiters: Vec::new(),
             leases: lease::Book::default(),
             failures: FailureLog::default(),
+            replacing: 0,
         }
     }
 }
@@ -206,6 +226,12 @@ impl<W> State<W> {
         let admin = self.deadlines.front().map(|(at, _)| *at);
         let lease = self.lease_deadlines.peek().map(|Reverse((at, _))| *at);
         admin.into_iter().chain(lease).min()
+    }
+
+    /// Whether the loop holds `model` at `now` (a live or reserved lease, a replacement).
+    #[cfg(test)]
+    pub(crate) fn held(&self, model: ModelId, now: Instant) -> bool {
+        grant::held(self, model, now)
     }
 
     /// `model`'s leases, reserved or granted.
@@ -278,6 +304,9 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
         | Command::UnloadEnded { model, .. }
         | Command::Failed { model, .. }
         | Command::MayLoad { model, .. }
+        | Command::Grant { model, .. }
+        | Command::Replacing { model }
+        | Command::Replaced { model }
             if !known(model) => {}
         Command::Admin { model, waiter, wait } => {
             let m = &mut state.models[model];
@@ -349,6 +378,11 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
             quarantine::failed(state, model, (kind, message, wall_ms), now, &mut effects);
         }
         Command::Flush { waiter } => effects.push(Effect::Flushed { waiter }),
+        Command::Grant { model, ask, waiter } => {
+            grant::grant(state, model, ask, waiter, now, &mut effects);
+        }
+        Command::Replacing { model } => grant::replacing(state, model, true, &mut effects),
+        Command::Replaced { model } => grant::replacing(state, model, false, &mut effects),
         Command::MayLoad { model, explicit, waiter } => {
             quarantine::may_load(state, model, explicit, waiter, now, &mut effects);
         }

@@ -70,6 +70,11 @@ impl Book {
     fn live(&self, now: Instant) -> impl Iterator<Item = &Held> {
         self.held.iter().filter(move |h| h.deadline > now)
     }
+
+    /// Whether a live (granted or reserved) lease holds the model.
+    pub(super) fn holds(&self, now: Instant) -> bool {
+        self.live(now).next().is_some()
+    }
 }
 
 /// The lease rule: never while an unload is decided, never past the cap.
