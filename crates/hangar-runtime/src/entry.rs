@@ -14,8 +14,9 @@ use crate::journal::EventKind;
 use crate::pause::Interrupts;
 use crate::phase::Phase;
 
-/// A configured model and its runtime state. The slot is the single owner of the model's
-/// lifecycle; every change goes through [`ModelEntry::apply`].
+/// A configured model and its runtime state. The model's lifecycle is the control loop's
+/// (`control/step/life.rs`): the slot holds its published copy, which the loop's shell moves
+/// through [`ModelEntry::apply`] together with the phase.
 pub(crate) struct ModelEntry {
     pub(crate) config: Arc<ModelConfig>,
     /// Position in config order.
@@ -50,8 +51,9 @@ pub(crate) struct Slot {
     /// runs, the model is held (never an eviction victim nor unloaded for idleness). The
     /// control loop's published count; written by the loop only.
     pub(crate) replacing: u32,
-    /// Incremented on every successful load, so late crash reports of an older load are
-    /// ignored.
+    /// The generation of the runtimes in service (the control loop's, published: a load, a
+    /// reload and a weight swap each start one), so late crash reports of older runtimes
+    /// are ignored.
     pub(crate) generation: u64,
     /// The weights checker's last snapshot, for `compare`.
     pub(crate) weights_snapshot: Option<Arc<hangar_weights::WeightsDigest>>,

@@ -3,11 +3,13 @@
 //!
 //! [`Manager`] composes the layers below it:
 //!
-//! - a registry of the configured models (a `DashMap` of entries, each owning its
-//!   lifecycle behind one leaf lock);
-//! - a control loop, one task that decides every turn with a pure `step`: each model's
-//!   admin turn (one admin operation at a time), the one load lane, who creates or destroys
-//!   a model's runtimes, and the waits for pinned requests;
+//! - a registry of the configured models (a `DashMap` of entries, each with a slot behind
+//!   one leaf lock that readers read);
+//! - a control loop, one task that owns each model's lifecycle, leases, failures and holds
+//!   and decides every change with a pure `step`: each model's admin turn (one admin
+//!   operation at a time), the one load lane, who creates or destroys a model's runtimes,
+//!   the waits for pinned requests, every lifecycle move, the lease and quarantine rules,
+//!   and the grant; it publishes what it decides to the slots;
 //! - a load lane that every path creating runtimes takes (a load, a reload, a
 //!   weight update), with one grant for all of them: the eviction plan (`hangar-eviction`),
 //!   made when the job leaves the queue, not when it enters, executed as graceful unloads,

@@ -15,9 +15,9 @@ use hangar_backend::{
 };
 use hangar_config::ModelConfig;
 use hangar_eviction::Incoming;
-use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState, Scheduler, effective_target};
+use hangar_lifecycle::{AdmissionError, ModelState, Scheduler, effective_target};
 
-use crate::control::GrantAsk;
+use crate::control::{Apply, Change, GrantAsk, Handoff};
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::events::Events;
@@ -26,7 +26,6 @@ use crate::grant::Ask;
 use crate::manager::{LoadOptions, Manager};
 use crate::outcome::{self, EngineFailure, Outcome, OutcomeRx, OutcomeTx};
 use crate::phase::{Phase, Serving};
-use crate::quarantine::FailureKind;
 use crate::snapshot::{ModelSnapshot, snapshot_of};
 
 /// Load options checked against the model: what a load would run with.
@@ -133,21 +132,26 @@ impl Manager {
                 let explicit = matches!(trigger, Trigger::Explicit);
                 let may = self.inner.control.may_load(entry.position, explicit).await;
                 may.map_err(|refused| refused.into_error(entry.config.name.as_str()))?;
-                let mut slot = entry.lock();
                 let p = prepared.unwrap_or_else(|| Prepared::configured(&entry.config));
-                slot.effective = p.effective;
-                slot.load_override = p.load_override;
-                slot.replicas = p.replicas;
                 let (tx, rx) = outcome::channel();
-                slot.phase = Phase::Loading { progress: 0.0, outcome: rx.clone() };
-                entry.apply(&mut slot, LifecycleEvent::StartLoad, None, &self.inner.events);
-                drop(slot);
-                // The lock goes with the load, which runs to its end even if this caller
-                // leaves.
+                let loading = rx.clone();
+                let apply = Apply::new(move |slot| {
+                    slot.effective = p.effective;
+                    slot.load_override = p.load_override;
+                    slot.replicas = p.replicas;
+                    slot.phase = Phase::Loading { progress: 0.0, outcome: loading };
+                });
+                // The turn goes with the load, which starts and runs to its end even if
+                // this caller leaves. (Under the turn the model stays unloaded or failed
+                // until the loop moves it: a refusal cannot happen, and would end the load
+                // without an outcome.)
                 let (this, e) = (self.clone(), Arc::clone(&entry));
                 tokio::spawn(async move {
                     let _admin = admin;
-                    this.run_load(e, tx).await;
+                    let control = &this.inner.control;
+                    if control.change(e.position, Change::StartLoad, apply).await.is_ok() {
+                        this.run_load(e, tx).await;
+                    }
                 });
                 rx
             }
@@ -229,47 +233,35 @@ impl Manager {
             }
         };
         let result = lane.create(&creation).await;
-
-        let outcome = {
-            let mut slot = entry.lock();
-            self.settle_load(&entry, &mut slot, result)
-        };
-        // The failure is published before anyone hears of it.
-        self.inner.control.flush().await;
-        done.send_replace(Some(outcome));
-    }
-
-    /// Moves `entry` to loaded or failed by the load's `result` (recording the model's
-    /// own failures), and returns the outcome every caller of the load gets.
-    fn settle_load(
-        &self,
-        entry: &Arc<ModelEntry>,
-        slot: &mut Slot,
-        result: Result<Vec<Arc<dyn Runtime>>, Outcome>,
-    ) -> Outcome {
-        match result {
+        let name = entry.config.name.as_str();
+        let queue = self.inner.max_queue_depth;
+        let (failed, outcome, apply) = match result {
             Ok(runtimes) => {
-                self.install(slot, runtimes);
-                entry.apply(slot, LifecycleEvent::LoadSucceeded, None, &self.inner.events);
-                Events::bump(&self.inner.events.loads);
-                *self.inner.last_loaded.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(entry.config.name.clone());
-                Outcome::Loaded
+                // Installed by the loop as it moves the model to loaded (a move the table
+                // always allows from loading, which nothing else leaves).
+                let install = Apply::new(move |slot| drop(install(slot, runtimes, queue)));
+                (None, Outcome::Loaded, install)
             }
             Err(outcome) => {
-                slot.phase = Phase::Down;
-                let message = outcome.message(entry.config.name.as_str()).unwrap_or_default();
-                let event = LifecycleEvent::LoadFailed;
-                entry.apply(slot, event, Some(message.clone()), &self.inner.events);
-                Events::bump(&self.inner.events.load_failures);
+                let message = outcome.message(name).unwrap_or_default();
                 // Held models or a full GPU in the way are not the model's failure.
-                if let Outcome::Failed(_) = outcome {
-                    let failed = FailureKind::LoadFailed;
-                    self.inner.control.failed(entry.position, failed, message);
+                let counts = matches!(outcome, Outcome::Failed(_));
+                (Some((message, counts)), outcome, Apply::new(|slot| slot.phase = Phase::Down))
+            }
+        };
+        // The failure (and a quarantine it begins) is published before anyone hears of it.
+        let moved = self.inner.control.change(entry.position, Change::LoadDone { failed }, apply);
+        if moved.await.is_ok() {
+            match outcome {
+                Outcome::Loaded => {
+                    Events::bump(&self.inner.events.loads);
+                    *self.inner.last_loaded.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(entry.config.name.clone());
                 }
-                outcome
+                _ => Events::bump(&self.inner.events.load_failures),
             }
         }
+        done.send_replace(Some(outcome));
     }
 
     /// Loads the replicas; after a failure that eviction may cure (not a missing artifact nor
@@ -348,35 +340,31 @@ impl Manager {
                 return Err(failed(message, &entry));
             }
         };
-        let swapped = {
-            let mut slot = entry.lock();
-            if slot.lifecycle.state() == ModelState::Loaded {
-                slot.effective = prepared.effective;
-                slot.load_override = prepared.load_override;
-                slot.replicas = prepared.replicas;
-                let old = self.install(&mut slot, runtimes);
-                // The operator's pause holds the new runtimes too.
-                if let (Some(pause), Some(new)) = (old.pause(), slot.phase.serving_mut()) {
-                    new.scheduler.pause();
-                    new.pause = Some(pause.clone());
-                }
-                let old = old.scheduler().cloned();
-                entry.apply(&mut slot, LifecycleEvent::Reloaded, None, &self.inner.events);
-                Ok(old)
-            } else {
-                Err(runtimes)
+        let (new, old) = (Handoff::new(Some(runtimes)), Handoff::new(None));
+        let (taken, replaced, queue) = (new.clone(), old.clone(), self.inner.max_queue_depth);
+        let apply = Apply::new(move |slot| {
+            let Some(runtimes) = taken.take() else { return };
+            slot.effective = prepared.effective;
+            slot.load_override = prepared.load_override;
+            slot.replicas = prepared.replicas;
+            let old = install(slot, runtimes, queue);
+            // The operator's pause holds the new runtimes too.
+            if let (Some(pause), Some(new)) = (old.pause(), slot.phase.serving_mut()) {
+                new.scheduler.pause();
+                new.pause = Some(pause.clone());
             }
-        };
-        let old = match swapped {
-            Ok(swapped) => swapped,
-            Err(runtimes) => {
-                // The old runtime crashed while the new one loaded: keep the failure.
-                for runtime in runtimes {
-                    runtime.unload().await;
-                }
-                return Err(failed("the running runtime failed meanwhile".into(), &entry));
+            if let Some(scheduler) = old.scheduler() {
+                replaced.put(scheduler.clone());
             }
-        };
+        });
+        if self.inner.control.change(entry.position, Change::Reload, apply).await.is_err() {
+            // The old runtime crashed while the new one loaded: keep the failure.
+            for runtime in new.take().unwrap_or_default() {
+                runtime.unload().await;
+            }
+            return Err(failed("the running runtime failed meanwhile".into(), &entry));
+        }
+        let old = old.take();
         let snapshot = snapshot_of(&entry, &entry.lock());
         Events::bump(&self.inner.events.loads);
         drop(lane);
@@ -392,21 +380,6 @@ impl Manager {
             });
         }
         Ok(snapshot)
-    }
-
-    /// Puts freshly loaded runtimes behind a new scheduler in the slot, unpaused, and
-    /// returns the phase they replace.
-    fn install(&self, slot: &mut Slot, runtimes: Vec<Arc<dyn Runtime>>) -> Phase {
-        let caps = runtimes.first().map(|r| r.capabilities().clone()).unwrap_or_default();
-        let target = effective_target(slot.effective.target_inflight, caps.max_parallel_sequences);
-        let details = runtimes.iter().map(|r| r.details()).collect();
-        let scheduler = Scheduler::new(runtimes, target, self.inner.max_queue_depth)
-            .dispatch_ahead(caps.dispatch_ahead);
-        slot.capabilities = Arc::new(caps);
-        slot.generation += 1;
-        ModelEntry::touch(slot);
-        let serving = Serving { scheduler, details, pause: None, weight_version: None };
-        std::mem::replace(&mut slot.phase, Phase::Up(serving))
     }
 
     /// Loads `replicas` replicas of `model`; on any failure unloads the ones already loaded.
@@ -535,4 +508,17 @@ fn prepare(config: &Arc<ModelConfig>, options: &LoadOptions) -> Result<Prepared,
         Arc::new(load_override.apply(config)?)
     };
     Ok(Prepared { effective, load_override, replicas, replicas_given: options.replicas.is_some() })
+}
+
+/// Puts freshly loaded runtimes behind a new scheduler (of `max_queue` waiting requests) in
+/// the slot, unpaused, and returns the phase they replace. The loop sets the generation.
+fn install(slot: &mut Slot, runtimes: Vec<Arc<dyn Runtime>>, max_queue: usize) -> Phase {
+    let caps = runtimes.first().map(|r| r.capabilities().clone()).unwrap_or_default();
+    let target = effective_target(slot.effective.target_inflight, caps.max_parallel_sequences);
+    let details = runtimes.iter().map(|r| r.details()).collect();
+    let scheduler = Scheduler::new(runtimes, target, max_queue).dispatch_ahead(caps.dispatch_ahead);
+    slot.capabilities = Arc::new(caps);
+    ModelEntry::touch(slot);
+    let serving = Serving { scheduler, details, pause: None, weight_version: None };
+    std::mem::replace(&mut slot.phase, Phase::Up(serving))
 }

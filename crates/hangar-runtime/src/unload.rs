@@ -5,8 +5,9 @@
 use std::sync::Arc;
 
 use hangar_backend::LoadOverride;
-use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState};
+use hangar_lifecycle::{AdmissionError, ModelState};
 
+use crate::control::{Apply, Change, Handoff};
 use crate::entry::ModelEntry;
 use crate::error::ManagerError;
 use crate::events::Events;
@@ -103,23 +104,27 @@ impl Manager {
     /// meanwhile always wins).
     pub(crate) async fn unload_entry(&self, entry: &Arc<ModelEntry>, cause: UnloadCause) -> bool {
         let _runtimes = self.inner.control.destroy(entry.position).await;
-        let (scheduler, paused) = {
-            let mut slot = entry.lock();
-            if slot.lifecycle.state() != ModelState::Loaded {
-                return false;
-            }
-            let held = entry.config.pinned || slot.leased() || slot.replacing > 0;
-            match &cause {
-                UnloadCause::Request => {}
-                UnloadCause::Eviction(_) | UnloadCause::Idle(_) if held => return false,
-                UnloadCause::Eviction(announce) | UnloadCause::Idle(announce) => {
-                    self.inner.events.journal.record(&entry.config.name, announce.clone());
-                }
-            }
-            entry.apply(&mut slot, LifecycleEvent::StartUnload, None, &self.inner.events);
-            // Set now or never: a pause needs the model loaded.
-            (slot.phase.scheduler().cloned(), slot.phase.pause().is_some())
+        // Whether it may go (loaded; an eviction or idle unload only if nothing holds it) is
+        // the loop's decision, taken with the move, so a lease taken before always wins.
+        let announce = match &cause {
+            UnloadCause::Request => None,
+            UnloadCause::Eviction(announce) | UnloadCause::Idle(announce) => Some(announce.clone()),
         };
+        let change = Change::StartUnload { evict: announce.is_some(), pinned: entry.config.pinned };
+        let (events, name) = (Arc::clone(&self.inner.events), entry.config.name.clone());
+        let serving = Handoff::new(None);
+        let found = serving.clone();
+        let apply = Apply::new(move |slot| {
+            if let Some(announce) = announce {
+                events.journal.record(&name, announce);
+            }
+            // Set now or never: a pause needs the model loaded.
+            found.put((slot.phase.scheduler().cloned(), slot.phase.pause().is_some()));
+        });
+        if self.inner.control.change(entry.position, change, apply).await.is_err() {
+            return false;
+        }
+        let (scheduler, paused) = serving.take().unwrap_or((None, false));
         tracing::info!(model = %entry.config.name, ?cause, "unloading");
         // Requests that triggered the load are admitted first, unless the model is paused:
         // a paused model admits nothing, so they are refused with the rest of its queue
@@ -138,53 +143,43 @@ impl Manager {
                 self.expect_release(release);
             }
         }
-        let mut slot = entry.lock();
-        slot.phase = Phase::Down;
-        slot.load_override = LoadOverride::default();
-        slot.effective = Arc::clone(&entry.config);
-        slot.replicas = entry.config.replicas;
-        entry.apply(&mut slot, LifecycleEvent::UnloadCompleted, None, &self.inner.events);
-        drop(slot);
+        let config = Arc::clone(&entry.config);
+        let apply = Apply::new(move |slot| {
+            slot.phase = Phase::Down;
+            slot.load_override = LoadOverride::default();
+            slot.replicas = config.replicas;
+            slot.effective = config;
+        });
+        let _ = self.inner.control.change(entry.position, Change::UnloadDone, apply).await;
         Events::bump(&self.inner.events.unloads);
         true
     }
 
     /// Marks a model failed after its runtime crashed, refuses its queued requests, and
     /// tears its runtimes down once running requests have ended. Reports about runtimes of
-    /// an earlier load (`generation`) are ignored.
+    /// an earlier load (`generation`) are ignored: the loop decides, with the move.
     pub(crate) fn crashed(&self, entry: &Arc<ModelEntry>, generation: u64, reason: &str) {
-        let scheduler = {
-            let mut slot = entry.lock();
-            if slot.lifecycle.state() != ModelState::Loaded || slot.generation != generation {
+        let message = format!("backend crashed: {}", crate::journal::bounded(reason));
+        let change = Change::Crash { generation, message: message.clone() };
+        let (control, events) = (self.inner.control.clone(), Arc::clone(&self.inner.events));
+        let (name, position, reason) =
+            (entry.config.name.clone(), entry.position, reason.to_owned());
+        let apply = Apply::new(move |slot| {
+            let Phase::Up(serving) = std::mem::replace(&mut slot.phase, Phase::Down) else {
                 return;
-            }
-            let message = format!("backend crashed: {}", crate::journal::bounded(reason));
-            let down = std::mem::replace(&mut slot.phase, Phase::Down);
-            let event = LifecycleEvent::Crashed;
-            entry.apply(&mut slot, event, Some(message.clone()), &self.inner.events);
-            let crashed = crate::FailureKind::Crashed;
-            self.inner.control.failed(entry.position, crashed, message.clone());
-            let scheduler = match down {
-                Phase::Up(serving) => Some(serving.scheduler),
-                _ => None,
             };
-            if let Some(s) = &scheduler {
-                s.close(AdmissionError::ModelFailed { last_error: message });
-            }
-            scheduler
-        };
-        Events::bump(&self.inner.events.crashes);
-        tracing::error!(model = %entry.config.name, reason, "backend crashed; model marked failed");
-        if let Some(scheduler) = scheduler {
-            let entry = Arc::clone(entry);
-            let control = self.inner.control.clone();
+            let scheduler = serving.scheduler;
+            scheduler.close(AdmissionError::ModelFailed { last_error: message });
+            Events::bump(&events.crashes);
+            tracing::error!(model = %name, reason, "backend crashed; model marked failed");
             tokio::spawn(async move {
-                let _runtimes = control.destroy(entry.position).await;
+                let _runtimes = control.destroy(position).await;
                 scheduler.drained().await;
                 for runtime in scheduler.runtimes() {
                     runtime.unload().await;
                 }
             });
-        }
+        });
+        self.inner.control.post_change(entry.position, change, apply);
     }
 }

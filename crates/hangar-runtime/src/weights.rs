@@ -14,6 +14,7 @@ use hangar_weights::{Comparison, WeightsDigest};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::control::{Apply, Change, Handoff};
 use crate::entry::ModelEntry;
 use crate::error::ManagerError;
 use crate::events::Events;
@@ -170,7 +171,7 @@ impl Manager {
                 return Err(ManagerError::LoadFailed { message, snapshot });
             }
         };
-        let old = match self.swap_weights(entry, runtimes, config, &update) {
+        let old = match self.swap_weights(entry, runtimes, config, &update).await {
             Ok(old) => old,
             Err(new) => {
                 // The model stopped serving (a crash, an unload-all) while the new weights
@@ -204,42 +205,50 @@ impl Manager {
     }
 
     /// Puts the new runtimes in place under the model's queue and returns the old ones to
-    /// release; `Err` gives the new ones back when the model stopped being loaded meanwhile.
-    fn swap_weights(
+    /// release; `Err` gives the new ones back when the model stopped being loaded meanwhile
+    /// (an unload-all does not wait for the update; a crash) or its queue would not take
+    /// them. The loop decides the swap (a new generation) with the model's state.
+    async fn swap_weights(
         &self,
         entry: &ModelEntry,
         runtimes: Vec<Arc<dyn Runtime>>,
         config: Arc<hangar_config::ModelConfig>,
         update: &WeightUpdate,
     ) -> Result<Runtimes, Runtimes> {
-        let mut slot = entry.lock();
-        // Not into a model an unload (unload-all does not wait for the update) has begun to
-        // take down, nor one that crashed.
-        let loaded = slot.lifecycle.state() == hangar_lifecycle::ModelState::Loaded;
-        let Some(serving) = slot.phase.serving_mut().filter(|_| loaded) else {
-            return Err(runtimes);
-        };
-        let details: Arc<[_]> = runtimes.iter().map(|r| r.details()).collect();
-        match serving.scheduler.replace_runtimes(runtimes) {
-            Ok(old) => {
-                serving.details = details;
-                if update.weight_version.is_some() {
-                    serving.weight_version.clone_from(&update.weight_version);
+        let swapped: Handoff<Result<Runtimes, Runtimes>> = Handoff::new(Some(Err(runtimes)));
+        let (result, events) = (swapped.clone(), Arc::clone(&self.inner.events));
+        let (name, weight_version) = (entry.config.name.clone(), update.weight_version.clone());
+        let apply = Apply::new(move |slot| {
+            let Some(Err(runtimes)) = result.take() else { return };
+            let Some(serving) = slot.phase.serving_mut() else {
+                return result.put(Err(runtimes));
+            };
+            let details: Arc<[_]> = runtimes.iter().map(|r| r.details()).collect();
+            match serving.scheduler.replace_runtimes(runtimes) {
+                Ok(old) => {
+                    serving.details = details;
+                    if weight_version.is_some() {
+                        serving.weight_version = weight_version;
+                    }
+                    let weight_version = serving.weight_version.clone();
+                    slot.effective = config;
+                    ModelEntry::touch(slot);
+                    let kind = EventKind::WeightsUpdated {
+                        model_path: slot.effective.model_path.clone().unwrap_or_default(),
+                        weight_version,
+                    };
+                    events.journal.record(&name, kind);
+                    Events::bump(&events.loads);
+                    result.put(Ok(old));
                 }
-                let weight_version = serving.weight_version.clone();
-                slot.effective = config;
-                slot.generation += 1;
-                ModelEntry::touch(&mut slot);
-                let kind = EventKind::WeightsUpdated {
-                    model_path: slot.effective.model_path.clone().unwrap_or_default(),
-                    weight_version,
-                };
-                self.inner.events.journal.record(&entry.config.name, kind);
-                Events::bump(&self.inner.events.loads);
-                Ok(old)
+                // Not while requests run or with another replica count: the update paused
+                // and drained the queue and holds the admin turn, so this is a guard, not a
+                // path (the generation would then be one ahead of the runtimes serving).
+                Err(runtimes) => result.put(Err(runtimes)),
             }
-            Err(runtimes) => Err(runtimes),
-        }
+        });
+        let _ = self.inner.control.change(entry.position, Change::Swap, apply).await;
+        swapped.take().unwrap_or(Ok(Vec::new()))
     }
 
     /// Runs the weights checker on the files a model runs on (or, unloaded, the files its

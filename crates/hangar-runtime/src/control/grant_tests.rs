@@ -10,7 +10,12 @@ use hangar_eviction::{Incoming, LoadedModel, Memory};
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::step::{Command, Effect, GrantAsk, LeaseCommand, ModelId, Rules, State, row, step};
+use super::step::{GrantAsk, LeaseCommand, ModelId, Rules, State, row, step};
+
+/// The loop's commands and effects with numbers for waiters and no slot work.
+type Command = super::step::Command<u32>;
+/// See [`Command`].
+type Effect = super::step::Effect<u32>;
 use crate::grant::{Ask, Refusal};
 
 const NAMES: [&str; 4] = ["a", "b", "c", "new"];
@@ -32,7 +37,7 @@ fn loaded(model: ModelId, secs: u64, vram_mib: u64, pinned: bool) -> (ModelId, L
 }
 
 /// A grant for "new": `a` (used first) and `b` loaded, two slots.
-fn grant(ask: Ask, pin_a: bool, waiter: u32) -> Command<u32> {
+fn grant(ask: Ask, pin_a: bool, waiter: u32) -> Command {
     let loaded = vec![loaded(0, 1, 0, pin_a), loaded(1, 2, 0, false)];
     let incoming = Incoming {
         name: ModelName::new("new").unwrap(),
@@ -42,11 +47,11 @@ fn grant(ask: Ask, pin_a: bool, waiter: u32) -> Command<u32> {
     Command::Grant { model: NEW, ask: GrantAsk { ask, loaded, incoming, memory: None }, waiter }
 }
 
-fn lease(model: ModelId, command: LeaseCommand<u32>) -> Command<u32> {
+fn lease(model: ModelId, command: LeaseCommand<u32>) -> Command {
     Command::Lease { model, command }
 }
 
-fn acquire(model: ModelId, ttl_seconds: u32) -> Command<u32> {
+fn acquire(model: ModelId, ttl_seconds: u32) -> Command {
     let command = LeaseCommand::Acquire { owner: "job".into(), ttl_seconds, wall_ms: 0, waiter: 0 };
     lease(model, command)
 }
@@ -58,7 +63,7 @@ fn rules() -> Rules {
 }
 
 /// The grant's answer: the victims in order, or the refusal.
-fn answer(effects: Vec<Effect<u32>>) -> String {
+fn answer(effects: Vec<Effect>) -> String {
     match effects.as_slice() {
         [Effect::Granted { answer: Ok(plan), .. }] => {
             let victims: Vec<_> = plan.victims.iter().map(|v| v.name.to_string()).collect();
@@ -81,7 +86,7 @@ fn the_grant_with_the_loops_holds_as_a_table() {
         |model, id: &str| lease(model, LeaseCommand::Release { id: id.into(), waiter: 0 });
     let replacing = |model| Command::Replacing { model };
     // (name, commands before (at t0), the grant, when (seconds after t0), its answer)
-    type Row = (&'static str, Vec<Command<u32>>, Command<u32>, u64, &'static str);
+    type Row = (&'static str, Vec<Command>, Command, u64, &'static str);
     let rows: Vec<Row> = vec![
         ("the least recently used goes", vec![], grant(Ask::Load, false, 1), 0, "evict a"),
         (

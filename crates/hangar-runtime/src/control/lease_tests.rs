@@ -8,36 +8,41 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::step::{Command, Effect, LeaseCommand, LeaseRefusal, ModelId, Rules, State, row, step};
+use super::step::{LeaseCommand, LeaseRefusal, ModelId, Rules, State, row, step};
+
+/// The loop's commands and effects with numbers for waiters and no slot work.
+type Command = super::step::Command<u32>;
+/// See [`Command`].
+type Effect = super::step::Effect<u32>;
 use crate::lease::LeaseChange;
 
 const WAIT: Duration = Duration::from_secs(10);
 const LIMIT: NonZeroU32 = NonZeroU32::new(2).unwrap();
 
-fn acquire(model: ModelId, waiter: u32, ttl_seconds: u32) -> Command<u32> {
+fn acquire(model: ModelId, waiter: u32, ttl_seconds: u32) -> Command {
     let owner = "job".to_owned();
     let command = LeaseCommand::Acquire { owner, ttl_seconds, wall_ms: 1_000, waiter };
     Command::Lease { model, command }
 }
 
-fn settle(model: ModelId, id: &str, loaded: bool, waiter: u32) -> Command<u32> {
+fn settle(model: ModelId, id: &str, loaded: bool, waiter: u32) -> Command {
     Command::Lease { model, command: LeaseCommand::Settle { id: id.into(), loaded, waiter } }
 }
 
-fn renew(model: ModelId, id: &str, ttl_seconds: Option<u32>, waiter: u32) -> Command<u32> {
+fn renew(model: ModelId, id: &str, ttl_seconds: Option<u32>, waiter: u32) -> Command {
     let command = LeaseCommand::Renew { id: id.into(), ttl_seconds, wall_ms: 1_000, waiter };
     Command::Lease { model, command }
 }
 
-fn release(model: ModelId, id: &str, waiter: u32) -> Command<u32> {
+fn release(model: ModelId, id: &str, waiter: u32) -> Command {
     Command::Lease { model, command: LeaseCommand::Release { id: id.into(), waiter } }
 }
 
-fn decided(model: ModelId) -> Command<u32> {
+fn decided(model: ModelId) -> Command {
     Command::UnloadDecided { model }
 }
 
-fn ended(model: ModelId, revoke: bool) -> Command<u32> {
+fn ended(model: ModelId, revoke: bool) -> Command {
     Command::UnloadEnded { model, revoke }
 }
 
@@ -51,7 +56,7 @@ fn refusal(r: LeaseRefusal) -> &'static str {
 }
 
 /// The effects as lines: `published M: ids`, `journal M: change id`, `W: id` or `W: refusal`.
-fn lines(effects: Vec<Effect<u32>>) -> Vec<String> {
+fn lines(effects: Vec<Effect>) -> Vec<String> {
     effects
         .into_iter()
         .map(|e| match e {
@@ -76,7 +81,7 @@ fn lines(effects: Vec<Effect<u32>>) -> Vec<String> {
 fn the_lease_rules_as_a_table() {
     let t0 = Instant::now();
     // (name, commands before (at t0), the command, when (seconds after t0), its effects)
-    type Row = (&'static str, Vec<Command<u32>>, Command<u32>, u64, Vec<&'static str>);
+    type Row = (&'static str, Vec<Command>, Command, u64, Vec<&'static str>);
     let rows: Vec<Row> = vec![
         (
             "a lease is reserved and published before its answer, not journaled yet",
@@ -276,7 +281,7 @@ impl World {
     /// Takes one lease operation's effects; returns its answer.
     fn take(
         &mut self,
-        effects: Vec<Effect<u32>>,
+        effects: Vec<Effect>,
         waiter: Option<u32>,
     ) -> Option<Result<String, LeaseRefusal>> {
         let mut answer = None;

@@ -21,6 +21,8 @@ mod grant_tests;
 #[cfg(test)]
 mod lease_tests;
 #[cfg(test)]
+mod life_tests;
+#[cfg(test)]
 mod quarantine_tests;
 pub(crate) mod step;
 #[cfg(test)]
@@ -33,17 +35,18 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 pub(crate) use step::{
-    Command, Effect, GrantAsk, LeaseCommand, LeaseRefusal, ModelId, Rules, State, TurnKind, step,
+    Change, Command, Effect, GrantAsk, LeaseCommand, LeaseRefusal, ModelId, Moved, Rules, State,
+    Stay, TurnKind, step,
 };
 
 use hangar_eviction::EvictionPlan;
 
-use crate::entry::ModelEntry;
+use crate::entry::{ModelEntry, Slot};
 use crate::events::Events;
 use crate::grant::Refusal;
 use crate::journal::EventKind;
 use crate::lease::Lease;
-use crate::quarantine::{FailureKind, Refused};
+use crate::quarantine::Refused;
 
 /// How the loop answers a waiter.
 pub(crate) enum Waiter {
@@ -57,6 +60,51 @@ pub(crate) enum Waiter {
     Flush(oneshot::Sender<()>),
     /// A grant's plan, or its refusal.
     Grant(oneshot::Sender<Result<EvictionPlan, Refusal>>),
+    /// A lifecycle move, decided and performed, or refused.
+    Move(oneshot::Sender<Result<Moved, Stay>>),
+}
+
+/// What a decided lifecycle move does to the model's slot: run by the loop under the slot
+/// lock, before it publishes the lifecycle the move leads to (so the phase it sets fits).
+pub(crate) struct Apply(Box<dyn FnOnce(&mut Slot) + Send>);
+
+impl Apply {
+    pub(crate) fn new(apply: impl FnOnce(&mut Slot) + Send + 'static) -> Self {
+        Self(Box::new(apply))
+    }
+}
+
+/// A value handed between a task and the [`Apply`] of its move: what the move takes in
+/// (left with the task when the move is refused) or gives back.
+pub(crate) struct Handoff<T>(Arc<Mutex<Option<T>>>);
+
+impl<T> Handoff<T> {
+    /// Holding `value`, or nothing.
+    pub(crate) fn new(value: Option<T>) -> Self {
+        Self(Arc::new(Mutex::new(value)))
+    }
+
+    /// Takes what it holds.
+    pub(crate) fn take(&self) -> Option<T> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+
+    /// Puts `value` in.
+    pub(crate) fn put(&self, value: T) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(value);
+    }
+}
+
+impl<T> Clone for Handoff<T> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl std::fmt::Debug for Apply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Apply")
+    }
 }
 
 /// What the loop's effects reach besides its waiters: the slots it publishes leases to,
@@ -68,7 +116,7 @@ struct Sink {
 
 /// What the loop starts with.
 struct Start {
-    rx: mpsc::UnboundedReceiver<Command<Waiter>>,
+    rx: mpsc::UnboundedReceiver<Command<Waiter, Apply>>,
     rules: Rules,
     sink: Sink,
 }
@@ -81,7 +129,7 @@ pub(crate) struct Busy;
 /// the last turn and pin) is gone.
 #[derive(Clone)]
 pub(crate) struct Control {
-    tx: mpsc::UnboundedSender<Command<Waiter>>,
+    tx: mpsc::UnboundedSender<Command<Waiter, Apply>>,
     shared: Arc<Shared>,
 }
 
@@ -116,11 +164,14 @@ impl Control {
     }
 
     /// Posts `command` (never blocks; a command posted after the loop ended is moot).
-    pub(crate) fn post(&self, command: Command<Waiter>) {
+    pub(crate) fn post(&self, command: Command<Waiter, Apply>) {
         let _ = self.tx.send(command);
     }
 
-    async fn ask(&self, command: impl FnOnce(Waiter) -> Command<Waiter>) -> Result<Turn, Busy> {
+    async fn ask(
+        &self,
+        command: impl FnOnce(Waiter) -> Command<Waiter, Apply>,
+    ) -> Result<Turn, Busy> {
         self.start();
         let (waiter, answer) = oneshot::channel();
         self.post(command(Waiter::Turn(waiter)));
@@ -140,14 +191,6 @@ impl Control {
         answer.await.unwrap_or(Err(LeaseRefusal::Ended))
     }
 
-    /// Records a failed load or a crash of `model`. Post it under the slot lock with the
-    /// state change, so a load asked for after that change is decided after the failure;
-    /// [`Control::flush`] waits until it is published.
-    pub(crate) fn failed(&self, model: ModelId, kind: FailureKind, message: String) {
-        let wall_ms = crate::journal::unix_ms(std::time::SystemTime::now());
-        self.post(Command::Failed { model, kind, message, wall_ms });
-    }
-
     /// Waits until the loop has taken every command posted before (and published what
     /// they changed).
     pub(crate) async fn flush(&self) {
@@ -164,6 +207,29 @@ impl Control {
         let (waiter, answer) = oneshot::channel();
         self.post(Command::MayLoad { model, explicit, waiter: Waiter::MayLoad(waiter) });
         answer.await.unwrap_or(Ok(()))
+    }
+
+    /// Moves `model`'s lifecycle by `change`, with `apply` done to its slot if the loop
+    /// decides the move (see `step/life.rs`); answers once the move is performed and
+    /// published. The move runs to its end in the loop even if this caller goes away.
+    pub(crate) async fn change(
+        &self,
+        model: ModelId,
+        change: Change,
+        apply: Apply,
+    ) -> Result<Moved, Stay> {
+        self.start();
+        let (waiter, answer) = oneshot::channel();
+        let wall_ms = crate::journal::unix_ms(std::time::SystemTime::now());
+        self.post(Command::Move { model, change, wall_ms, apply, waiter: Waiter::Move(waiter) });
+        answer.await.unwrap_or(Err(Stay::Stale))
+    }
+
+    /// Like [`Control::change`], without waiting for the answer.
+    pub(crate) fn post_change(&self, model: ModelId, change: Change, apply: Apply) {
+        let (waiter, _) = oneshot::channel();
+        let wall_ms = crate::journal::unix_ms(std::time::SystemTime::now());
+        self.post(Command::Move { model, change, wall_ms, apply, waiter: Waiter::Move(waiter) });
     }
 
     /// Asks the grant for room for new runtimes of `model` (see `step/grant.rs`). A loop
@@ -240,7 +306,7 @@ impl Control {
 pub(crate) struct Turn {
     /// Where its end is posted; `None` for an answer that holds nothing (no request pins
     /// the model, or the loop is gone).
-    tx: Option<mpsc::UnboundedSender<Command<Waiter>>>,
+    tx: Option<mpsc::UnboundedSender<Command<Waiter, Apply>>>,
     model: ModelId,
     kind: TurnKind,
 }
@@ -309,7 +375,7 @@ impl Drop for Pin {
 /// The loop: takes each command, lets [`step`] decide, answers the waiters.
 async fn run(
     Start { mut rx, rules, sink }: Start,
-    tx: mpsc::WeakUnboundedSender<Command<Waiter>>,
+    tx: mpsc::WeakUnboundedSender<Command<Waiter, Apply>>,
     pins: Arc<[AtomicU32]>,
 ) {
     let mut state = State::new(pins.len(), rules);
@@ -329,13 +395,27 @@ async fn run(
         {
             *seen = pins.get(*model).map_or(0, |p| p.load(Ordering::SeqCst));
         }
+        // Answers to moves go out once every effect of the step is performed (a failed
+        // load's quarantine included).
+        let mut moves = Vec::new();
         for effect in step(&mut state, command, Instant::now()) {
-            perform(effect, &tx, &sink);
+            perform(effect, &tx, &sink, &mut moves);
+        }
+        for (waiter, answer) in moves {
+            let _ = waiter.send(answer);
         }
     }
 }
 
-fn perform(effect: Effect<Waiter>, tx: &mpsc::WeakUnboundedSender<Command<Waiter>>, sink: &Sink) {
+/// A move's answer, sent after the step's effects.
+type MoveAnswer = (oneshot::Sender<Result<Moved, Stay>>, Result<Moved, Stay>);
+
+fn perform(
+    effect: Effect<Waiter, Apply>,
+    tx: &mpsc::WeakUnboundedSender<Command<Waiter, Apply>>,
+    sink: &Sink,
+    moves: &mut Vec<MoveAnswer>,
+) {
     match effect {
         Effect::Grant { model, turn, waiter: Waiter::Turn(waiter) } => {
             let tx = if turn == TurnKind::Unpinned { None } else { tx.upgrade() };
@@ -369,6 +449,20 @@ fn perform(effect: Effect<Waiter>, tx: &mpsc::WeakUnboundedSender<Command<Waiter
         Effect::Granted { waiter: Waiter::Grant(waiter), answer, .. } => {
             let _ = waiter.send(answer);
         }
+        Effect::Moved { model, moved, apply, waiter } => {
+            if let Some(entry) = sink.entries.get(model) {
+                let mut slot = entry.lock();
+                (apply.0)(&mut slot);
+                slot.generation = moved.generation;
+                if let Some(event) = moved.event {
+                    entry.apply(&mut slot, event, moved.error.clone(), &sink.events);
+                }
+            }
+            if let Waiter::Move(waiter) = waiter {
+                moves.push((waiter, Ok(moved)));
+            }
+        }
+        Effect::Stays { waiter: Waiter::Move(waiter), why, .. } => moves.push((waiter, Err(why))),
         Effect::Replacing { model, count } => {
             if let Some(entry) = sink.entries.get(model) {
                 entry.lock().replacing = count;
@@ -399,6 +493,7 @@ fn perform(effect: Effect<Waiter>, tx: &mpsc::WeakUnboundedSender<Command<Waiter
         | Effect::Lease { .. }
         | Effect::MayLoad { .. }
         | Effect::Flushed { .. }
-        | Effect::Granted { .. } => {}
+        | Effect::Granted { .. }
+        | Effect::Stays { .. } => {}
     }
 }

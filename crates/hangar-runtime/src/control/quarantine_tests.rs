@@ -7,8 +7,12 @@ use std::time::Duration;
 use hangar_config::QuarantinePolicy;
 use tokio::time::Instant;
 
-use super::step::{Command, Effect, ModelId, Rules, State, row, step};
-use crate::quarantine::FailureKind;
+use super::step::{Change, ModelId, Rules, State, row, step};
+
+/// The loop's commands and effects with numbers for waiters and no slot work.
+type Command = super::step::Command<u32>;
+/// See [`Command`].
+type Effect = super::step::Effect<u32>;
 
 /// Two failures within a minute quarantine for 10 s, doubling up to 40 s.
 fn rules() -> Rules {
@@ -21,18 +25,28 @@ fn rules() -> Rules {
     Rules { quarantine, ..Rules::of(Duration::from_secs(10), 1) }
 }
 
-fn failed(model: ModelId, message: &str) -> Command<u32> {
-    let kind = FailureKind::Crashed;
-    Command::Failed { model, kind, message: message.into(), wall_ms: 0 }
+fn start(model: ModelId) -> Command {
+    Command::Move { model, change: Change::StartLoad, wall_ms: 0, apply: (), waiter: 0 }
 }
 
-fn may_load(model: ModelId, explicit: bool, waiter: u32) -> Command<u32> {
+/// A load of `model` that failed with `message`, the model's own failure.
+fn fail(model: ModelId, message: &str) -> Command {
+    let change = Change::LoadDone { failed: Some((message.into(), true)) };
+    Command::Move { model, change, wall_ms: 0, apply: (), waiter: 0 }
+}
+
+/// A load of `model` that started and failed with `message`.
+fn failed(model: ModelId, message: &str) -> [Command; 2] {
+    [start(model), fail(model, message)]
+}
+
+fn may_load(model: ModelId, explicit: bool, waiter: u32) -> Command {
     Command::MayLoad { model, explicit, waiter }
 }
 
 /// The effects as lines: `published M: messages`, `quarantined M: strike S, R s`,
 /// `lifted M`, `W: ok` or `W: refused R s: last error`.
-fn lines(effects: Vec<Effect<u32>>) -> Vec<String> {
+fn lines(effects: Vec<Effect>) -> Vec<String> {
     effects
         .into_iter()
         .map(|e| match e {
@@ -44,6 +58,9 @@ fn lines(effects: Vec<Effect<u32>>) -> Vec<String> {
                 format!("quarantined {model}: strike {}, {} s", q.strike, q.retry_after_s)
             }
             Effect::QuarantineLifted { model } => format!("lifted {model}"),
+            Effect::Moved { model, moved, .. } => {
+                format!("{model}: {} -> {}", moved.from, moved.to)
+            }
             Effect::MayLoad { waiter, answer: Ok(()), .. } => format!("{waiter}: ok"),
             Effect::MayLoad { waiter, answer: Err(refused), .. } => {
                 let q = refused.quarantine;
@@ -58,16 +75,53 @@ fn lines(effects: Vec<Effect<u32>>) -> Vec<String> {
 fn the_quarantine_rules_as_a_table() {
     let t0 = Instant::now();
     // (name, commands before (at t0), the command, when (seconds after t0), its effects)
-    type Row = (&'static str, Vec<Command<u32>>, Command<u32>, u64, Vec<&'static str>);
-    let twice = || vec![failed(0, "a"), failed(0, "b")];
+    type Row = (&'static str, Vec<Command>, Command, u64, Vec<&'static str>);
+    let twice = || failed(0, "a").into_iter().chain(failed(0, "b")).collect::<Vec<_>>();
+    let then = |before: Vec<Command>, more: Vec<Command>| before.into_iter().chain(more).collect();
+    let load_done = |model| {
+        let change = Change::LoadDone { failed: None };
+        Command::Move { model, change, wall_ms: 0, apply: (), waiter: 0 }
+    };
     let rows: Vec<Row> = vec![
-        ("a failure is published", vec![], failed(0, "a"), 0, vec!["published 0: a"]),
+        (
+            "a failed load is published",
+            vec![start(0)],
+            fail(0, "a"),
+            0,
+            vec!["0: loading -> failed", "published 0: a"],
+        ),
         (
             "the threshold quarantines, journaled",
-            vec![failed(0, "a")],
-            failed(0, "b"),
+            then(failed(0, "a").into(), vec![start(0)]),
+            fail(0, "b"),
             0,
-            vec!["published 0: a,b", "quarantined 0: strike 1, 10 s"],
+            vec!["0: loading -> failed", "published 0: a,b", "quarantined 0: strike 1, 10 s"],
+        ),
+        (
+            "a crash counts like a failed load",
+            vec![start(0), load_done(0)],
+            Command::Move {
+                model: 0,
+                change: Change::Crash { generation: 1, message: "boom".into() },
+                wall_ms: 0,
+                apply: (),
+                waiter: 0,
+            },
+            0,
+            vec!["0: loaded -> failed", "published 0: boom"],
+        ),
+        (
+            "a load the grant refused is not the model's failure",
+            vec![start(0)],
+            Command::Move {
+                model: 0,
+                change: Change::LoadDone { failed: Some(("held".into(), false)) },
+                wall_ms: 0,
+                apply: (),
+                waiter: 0,
+            },
+            0,
+            vec!["0: loading -> failed"],
         ),
         (
             "a load on demand is refused while it lasts, with the last error",
@@ -86,7 +140,7 @@ fn the_quarantine_rules_as_a_table() {
         ),
         (
             "an explicit load of a model not quarantined",
-            vec![failed(0, "a")],
+            failed(0, "a").into(),
             may_load(0, true, 1),
             0,
             vec!["1: ok"],
@@ -100,40 +154,40 @@ fn the_quarantine_rules_as_a_table() {
         ),
         (
             "another model's failures do not count",
-            vec![failed(1, "a")],
-            failed(0, "b"),
+            then(failed(1, "a").into(), vec![start(0)]),
+            fail(0, "b"),
             0,
-            vec!["published 0: b"],
+            vec!["0: loading -> failed", "published 0: b"],
         ),
         (
             "failures older than the window do not count",
-            vec![failed(0, "a")],
-            failed(0, "b"),
+            then(failed(0, "a").into(), vec![start(0)]),
+            fail(0, "b"),
             61,
-            vec!["published 0: a,b"],
+            vec!["0: loading -> failed", "published 0: a,b"],
         ),
         (
             "a failure while quarantined begins no other",
-            twice(),
-            failed(0, "c"),
+            then(twice(), vec![start(0)]),
+            fail(0, "c"),
             4,
-            vec!["published 0: a,b,c"],
+            vec!["0: loading -> failed", "published 0: a,b,c"],
         ),
         (
             "after a lift the count starts over",
-            vec![failed(0, "a"), failed(0, "b"), may_load(0, true, 1)],
-            failed(0, "c"),
+            then(twice(), vec![may_load(0, true, 1), start(0)]),
+            fail(0, "c"),
             0,
-            vec!["published 0: a,b,c"],
+            vec!["0: loading -> failed", "published 0: a,b,c"],
         ),
         (
             "the next one within the window lasts twice as long",
-            twice(),
-            failed(0, "c"),
+            then(twice(), vec![start(0)]),
+            fail(0, "c"),
             11,
-            vec!["published 0: a,b,c", "quarantined 0: strike 2, 20 s"],
+            vec!["0: loading -> failed", "published 0: a,b,c", "quarantined 0: strike 2, 20 s"],
         ),
-        ("an unknown model changes nothing", vec![], failed(7, "a"), 0, vec![]),
+        ("an unknown model changes nothing", vec![], fail(7, "a"), 0, vec![]),
     ];
     for (name, before, command, when, expected) in rows {
         let got = lines(row(2, rules(), before, command, (t0, when)));
@@ -142,13 +196,13 @@ fn the_quarantine_rules_as_a_table() {
 }
 
 #[test]
-fn every_waiter_is_answered_at_once_and_the_answer_follows_what_came_before() {
+fn a_load_asked_after_a_failure_is_decided_after_it() {
     let t0 = Instant::now();
     let mut state = State::new(1, rules());
-    // A failure posted before a load on demand is decided first: the one that quarantines
-    // refuses the load asked right after it.
-    step(&mut state, failed(0, "a"), t0);
-    step(&mut state, failed(0, "b"), t0);
+    // Posted before a load on demand, the failure that quarantines refuses that load.
+    for command in failed(0, "a").into_iter().chain(failed(0, "b")) {
+        step(&mut state, command, t0);
+    }
     assert_eq!(lines(step(&mut state, may_load(0, false, 1), t0)), ["1: refused 10 s: b"]);
     let flushed = step(&mut state, Command::Flush { waiter: 2 }, t0);
     assert_eq!(flushed, [Effect::Flushed { waiter: 2 }]);

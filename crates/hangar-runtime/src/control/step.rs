@@ -29,6 +29,7 @@
 
 mod grant;
 mod lease;
+mod life;
 mod quarantine;
 
 use std::cmp::Reverse;
@@ -40,12 +41,13 @@ use tokio::time::Instant;
 
 pub(crate) use grant::GrantAsk;
 pub(crate) use lease::{LeaseCommand, LeaseRefusal};
+pub(crate) use life::{Change, Moved, Stay};
 
 use hangar_eviction::EvictionPlan;
 
 use crate::grant::Refusal;
 use crate::lease::{Held, Lease, LeaseChange};
-use crate::quarantine::{FailureKind, FailureLog, FailureView, QuarantineInfo, Refused};
+use crate::quarantine::{FailureLog, FailureView, QuarantineInfo, Refused};
 
 /// The rules' settings.
 #[derive(Debug, Clone)]
@@ -86,9 +88,10 @@ impl Rules {
     }
 }
 
-/// A change asked of the loop; `W` answers the one who asked.
+/// A change asked of the loop; `W` answers the one who asked, `P` is what a lifecycle move
+/// does to the model's slot (opaque here).
 #[derive(Debug)]
-pub(crate) enum Command<W> {
+pub(crate) enum Command<W, P = ()> {
     /// An admin operation asks for the model's turn; with `wait` false it is answered busy
     /// at once when the turn is taken.
     Admin { model: ModelId, waiter: W, wait: bool },
@@ -108,14 +111,14 @@ pub(crate) enum Command<W> {
     UnloadDecided { model: ModelId },
     /// An explicit unload decided earlier ended; with `revoke`, the model's leases go.
     UnloadEnded { model: ModelId, revoke: bool },
-    /// A load of the model failed or its runtime crashed (`message`, at `wall_ms` on the
-    /// wall clock).
-    Failed { model: ModelId, kind: FailureKind, message: String, wall_ms: u64 },
     /// May the model load now? An `explicit` load lifts its quarantine; one on demand is
     /// refused while it is quarantined.
     MayLoad { model: ModelId, explicit: bool, waiter: W },
     /// Answered at once: every command posted before it has been taken.
     Flush { waiter: W },
+    /// Move the model's lifecycle (`life.rs`); `apply` is performed if the move is decided,
+    /// `wall_ms` dates a failure it records.
+    Move { model: ModelId, change: Change, wall_ms: u64, apply: P, waiter: W },
     /// Room for new runtimes of the model: the evictions to make, or a refusal.
     Grant { model: ModelId, ask: GrantAsk, waiter: W },
     /// A reload or weight update begins replacing the model's runtimes: it is held.
@@ -129,7 +132,7 @@ pub(crate) enum Command<W> {
 
 /// What the loop does after a step.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Effect<W> {
+pub(crate) enum Effect<W, P = ()> {
     /// The waiter's turn: it holds `turn` on `model` until it posts [`Command::Done`].
     Grant { model: ModelId, turn: TurnKind, waiter: W },
     /// The waiter's admin operation gets no turn: another operation holds the model.
@@ -143,6 +146,10 @@ pub(crate) enum Effect<W> {
     LeaseChanged { model: ModelId, change: LeaseChange, lease: Lease },
     /// The answer to [`Command::Flush`].
     Flushed { waiter: W },
+    /// A move decided: perform `apply`, publish the lifecycle, journal it, then answer.
+    Moved { model: ModelId, moved: Moved, apply: P, waiter: W },
+    /// A move refused: nothing changed.
+    Stays { model: ModelId, waiter: W, why: Stay },
     /// The answer to [`Command::Grant`]: the plan to execute, or why not.
     Granted { model: ModelId, waiter: W, answer: Result<EvictionPlan, Refusal> },
     /// Operations replacing the model's runtimes now (published).
@@ -189,6 +196,7 @@ struct Model<W> {
     failures: FailureLog,
     /// Reloads and weight updates replacing its runtimes.
     replacing: u32,
+    life: life::Life,
 }
 
 impl<W> Model<W> {
@@ -202,6 +210,7 @@ impl<W> Model<W> {
             leases: lease::Book::default(),
             failures: FailureLog::default(),
             replacing: 0,
+            life: life::Life::default(),
         }
     }
 }
@@ -226,6 +235,12 @@ impl<W> State<W> {
         let admin = self.deadlines.front().map(|(at, _)| *at);
         let lease = self.lease_deadlines.peek().map(|Reverse((at, _))| *at);
         admin.into_iter().chain(lease).min()
+    }
+
+    /// `model`'s state as the loop decided it.
+    #[cfg(test)]
+    pub(crate) fn lifecycle(&self, model: ModelId) -> hangar_lifecycle::ModelState {
+        self.models[model].life.state()
     }
 
     /// Whether the loop holds `model` at `now` (a live or reserved lease, a replacement).
@@ -273,13 +288,13 @@ impl<W> State<W> {
 /// One row of a rules table: on a fresh `State` of `models` models, steps `before` at
 /// `t0`, then `command` `secs` seconds later; returns what that last step did.
 #[cfg(test)]
-pub(crate) fn row<W>(
+pub(crate) fn row<W, P>(
     models: usize,
     rules: Rules,
-    before: Vec<Command<W>>,
-    command: Command<W>,
+    before: Vec<Command<W, P>>,
+    command: Command<W, P>,
     (t0, secs): (Instant, u64),
-) -> Vec<Effect<W>> {
+) -> Vec<Effect<W, P>> {
     let mut state = State::new(models, rules);
     for c in before {
         step(&mut state, c, t0);
@@ -289,7 +304,11 @@ pub(crate) fn row<W>(
 
 /// Decides what `command` changes and what the loop does about it. A command naming a model
 /// that does not exist changes nothing.
-pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -> Vec<Effect<W>> {
+pub(crate) fn step<W, P>(
+    state: &mut State<W>,
+    command: Command<W, P>,
+    now: Instant,
+) -> Vec<Effect<W, P>> {
     let mut effects = Vec::new();
     let known = |model: ModelId| model < state.models.len();
     match command {
@@ -302,11 +321,11 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
         | Command::Lease { model, .. }
         | Command::UnloadDecided { model }
         | Command::UnloadEnded { model, .. }
-        | Command::Failed { model, .. }
         | Command::MayLoad { model, .. }
         | Command::Grant { model, .. }
         | Command::Replacing { model }
         | Command::Replaced { model }
+        | Command::Move { model, .. }
             if !known(model) => {}
         Command::Admin { model, waiter, wait } => {
             let m = &mut state.models[model];
@@ -374,12 +393,12 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
         Command::UnloadEnded { model, revoke } => {
             lease::unload_ended(state, model, revoke, &mut effects);
         }
-        Command::Failed { model, kind, message, wall_ms } => {
-            quarantine::failed(state, model, (kind, message, wall_ms), now, &mut effects);
-        }
         Command::Flush { waiter } => effects.push(Effect::Flushed { waiter }),
         Command::Grant { model, ask, waiter } => {
             grant::grant(state, model, ask, waiter, now, &mut effects);
+        }
+        Command::Move { model, change, wall_ms, apply, waiter } => {
+            life::change(state, model, (change, wall_ms, apply, waiter), now, &mut effects);
         }
         Command::Replacing { model } => grant::replacing(state, model, true, &mut effects),
         Command::Replaced { model } => grant::replacing(state, model, false, &mut effects),
@@ -400,7 +419,7 @@ pub(crate) fn step<W>(state: &mut State<W>, command: Command<W>, now: Instant) -
 }
 
 /// Answers busy every admin wait of `m` whose deadline has come.
-fn expire<W>(m: &mut Model<W>, model: ModelId, now: Instant, effects: &mut Vec<Effect<W>>) {
+fn expire<W, P>(m: &mut Model<W>, model: ModelId, now: Instant, effects: &mut Vec<Effect<W, P>>) {
     // Deadlines are in the order asked: the expired ones are at the front.
     while m.admin_queue.front().is_some_and(|(at, _)| *at <= now) {
         if let Some((_, waiter)) = m.admin_queue.pop_front() {
@@ -410,7 +429,7 @@ fn expire<W>(m: &mut Model<W>, model: ModelId, now: Instant, effects: &mut Vec<E
 }
 
 /// Gives `model`'s free runtimes to its first waiting destruction.
-fn free_runtimes<W>(state: &mut State<W>, model: ModelId, effects: &mut Vec<Effect<W>>) {
+fn free_runtimes<W, P>(state: &mut State<W>, model: ModelId, effects: &mut Vec<Effect<W, P>>) {
     let m = &mut state.models[model];
     if m.runtimes.is_none()
         && let Some(waiter) = m.destroys.pop_front()
@@ -422,7 +441,7 @@ fn free_runtimes<W>(state: &mut State<W>, model: ModelId, effects: &mut Vec<Effe
 
 /// Gives a free lane to the first waiting creation whose model's runtimes are free and
 /// whose model has no destruction waiting.
-fn open_lane<W>(state: &mut State<W>, effects: &mut Vec<Effect<W>>) {
+fn open_lane<W, P>(state: &mut State<W>, effects: &mut Vec<Effect<W, P>>) {
     if state.lane.is_some() {
         return;
     }

@@ -7,12 +7,17 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::step::{Command, Effect, ModelId, Rules, State, TurnKind, row, step};
+use super::step::{ModelId, Rules, State, TurnKind, row, step};
+
+/// The loop's commands and effects with numbers for waiters and no slot work.
+type Command = super::step::Command<u32>;
+/// See [`Command`].
+type Effect = super::step::Effect<u32>;
 
 const WAIT: Duration = Duration::from_secs(10);
 
 /// Who got what, in order: `(waiter, Some(turn))` for a grant, `(waiter, None)` for busy.
-fn answers(effects: Vec<Effect<u32>>) -> Vec<(u32, Option<TurnKind>)> {
+fn answers(effects: Vec<Effect>) -> Vec<(u32, Option<TurnKind>)> {
     effects
         .into_iter()
         .map(|e| match e {
@@ -23,11 +28,11 @@ fn answers(effects: Vec<Effect<u32>>) -> Vec<(u32, Option<TurnKind>)> {
         .collect()
 }
 
-fn admin(model: ModelId, waiter: u32) -> Command<u32> {
+fn admin(model: ModelId, waiter: u32) -> Command {
     Command::Admin { model, waiter, wait: true }
 }
 
-fn done(model: ModelId, turn: TurnKind) -> Command<u32> {
+fn done(model: ModelId, turn: TurnKind) -> Command {
     Command::Done { model, turn }
 }
 
@@ -37,7 +42,7 @@ use TurnKind::{Admin, Create, Destroy, Unpinned};
 fn the_rules_as_a_table() {
     let t0 = Instant::now();
     // (name, commands before, the command, when, its answers)
-    type Row = (&'static str, Vec<Command<u32>>, Command<u32>, u64, Vec<(u32, Option<TurnKind>)>);
+    type Row = (&'static str, Vec<Command>, Command, u64, Vec<(u32, Option<TurnKind>)>);
     let rows: Vec<Row> = vec![
         ("a free admin turn is granted", vec![], admin(0, 1), 0, vec![(1, Some(Admin))]),
         ("a taken one waits", vec![admin(0, 1)], admin(0, 2), 0, vec![]),
@@ -245,7 +250,7 @@ struct World {
 }
 
 impl World {
-    fn take(&mut self, effects: Vec<Effect<u32>>) {
+    fn take(&mut self, effects: Vec<Effect>) {
         for effect in effects {
             let (waiter, grant) = match effect {
                 Effect::Grant { model, turn, waiter } => (waiter, Some((model, turn))),

@@ -36,13 +36,13 @@ pub(super) fn held<W>(state: &State<W>, model: ModelId, now: Instant) -> bool {
 }
 
 /// Decides the grant `asked` for `model` and answers `waiter`.
-pub(super) fn grant<W>(
+pub(super) fn grant<W, P>(
     state: &State<W>,
     model: ModelId,
     asked: GrantAsk,
     waiter: W,
     now: Instant,
-    effects: &mut Vec<Effect<W>>,
+    effects: &mut Vec<Effect<W, P>>,
 ) {
     let known = |id: ModelId| id < state.models.len();
     let loaded: Vec<LoadedModel> = asked
@@ -59,11 +59,11 @@ pub(super) fn grant<W>(
 }
 
 /// A reload or weight update begins (`begins`) or ends replacing `model`'s runtimes.
-pub(super) fn replacing<W>(
+pub(super) fn replacing<W, P>(
     state: &mut State<W>,
     model: ModelId,
     begins: bool,
-    effects: &mut Vec<Effect<W>>,
+    effects: &mut Vec<Effect<W, P>>,
 ) {
     let m = &mut state.models[model];
     m.replacing = if begins { m.replacing + 1 } else { m.replacing.saturating_sub(1) };

@@ -89,12 +89,12 @@ pub(super) fn refusal(book: &Book, limit: usize, now: Instant) -> Option<LeaseRe
 }
 
 /// Decides a lease operation on `model`.
-pub(super) fn lease<W>(
+pub(super) fn lease<W, P>(
     state: &mut State<W>,
     model: ModelId,
     command: LeaseCommand<W>,
     now: Instant,
-    effects: &mut Vec<Effect<W>>,
+    effects: &mut Vec<Effect<W, P>>,
 ) {
     let limit = state.rules.max_leases.get() as usize;
     let mut changes = Vec::new();
@@ -189,11 +189,11 @@ pub(super) fn unload_decided<W>(state: &mut State<W>, model: ModelId) {
 }
 
 /// An explicit unload of `model` ended; with `revoke`, its leases go.
-pub(super) fn unload_ended<W>(
+pub(super) fn unload_ended<W, P>(
     state: &mut State<W>,
     model: ModelId,
     revoke: bool,
-    effects: &mut Vec<Effect<W>>,
+    effects: &mut Vec<Effect<W, P>>,
 ) {
     let book = &mut state.models[model].leases;
     book.unloads = book.unloads.saturating_sub(1);
@@ -206,7 +206,7 @@ pub(super) fn unload_ended<W>(
 }
 
 /// Drops every lease whose deadline came.
-pub(super) fn expire<W>(state: &mut State<W>, now: Instant, effects: &mut Vec<Effect<W>>) {
+pub(super) fn expire<W, P>(state: &mut State<W>, now: Instant, effects: &mut Vec<Effect<W, P>>) {
     while let Some(&Reverse((at, model))) = state.lease_deadlines.peek()
         && at <= now
     {
@@ -223,12 +223,16 @@ pub(super) fn expire<W>(state: &mut State<W>, now: Instant, effects: &mut Vec<Ef
     }
 }
 
-fn publish<W>(state: &State<W>, model: ModelId, effects: &mut Vec<Effect<W>>) {
+fn publish<W, P>(state: &State<W>, model: ModelId, effects: &mut Vec<Effect<W, P>>) {
     let held = state.models[model].leases.held.clone();
     effects.push(Effect::Leases { model, held });
 }
 
-fn journal<W>(model: ModelId, changes: Vec<(LeaseChange, Lease)>, effects: &mut Vec<Effect<W>>) {
+fn journal<W, P>(
+    model: ModelId,
+    changes: Vec<(LeaseChange, Lease)>,
+    effects: &mut Vec<Effect<W, P>>,
+) {
     for (change, lease) in changes {
         effects.push(Effect::LeaseChanged { model, change, lease });
     }

@@ -17,12 +17,12 @@ use super::{Effect, ModelId, State};
 use crate::quarantine::{FailureKind, FailureLog, Refused};
 
 /// Records a failure of `model`.
-pub(super) fn failed<W>(
+pub(super) fn failed<W, P>(
     state: &mut State<W>,
     model: ModelId,
     (kind, message, wall_ms): (FailureKind, String, u64),
     now: Instant,
-    effects: &mut Vec<Effect<W>>,
+    effects: &mut Vec<Effect<W, P>>,
 ) {
     let log = &mut state.models[model].failures;
     let began = log.record(&state.rules.quarantine, kind, &message, now, wall_ms);
@@ -34,13 +34,13 @@ pub(super) fn failed<W>(
 
 /// Whether `model` may load now: an `explicit` load lifts its quarantine; one on demand is
 /// refused while it is quarantined.
-pub(super) fn may_load<W>(
+pub(super) fn may_load<W, P>(
     state: &mut State<W>,
     model: ModelId,
     explicit: bool,
     waiter: W,
     now: Instant,
-    effects: &mut Vec<Effect<W>>,
+    effects: &mut Vec<Effect<W, P>>,
 ) {
     let log = &mut state.models[model].failures;
     let answer = if explicit {
@@ -61,6 +61,6 @@ pub(super) fn may_load<W>(
     effects.push(Effect::MayLoad { model, waiter, answer });
 }
 
-fn publish<W>(log: &FailureLog, model: ModelId, effects: &mut Vec<Effect<W>>) {
+fn publish<W, P>(log: &FailureLog, model: ModelId, effects: &mut Vec<Effect<W, P>>) {
     effects.push(Effect::Failures { model, view: log.view() });
 }

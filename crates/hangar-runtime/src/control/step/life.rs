@@ -1,0 +1,141 @@
+//! The lifecycle, decided in [`step`](super::step): the loop owns each model's lifecycle
+//! (the spec's state and last error, moved only along `hangar-lifecycle`'s transition
+//! table) and the generation of the runtimes it serves.
+//!
+//! A task that changes a model's runtimes asks to move it ([`Change`]) with what to do to
+//! the model's slot if the move is decided (`apply`, opaque here). The loop decides from
+//! its own state: the move the table allows from the state it is in, an eviction or idle
+//! unload only of a model nothing holds (a live or reserved lease, a replacement, its
+//! definition's pin), a crash report only about the runtimes in service (their
+//! generation); a failed load or a crash counts for the quarantine. A move decided is
+//! performed by the shell — `apply`, then the published lifecycle, the journal — before
+//! any answer of the same step; one refused leaves `apply` undone.
+
+use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState};
+use tokio::time::Instant;
+
+use super::{Effect, ModelId, State, grant, quarantine};
+use crate::quarantine::FailureKind;
+
+/// A move a task asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// A load starts (from unloaded or failed).
+    StartLoad,
+    /// The load ended: loaded, or failed with its message (`counts`: the model's own
+    /// failure, which the quarantine counts; not a refusal by the grant).
+    LoadDone { failed: Option<(String, bool)> },
+    /// New runtimes replace a loaded model's (a reload).
+    Reload,
+    /// New weights go in under the same queue (a weight update): a new generation, the
+    /// state stays loaded.
+    Swap,
+    /// A graceful unload begins: an `evict`ion or idle unload only if nothing holds the
+    /// model (`pinned`: its definition pins it); an operator's unload whatever holds it.
+    StartUnload { evict: bool, pinned: bool },
+    /// The unload ended: the runtimes are released.
+    UnloadDone,
+    /// A runtime of `generation` crashed with `message`.
+    Crash { generation: u64, message: String },
+}
+
+/// A move decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Moved {
+    pub(crate) from: ModelState,
+    pub(crate) to: ModelState,
+    /// The lifecycle event; `None` for a move within a state (a weight swap).
+    pub(crate) event: Option<LifecycleEvent>,
+    /// The last error it leaves (a failed load, a crash).
+    pub(crate) error: Option<String>,
+    /// The generation of the runtimes in service after it.
+    pub(crate) generation: u64,
+}
+
+/// Why a move was refused; nothing changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stay {
+    /// The table has no such move from the state the model is in.
+    NotFrom(ModelState),
+    /// An eviction or idle unload of a model something holds.
+    Held,
+    /// A crash report about runtimes no longer in service.
+    Stale,
+}
+
+/// One model's lifecycle as the loop keeps it.
+#[derive(Debug, Default)]
+pub(super) struct Life {
+    lifecycle: Lifecycle,
+    /// Bumped by every load, reload and weight swap; crash reports name theirs.
+    generation: u64,
+}
+
+impl Life {
+    pub(super) fn state(&self) -> ModelState {
+        self.lifecycle.state()
+    }
+}
+
+/// Decides `change` for `model`; `apply` and `waiter` go with the answer.
+pub(super) fn change<W, P>(
+    state: &mut State<W>,
+    model: ModelId,
+    (change, wall_ms, apply, waiter): (Change, u64, P, W),
+    now: Instant,
+    effects: &mut Vec<Effect<W, P>>,
+) {
+    let held = grant::held(state, model, now);
+    let life = &mut state.models[model].life;
+    let from = life.state();
+    let (event, error, failure) = match &change {
+        Change::StartLoad => (Some(LifecycleEvent::StartLoad), None, None),
+        Change::LoadDone { failed: None } => (Some(LifecycleEvent::LoadSucceeded), None, None),
+        Change::LoadDone { failed: Some((message, counts)) } => {
+            // An engine can print megabytes into an error: kept bounded.
+            let message = crate::journal::bounded(message);
+            let failure = counts.then(|| (FailureKind::LoadFailed, message.clone()));
+            (Some(LifecycleEvent::LoadFailed), Some(message), failure)
+        }
+        Change::Reload => (Some(LifecycleEvent::Reloaded), None, None),
+        Change::Swap if from == ModelState::Loaded => (None, None, None),
+        Change::Swap => return refuse(effects, model, waiter, Stay::NotFrom(from)),
+        Change::StartUnload { evict: true, pinned }
+            if from == ModelState::Loaded && (held || *pinned) =>
+        {
+            return refuse(effects, model, waiter, Stay::Held);
+        }
+        Change::StartUnload { .. } => (Some(LifecycleEvent::StartUnload), None, None),
+        Change::UnloadDone => (Some(LifecycleEvent::UnloadCompleted), None, None),
+        Change::Crash { generation, .. }
+            if from == ModelState::Loaded && *generation != life.generation =>
+        {
+            return refuse(effects, model, waiter, Stay::Stale);
+        }
+        Change::Crash { message, .. } => {
+            let message = crate::journal::bounded(message);
+            let failure = Some((FailureKind::Crashed, message.clone()));
+            (Some(LifecycleEvent::Crashed), Some(message), failure)
+        }
+    };
+    let to = match event {
+        None => from,
+        Some(event) => match life.lifecycle.apply(event, error.clone()) {
+            Ok(to) => to,
+            Err(_) => return refuse(effects, model, waiter, Stay::NotFrom(from)),
+        },
+    };
+    if matches!(change, Change::LoadDone { failed: None } | Change::Reload | Change::Swap) {
+        life.generation += 1;
+    }
+    let error = life.lifecycle.last_error().filter(|_| error.is_some()).map(str::to_owned);
+    let moved = Moved { from, to, event, error, generation: life.generation };
+    effects.push(Effect::Moved { model, moved, apply, waiter });
+    if let Some((kind, message)) = failure {
+        quarantine::failed(state, model, (kind, message, wall_ms), now, effects);
+    }
+}
+
+fn refuse<W, P>(effects: &mut Vec<Effect<W, P>>, model: ModelId, waiter: W, why: Stay) {
+    effects.push(Effect::Stays { model, waiter, why });
+}
