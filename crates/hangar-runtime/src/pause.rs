@@ -24,6 +24,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::control::{Apply, Change, Handoff, Stay};
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::journal::{EventKind, unix_ms};
@@ -183,7 +184,7 @@ impl Manager {
     pub async fn pause(&self, name: &str, mode: PauseMode) -> Result<ModelSnapshot, ManagerError> {
         let entry = self.entry(name)?;
         let _admin = self.admin_turn(&entry).await?;
-        self.pause_entry(&entry, mode, PauseCause::Operator)?;
+        self.pause_entry(&entry, mode, PauseCause::Operator).await?;
         Ok(snapshot_of(&entry, &entry.lock()))
     }
 
@@ -195,35 +196,44 @@ impl Manager {
     pub async fn resume(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
         let entry = self.entry(name)?;
         let _admin = self.admin_turn(&entry).await?;
-        self.resume_entry(&entry);
+        self.resume_entry(&entry).await;
         Ok(snapshot_of(&entry, &entry.lock()))
     }
 
-    /// Pauses `entry` (its admin turn held by the caller).
-    pub(crate) fn pause_entry(
+    /// Pauses `entry` (its admin turn held by the caller): the loop decides (a loaded model
+    /// only), the pause goes on its scheduler with the move, then queued and running
+    /// requests are told what the mode says.
+    pub(crate) async fn pause_entry(
         &self,
         entry: &ModelEntry,
         mode: PauseMode,
         cause: PauseCause,
     ) -> Result<(), ManagerError> {
-        let mut slot = entry.lock();
-        let state = slot.lifecycle.state();
-        let serving = match slot.phase.serving_mut() {
-            Some(serving) if state == ModelState::Loaded => serving,
-            _ => return Err(not_loaded(state, "pause")),
-        };
-        let scheduler = serving.scheduler.clone();
-        let name = &entry.config.name;
+        let name = entry.config.name.clone();
         let reason: Arc<str> = match cause {
             PauseCause::WeightUpdate => format!("model '{name}' is updating its weights").into(),
             _ => format!("model '{name}' was paused with mode {}", <&str>::from(mode)).into(),
         };
-        scheduler.pause();
-        let since_unix_ms = unix_ms(SystemTime::now());
-        let info = PauseInfo { mode, cause, since_unix_ms };
-        serving.pause = Some(Paused { info, reason: Arc::clone(&reason) });
-        self.inner.events.journal.record(name, EventKind::Paused { mode, cause });
-        drop(slot);
+        let info = PauseInfo { mode, cause, since_unix_ms: unix_ms(SystemTime::now()) };
+        let paused = Paused { info, reason: Arc::clone(&reason) };
+        let (events, scheduler) = (Arc::clone(&self.inner.events), Handoff::new(None));
+        let taken = scheduler.clone();
+        let apply = Apply::new(move |slot| {
+            let Some(serving) = slot.phase.serving_mut() else { return };
+            serving.scheduler.pause();
+            serving.pause = Some(paused);
+            taken.put(serving.scheduler.clone());
+            events.journal.record(&name, EventKind::Paused { mode, cause });
+        });
+        let change = Change::Pause { mode, cause };
+        if let Err(stay) = self.inner.control.change(entry.position, change, apply).await {
+            let state = match stay {
+                Stay::NotFrom(state) => state,
+                _ => entry.lock().lifecycle.state(),
+            };
+            return Err(not_loaded(state, "pause"));
+        }
+        let Some(scheduler) = scheduler.take() else { return Ok(()) };
         match mode {
             PauseMode::Abort => {
                 let error = AdmissionError::GenerationAborted { reason: reason.to_string() };
@@ -237,26 +247,38 @@ impl Manager {
     }
 
     /// Ends `entry`'s pause, if any (its admin turn held by the caller).
-    pub(crate) fn resume_entry(&self, entry: &ModelEntry) {
-        let mut slot = entry.lock();
-        let Some(serving) = slot.phase.serving_mut() else { return };
-        if serving.pause.take().is_none() {
-            return;
-        }
-        serving.scheduler.resume();
-        self.inner.events.journal.record(&entry.config.name, EventKind::Resumed);
+    pub(crate) async fn resume_entry(&self, entry: &ModelEntry) {
+        let (events, name) = (Arc::clone(&self.inner.events), entry.config.name.clone());
+        let apply = Apply::new(move |slot| {
+            if let Some(serving) = slot.phase.serving_mut() {
+                serving.pause = None;
+                serving.scheduler.resume();
+            }
+            events.journal.record(&name, EventKind::Resumed);
+        });
+        let _ = self.inner.control.change(entry.position, Change::Resume, apply).await;
     }
 
-    /// Restores a pause taken before an operation that paused the model itself.
-    pub(crate) fn restore_pause(&self, entry: &ModelEntry, before: Option<Paused>) {
+    /// Restores a pause taken before an operation that paused the model itself (its admin
+    /// turn held by the caller): none, or the one `before` (whose scheduler pause still
+    /// holds).
+    pub(crate) async fn restore_pause(&self, entry: &ModelEntry, before: Option<Paused>) {
         match before {
-            None => self.resume_entry(entry),
-            Some(before) => {
-                if let Some(serving) = entry.lock().phase.serving_mut() {
-                    serving.pause = Some(before);
-                }
-            }
+            None => self.resume_entry(entry).await,
+            Some(before) => self.set_pause(entry, before).await,
         }
+    }
+
+    /// Makes `pause` the model's pause, its scheduler paused already (its admin turn held by
+    /// the caller); a model no longer loaded keeps none.
+    pub(crate) async fn set_pause(&self, entry: &ModelEntry, pause: Paused) {
+        let change = Change::Pause { mode: pause.info.mode, cause: pause.info.cause };
+        let apply = Apply::new(move |slot| {
+            if let Some(serving) = slot.phase.serving_mut() {
+                serving.pause = Some(pause);
+            }
+        });
+        let _ = self.inner.control.change(entry.position, change, apply).await;
     }
 }
 

@@ -135,7 +135,7 @@ impl Manager {
             (slot.phase.pause().cloned(), scheduler, Arc::clone(&slot.effective))
         };
         let mode = if update.abort_all_requests { PauseMode::Abort } else { PauseMode::InPlace };
-        self.pause_entry(entry, mode, PauseCause::WeightUpdate)?;
+        self.pause_entry(entry, mode, PauseCause::WeightUpdate).await?;
         scheduler.drained().await;
 
         let mut config = (*effective).clone();
@@ -157,7 +157,7 @@ impl Manager {
         let runtimes = match lane.create(&creation).await {
             Ok(runtimes) => runtimes,
             Err(outcome) => {
-                self.restore_pause(entry, before);
+                self.restore_pause(entry, before).await;
                 let name = entry.config.name.as_str();
                 let e = match outcome {
                     Outcome::Refused(refusal) => return Err(refusal.into_error(name)),
@@ -192,14 +192,14 @@ impl Manager {
         for runtime in old {
             runtime.unload().await;
         }
-        if update.keep_pause {
-            let mut slot = entry.lock();
-            if let Some(pause) = slot.phase.serving_mut().and_then(|s| s.pause.as_mut()) {
+        let pause = entry.lock().phase.pause().cloned();
+        match pause {
+            Some(mut pause) if update.keep_pause => {
                 // Now the operator's pause: it lasts until they continue.
                 pause.info.cause = PauseCause::Operator;
+                self.set_pause(entry, pause).await;
             }
-        } else {
-            self.resume_entry(entry);
+            _ => self.resume_entry(entry).await,
         }
         Ok(snapshot_of(entry, &entry.lock()))
     }
@@ -338,14 +338,14 @@ impl Manager {
             return Err(ManagerError::WouldPause { model: name.to_owned(), action });
         }
         if holds {
-            self.pause_entry(entry, PauseMode::InPlace, PauseCause::Checksum)?;
+            self.pause_entry(entry, PauseMode::InPlace, PauseCause::Checksum).await?;
         }
         let started = std::time::Instant::now();
         let digest = tokio::task::spawn_blocking(move || hangar_weights::digest(path.as_ref()))
             .await
             .map_err(|e| ManagerError::Weights { message: format!("digest task failed: {e}") });
         if holds {
-            self.restore_pause(entry, None::<Paused>);
+            self.restore_pause(entry, None::<Paused>).await;
         }
         let digest = digest?.map_err(|e| ManagerError::Weights { message: e.to_string() })?;
         let elapsed_ms = started.elapsed().as_millis() as u64;

@@ -10,6 +10,7 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use super::step::{Change, LeaseCommand, ModelId, Rules, State, Stay, row, step};
+use crate::pause::{PauseCause, PauseMode};
 
 /// The loop's commands and effects with numbers for waiters and no slot work.
 type Command = super::step::Command<u32>;
@@ -34,6 +35,19 @@ fn unload(evict: bool, pinned: bool, waiter: u32) -> Command {
 
 fn crash(generation: u64, waiter: u32) -> Command {
     mv(0, Change::Crash { generation, message: "boom".into() }, waiter)
+}
+
+/// The commands of each list in turn.
+fn chain(lists: Vec<Vec<Command>>) -> Vec<Command> {
+    lists.into_iter().flatten().collect()
+}
+
+fn pause(waiter: u32) -> Command {
+    mv(0, Change::Pause { mode: PauseMode::Retract, cause: PauseCause::Operator }, waiter)
+}
+
+fn resume(waiter: u32) -> Command {
+    mv(0, Change::Resume, waiter)
 }
 
 fn lease_on(model: ModelId) -> Command {
@@ -150,6 +164,50 @@ fn the_lifecycle_as_a_table() {
             start(1),
             "1: failed -> loading (gen 1)",
         ),
+        ("a loaded model pauses", up(), pause(1), "1: loaded -> loaded (gen 1)"),
+        ("only a loaded one", vec![start(0)], pause(1), "1: stays NotFrom(Loading)"),
+        (
+            "a paused one pauses again (another mode)",
+            with(up(), pause(0)),
+            pause(1),
+            "1: loaded -> loaded (gen 1)",
+        ),
+        ("a resume ends a pause", with(up(), pause(0)), resume(1), "1: loaded -> loaded (gen 1)"),
+        ("without one it changes nothing", up(), resume(1), "1: stays NotPaused"),
+        (
+            "a reload keeps the pause",
+            chain(vec![up(), vec![pause(0), mv(0, Change::Reload, 0)]]),
+            resume(1),
+            "1: loaded -> loaded (gen 2)",
+        ),
+        (
+            "so does a weight swap",
+            chain(vec![up(), vec![pause(0), mv(0, Change::Swap, 0)]]),
+            resume(1),
+            "1: loaded -> loaded (gen 2)",
+        ),
+        (
+            "a resume while unloading still ends it",
+            chain(vec![up(), vec![pause(0), unload(false, false, 0)]]),
+            resume(1),
+            "1: unloading -> unloading (gen 1)",
+        ),
+        (
+            "an unload ends it",
+            chain(vec![
+                up(),
+                vec![pause(0), unload(false, false, 0), mv(0, Change::UnloadDone, 0)],
+                up(),
+            ]),
+            resume(1),
+            "1: stays NotPaused",
+        ),
+        (
+            "a crash ends it",
+            chain(vec![up(), vec![pause(0), crash(1, 0)], up()]),
+            resume(1),
+            "1: stays NotPaused",
+        ),
     ];
     for (name, before, command, expected) in rows {
         let got = moves(row(2, Rules::of(Duration::from_secs(10), 4), before, command, (t0, 0)));
@@ -169,6 +227,8 @@ enum Op {
     Crash(u64),
     Lease,
     Replacing,
+    Pause,
+    Resume,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -182,6 +242,8 @@ fn op() -> impl Strategy<Value = Op> {
         (0..2u64).prop_map(Op::Crash),
         Just(Op::Lease),
         Just(Op::Replacing),
+        Just(Op::Pause),
+        Just(Op::Resume),
     ]
 }
 
@@ -195,6 +257,7 @@ proptest! {
         let now = Instant::now();
         let mut state = State::new(1, Rules::of(Duration::from_secs(10), 8));
         let (mut world, mut generation, mut held) = (ModelState::Unloaded, 0u64, false);
+        let mut paused = false;
         let mut answered = BTreeSet::new();
         for (waiter, op) in (1u32..).zip(ops) {
             let change = match op {
@@ -207,6 +270,8 @@ proptest! {
                 Op::Crash(behind) => Change::Crash { generation: generation.saturating_sub(behind), message: "boom".into() },
                 Op::Lease => { step(&mut state, lease_on(0), now); held = true; continue }
                 Op::Replacing => { step(&mut state, Command::Replacing { model: 0 }, now); held = true; continue }
+                Op::Pause => Change::Pause { mode: PauseMode::Abort, cause: PauseCause::Operator },
+                Op::Resume => Change::Resume,
             };
             let asked = change.clone();
             let effects = step(&mut state, mv(0, change, waiter), now);
@@ -231,6 +296,14 @@ proptest! {
                     // Invariant: a new generation with each new set of runtimes, none otherwise.
                     let new = matches!(asked, Change::LoadDone { failed: None } | Change::Reload | Change::Swap);
                     prop_assert_eq!(moved.generation, generation + u64::from(new));
+                    // Invariant: a pause only of a loaded model; it lasts until a resume, an
+                    // unload, a crash or a fresh load ends it.
+                    match asked {
+                        Change::Pause { .. } => { prop_assert_eq!(world, ModelState::Loaded); paused = true; }
+                        Change::Resume => { prop_assert!(paused); paused = false; }
+                        Change::LoadDone { .. } | Change::UnloadDone | Change::Crash { .. } => paused = false,
+                        _ => {}
+                    }
                     (world, generation) = (moved.to, moved.generation);
                 }
                 Effect::Stays { why, .. } => {
@@ -245,6 +318,7 @@ proptest! {
                             prop_assert!(stale, "a crash of the runtimes in service ignored");
                         }
                         Stay::NotFrom(from) => prop_assert_eq!(*from, world),
+                        Stay::NotPaused => prop_assert!(!paused, "a pause not ended"),
                     }
                 }
                 _ => unreachable!(),

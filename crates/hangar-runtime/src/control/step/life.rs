@@ -7,7 +7,8 @@
 //! its own state: the move the table allows from the state it is in, an eviction or idle
 //! unload only of a model nothing holds (a live or reserved lease, a replacement, its
 //! definition's pin), a crash report only about the runtimes in service (their
-//! generation); a failed load or a crash counts for the quarantine. A move decided is
+//! generation), a pause only of a loaded model, which lasts across a reload or a weight
+//! swap and ends with its runtimes; a failed load or a crash counts for the quarantine. A move decided is
 //! performed by the shell — `apply`, then the published lifecycle, the journal — before
 //! any answer of the same step; one refused leaves `apply` undone.
 
@@ -15,6 +16,7 @@ use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState};
 use tokio::time::Instant;
 
 use super::{Effect, ModelId, State, grant, quarantine};
+use crate::pause::{PauseCause, PauseMode};
 use crate::quarantine::FailureKind;
 
 /// A move a task asks for.
@@ -37,6 +39,12 @@ pub(crate) enum Change {
     UnloadDone,
     /// A runtime of `generation` crashed with `message`.
     Crash { generation: u64, message: String },
+    /// The model's admissions pause with `mode` (a loaded model only; pausing a paused one
+    /// sets the new pause). Its runtimes' next generation (a reload, a swap) keeps it;
+    /// runtimes that go (an unload, a crash) and a fresh load end it.
+    Pause { mode: PauseMode, cause: PauseCause },
+    /// The pause ends (if there is one).
+    Resume,
 }
 
 /// A move decided.
@@ -61,14 +69,18 @@ pub(crate) enum Stay {
     Held,
     /// A crash report about runtimes no longer in service.
     Stale,
+    /// A resume of a model that is not paused.
+    NotPaused,
 }
 
-/// One model's lifecycle as the loop keeps it.
+/// One model's lifecycle as the loop keeps it, with its pause.
 #[derive(Debug, Default)]
 pub(super) struct Life {
     lifecycle: Lifecycle,
     /// Bumped by every load, reload and weight swap; crash reports name theirs.
     generation: u64,
+    /// The pause in effect.
+    pause: Option<(PauseMode, PauseCause)>,
 }
 
 impl Life {
@@ -112,6 +124,10 @@ pub(super) fn change<W, P>(
         {
             return refuse(effects, model, waiter, Stay::Stale);
         }
+        Change::Pause { .. } if from == ModelState::Loaded => (None, None, None),
+        Change::Pause { .. } => return refuse(effects, model, waiter, Stay::NotFrom(from)),
+        Change::Resume if life.pause.is_some() => (None, None, None),
+        Change::Resume => return refuse(effects, model, waiter, Stay::NotPaused),
         Change::Crash { message, .. } => {
             let message = crate::journal::bounded(message);
             let failure = Some((FailureKind::Crashed, message.clone()));
@@ -127,6 +143,13 @@ pub(super) fn change<W, P>(
     };
     if matches!(change, Change::LoadDone { failed: None } | Change::Reload | Change::Swap) {
         life.generation += 1;
+    }
+    match change {
+        Change::Pause { mode, cause } => life.pause = Some((mode, cause)),
+        Change::Resume | Change::LoadDone { .. } | Change::UnloadDone | Change::Crash { .. } => {
+            life.pause = None;
+        }
+        Change::StartLoad | Change::Reload | Change::Swap | Change::StartUnload { .. } => {}
     }
     let error = life.lifecycle.last_error().filter(|_| error.is_some()).map(str::to_owned);
     let moved = Moved { from, to, event, error, generation: life.generation };
