@@ -63,7 +63,8 @@ pub(crate) struct Slot {
     /// Recent failed loads and crashes, and the quarantine they led to, as the control
     /// loop published them; written by the loop only.
     pub(crate) failures: crate::quarantine::FailureView,
-    /// GPU memory measured across loads (process tree, load delta).
+    /// GPU memory measured across loads (process tree, load delta), as the control loop
+    /// published it (seeded from the state file before the loop starts).
     pub(crate) vram: crate::vram::ObservedVram,
 }
 

@@ -9,8 +9,8 @@ use hangar_backend::{LoadOverride, Runtime};
 use hangar_config::{Device, ModelConfig};
 use hangar_eviction::Memory;
 use hangar_gpu::{GpuProbe, GpuReading, Unavailable};
-use tokio::time::Instant;
 
+use crate::control::ReleaseAnswer;
 use crate::entry::{ModelEntry, Slot};
 use crate::journal::unix_ms;
 use crate::manager::Manager;
@@ -21,14 +21,6 @@ use crate::vram::{Figure, VramMethod, admission_figure};
 pub const RELEASE_WAIT: Duration = Duration::from_secs(15);
 /// How often the probe is read meanwhile.
 const RELEASE_POLL: Duration = Duration::from_millis(100);
-
-/// Memory an unload should give back: the GPUs' used memory in all should come down to
-/// `target_used_mib` (what it was before minus 90% of the model's figure) by `deadline`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Release {
-    target_used_mib: u64,
-    deadline: Instant,
-}
 
 /// What `GET /v1/admin/gpu-memory` shows: the GPUs (or why there are none) and every model.
 #[derive(Debug, Clone)]
@@ -119,27 +111,26 @@ impl Manager {
         };
         let after: u64 = gpus.iter().map(|g| g.used_mib).sum();
         let replicas = runtimes.len() as u32;
-        {
-            let mut slot = entry.lock();
-            let load_override = load_override.fields().clone();
-            let now = unix_ms(std::time::SystemTime::now());
-            let figure = |method, mib, gpus| Figure {
-                replicas,
-                load_override: load_override.clone(),
-                method,
-                mib,
-                gpus,
-                measured_unix_ms: now,
-            };
-            let delta = before.map(|before| after.saturating_sub(before));
-            if let Some(delta) = delta {
-                slot.vram.record(figure(VramMethod::ObservedLoadDelta, delta, Vec::new()));
-            }
-            if let Some(tree) = &tree {
-                slot.vram.record(figure(VramMethod::ProcessTree, tree.mib, tree.gpus.clone()));
-            }
-            tracing::debug!(model = %entry.config.name, replicas, delta, tree = ?tree.as_ref().map(|t| t.mib), "GPU memory taken by the load");
+        let load_override = load_override.fields().clone();
+        let now = unix_ms(std::time::SystemTime::now());
+        let figure = |method, mib, gpus| Figure {
+            replicas,
+            load_override: load_override.clone(),
+            method,
+            mib,
+            gpus,
+            measured_unix_ms: now,
+        };
+        let delta = before.map(|before| after.saturating_sub(before));
+        let mut figures = Vec::new();
+        if let Some(delta) = delta {
+            figures.push(figure(VramMethod::ObservedLoadDelta, delta, Vec::new()));
         }
+        if let Some(tree) = &tree {
+            figures.push(figure(VramMethod::ProcessTree, tree.mib, tree.gpus.clone()));
+        }
+        tracing::debug!(model = %entry.config.name, replicas, delta, tree = ?tree.as_ref().map(|t| t.mib), "GPU memory taken by the load");
+        self.inner.control.measured(entry.position, figures).await;
         self.save_state().await;
     }
 
@@ -193,38 +184,31 @@ impl Manager {
         (held > 0).then_some((used, held))
     }
 
-    /// After an unload: the next GPU load waits until the memory shows as released.
+    /// After an unload: the next GPU load waits until the memory shows as released (the
+    /// control loop keeps what is awaited, `control/step/release.rs`).
     pub(crate) fn expect_release(&self, (used_before, held): (u64, u64)) {
-        let mut release = self.inner.release.lock().unwrap_or_else(PoisonError::into_inner);
-        // A release still pending is part of `used_before` if it has not shown yet.
-        let base = release.map_or(used_before, |r| r.target_used_mib.min(used_before));
-        *release = Some(Release {
-            target_used_mib: base.saturating_sub(held - held / 10),
-            deadline: Instant::now() + RELEASE_WAIT,
-        });
+        self.inner.control.released(used_before, held);
     }
 
     /// Waits until the memory of earlier unloads shows as released in the probe, at most
     /// until [`RELEASE_WAIT`] after the last unload; at once when none is pending or
-    /// `device` has no GPU. False when the wait ran out: memory may still be released
-    /// meanwhile, so a GPU delta measured now would be wrong.
+    /// `entry`'s model is not on a GPU. False when the wait ran out: memory may still be
+    /// released meanwhile, so a GPU delta measured now would be wrong.
     pub(crate) async fn wait_for_release(&self, entry: &ModelEntry) -> bool {
+        let mut used = None;
         loop {
-            let pending = *self.inner.release.lock().unwrap_or_else(PoisonError::into_inner);
-            let Some(release) = pending else { return true };
-            let Some(used) = self.gpu_used_mib(entry).await else { return true };
-            let done = used <= release.target_used_mib;
-            if done || Instant::now() >= release.deadline {
-                if !done {
-                    tracing::warn!(model = %entry.config.name, used, target = release.target_used_mib, "the GPU memory of an unload did not show as released in time; loading anyway");
+            match self.inner.control.await_release(used).await {
+                ReleaseAnswer::Go { settled } => {
+                    if !settled {
+                        tracing::warn!(model = %entry.config.name, ?used, "the GPU memory of an unload did not show as released in time; loading anyway");
+                    }
+                    return settled;
                 }
-                let mut slot = self.inner.release.lock().unwrap_or_else(PoisonError::into_inner);
-                if slot.is_some_and(|r| r.deadline == release.deadline) {
-                    *slot = None;
-                }
-                return done;
+                ReleaseAnswer::Read => {}
+                ReleaseAnswer::Wait => tokio::time::sleep(RELEASE_POLL).await,
             }
-            tokio::time::sleep(RELEASE_POLL).await;
+            let Some(now) = self.gpu_used_mib(entry).await else { return true };
+            used = Some(now);
         }
     }
 }

@@ -100,8 +100,6 @@ pub(crate) struct Inner {
     pub(crate) vram_budget: Option<hangar_config::VramBudget>,
     /// Where measured figures persist (`state_dir`).
     pub(crate) state: Option<crate::state::StateFile>,
-    /// Memory an unload should give back before the next GPU load.
-    pub(crate) release: std::sync::Mutex<Option<crate::gpu::Release>>,
 }
 
 impl Manager {
@@ -161,7 +159,6 @@ impl Manager {
                 ))),
                 vram_budget: config.vram_budget.clone(),
                 state,
-                release: std::sync::Mutex::new(None),
             }),
         }
     }

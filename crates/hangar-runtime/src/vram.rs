@@ -65,7 +65,7 @@ pub struct VramDetail {
 }
 
 /// One measured figure: what a load of `replicas` replicas with `load_override` took.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Figure {
     pub(crate) replicas: u32,
     #[serde(rename = "override")]
@@ -78,7 +78,8 @@ pub(crate) struct Figure {
 }
 
 /// A model's measured figures. Read by every snapshot: compares values, allocates nothing.
-#[derive(Debug, Clone, Default)]
+/// The control loop's; the slot holds its published copy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ObservedVram {
     /// The latest measured last.
     pub(crate) figures: Vec<Figure>,

@@ -17,6 +17,8 @@
 //! and the loop reads the count itself when it takes a pin command, so no wake-up is lost.
 
 #[cfg(test)]
+mod gpu_tests;
+#[cfg(test)]
 mod grant_tests;
 #[cfg(test)]
 mod lease_tests;
@@ -24,6 +26,7 @@ mod lease_tests;
 mod life_tests;
 #[cfg(test)]
 mod quarantine_tests;
+
 pub(crate) mod step;
 #[cfg(test)]
 mod step_tests;
@@ -35,8 +38,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 pub(crate) use step::{
-    Change, Command, Effect, GrantAsk, LeaseCommand, LeaseRefusal, ModelId, Moved, Rules, State,
-    Stay, TurnKind, step,
+    Change, Command, Effect, GrantAsk, LeaseCommand, LeaseRefusal, ModelId, Moved, ReleaseAnswer,
+    Rules, State, Stay, TurnKind, step,
 };
 
 use hangar_eviction::EvictionPlan;
@@ -62,6 +65,8 @@ pub(crate) enum Waiter {
     Grant(oneshot::Sender<Result<EvictionPlan, Refusal>>),
     /// A lifecycle move, decided and performed, or refused.
     Move(oneshot::Sender<Result<Moved, Stay>>),
+    /// Whether a GPU load waits for a release.
+    Release(oneshot::Sender<ReleaseAnswer>),
 }
 
 /// What a decided lifecycle move does to the model's slot: run by the loop under the slot
@@ -232,6 +237,27 @@ impl Control {
         self.post(Command::Move { model, change, wall_ms, apply, waiter: Waiter::Move(waiter) });
     }
 
+    /// An unload of a GPU model expects `held` MiB back from the GPUs' `used_before`.
+    pub(crate) fn released(&self, used_before: u64, held: u64) {
+        self.post(Command::Released { used_before, held });
+    }
+
+    /// Records what a load of `model` was measured to take, and waits until it is
+    /// published.
+    pub(crate) async fn measured(&self, model: ModelId, figures: Vec<crate::vram::Figure>) {
+        self.post(Command::Measured { model, figures });
+        self.flush().await;
+    }
+
+    /// Whether a GPU load waits for a release, given the GPUs' `used` memory (`None`: not
+    /// read yet). A loop that ended lets it go.
+    pub(crate) async fn await_release(&self, used: Option<u64>) -> ReleaseAnswer {
+        self.start();
+        let (waiter, answer) = oneshot::channel();
+        self.post(Command::AwaitRelease { used, waiter: Waiter::Release(waiter) });
+        answer.await.unwrap_or(ReleaseAnswer::Go { settled: true })
+    }
+
     /// Asks the grant for room for new runtimes of `model` (see `step/grant.rs`). A loop
     /// that ended grants nothing to evict.
     pub(crate) async fn grant(
@@ -379,6 +405,10 @@ async fn run(
     pins: Arc<[AtomicU32]>,
 ) {
     let mut state = State::new(pins.len(), rules);
+    // The figures the state file gave the slots before the loop started.
+    for (model, entry) in sink.entries.iter().enumerate() {
+        state.restore_figures(model, entry.lock().vram.clone());
+    }
     loop {
         let command = match state.next_deadline() {
             Some(at) => tokio::select! {
@@ -446,6 +476,14 @@ fn perform(
         Effect::Flushed { waiter: Waiter::Flush(waiter) } => {
             let _ = waiter.send(());
         }
+        Effect::Figures { model, vram } => {
+            if let Some(entry) = sink.entries.get(model) {
+                entry.lock().vram = vram;
+            }
+        }
+        Effect::Release { waiter: Waiter::Release(waiter), answer } => {
+            let _ = waiter.send(answer);
+        }
         Effect::Granted { waiter: Waiter::Grant(waiter), answer, .. } => {
             let _ = waiter.send(answer);
         }
@@ -494,6 +532,7 @@ fn perform(
         | Effect::MayLoad { .. }
         | Effect::Flushed { .. }
         | Effect::Granted { .. }
+        | Effect::Release { .. }
         | Effect::Stays { .. } => {}
     }
 }

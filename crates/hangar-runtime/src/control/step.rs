@@ -31,6 +31,7 @@ mod grant;
 mod lease;
 mod life;
 mod quarantine;
+mod release;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -42,12 +43,14 @@ use tokio::time::Instant;
 pub(crate) use grant::GrantAsk;
 pub(crate) use lease::{LeaseCommand, LeaseRefusal};
 pub(crate) use life::{Change, Moved, Stay};
+pub(crate) use release::ReleaseAnswer;
 
 use hangar_eviction::EvictionPlan;
 
 use crate::grant::Refusal;
 use crate::lease::{Held, Lease, LeaseChange};
 use crate::quarantine::{FailureLog, FailureView, QuarantineInfo, Refused};
+use crate::vram::{Figure, ObservedVram};
 
 /// The rules' settings.
 #[derive(Debug, Clone)]
@@ -116,6 +119,14 @@ pub(crate) enum Command<W, P = ()> {
     MayLoad { model: ModelId, explicit: bool, waiter: W },
     /// Answered at once: every command posted before it has been taken.
     Flush { waiter: W },
+    /// An unload of a GPU model expects `held` MiB back from the GPUs' `used_before`.
+    Released { used_before: u64, held: u64 },
+    /// A load of the model was measured: these figures replace the ones of the same replica
+    /// count, method and override.
+    Measured { model: ModelId, figures: Vec<Figure> },
+    /// A GPU load asks whether to wait for a release, with the GPUs' used memory (`None`:
+    /// not read yet).
+    AwaitRelease { used: Option<u64>, waiter: W },
     /// Move the model's lifecycle (`life.rs`); `apply` is performed if the move is decided,
     /// `wall_ms` dates a failure it records.
     Move { model: ModelId, change: Change, wall_ms: u64, apply: P, waiter: W },
@@ -146,6 +157,10 @@ pub(crate) enum Effect<W, P = ()> {
     LeaseChanged { model: ModelId, change: LeaseChange, lease: Lease },
     /// The answer to [`Command::Flush`].
     Flushed { waiter: W },
+    /// The answer to [`Command::AwaitRelease`].
+    Release { waiter: W, answer: ReleaseAnswer },
+    /// The model's measured figures now (published).
+    Figures { model: ModelId, vram: ObservedVram },
     /// A move decided: perform `apply`, publish the lifecycle, journal it, then answer.
     Moved { model: ModelId, moved: Moved, apply: P, waiter: W },
     /// A move refused: nothing changed.
@@ -177,6 +192,8 @@ pub(crate) struct State<W> {
     /// the same whatever the number of models.
     deadlines: VecDeque<(Instant, ModelId)>,
     rules: Rules,
+    /// The memory the last unloads should give back, if it has not shown yet.
+    release: Option<release::Release>,
     /// Leases taken so far (numbers their ids).
     next_lease: u64,
     /// When a model's lease may expire, earliest first; a renewal leaves its old deadline
@@ -197,6 +214,8 @@ struct Model<W> {
     /// Reloads and weight updates replacing its runtimes.
     replacing: u32,
     life: life::Life,
+    /// What its loads were measured to take.
+    figures: ObservedVram,
 }
 
 impl<W> Model<W> {
@@ -211,6 +230,7 @@ impl<W> Model<W> {
             failures: FailureLog::default(),
             replacing: 0,
             life: life::Life::default(),
+            figures: ObservedVram::default(),
         }
     }
 }
@@ -224,8 +244,16 @@ impl<W> State<W> {
             creations: VecDeque::new(),
             deadlines: VecDeque::new(),
             rules,
+            release: None,
             next_lease: 0,
             lease_deadlines: BinaryHeap::new(),
+        }
+    }
+
+    /// Starts `model` with the figures measured before (the state file).
+    pub(crate) fn restore_figures(&mut self, model: ModelId, figures: ObservedVram) {
+        if let Some(m) = self.models.get_mut(model) {
+            m.figures = figures;
         }
     }
 
@@ -326,6 +354,7 @@ pub(crate) fn step<W, P>(
         | Command::Replacing { model }
         | Command::Replaced { model }
         | Command::Move { model, .. }
+        | Command::Measured { model, .. }
             if !known(model) => {}
         Command::Admin { model, waiter, wait } => {
             let m = &mut state.models[model];
@@ -394,6 +423,19 @@ pub(crate) fn step<W, P>(
             lease::unload_ended(state, model, revoke, &mut effects);
         }
         Command::Flush { waiter } => effects.push(Effect::Flushed { waiter }),
+        Command::Measured { model, figures } => {
+            let vram = &mut state.models[model].figures;
+            for figure in figures {
+                vram.record(figure);
+            }
+            effects.push(Effect::Figures { model, vram: vram.clone() });
+        }
+        Command::Released { used_before, held } => {
+            release::released(state, used_before, held, now);
+        }
+        Command::AwaitRelease { used, waiter } => {
+            release::await_release(state, used, waiter, now, &mut effects);
+        }
         Command::Grant { model, ask, waiter } => {
             grant::grant(state, model, ask, waiter, now, &mut effects);
         }

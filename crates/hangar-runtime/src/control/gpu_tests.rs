@@ -1,0 +1,122 @@
+//! GPU memory as the loop keeps it: the awaited release as a table against [`step`], and
+//! the measured figures. Waiters are plain numbers; no runtime, no clock, no GPU.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::step::{ReleaseAnswer, Rules, State, row, step};
+
+/// The loop's commands and effects with numbers for waiters and no slot work.
+type Command = super::step::Command<u32>;
+/// See [`Command`].
+type Effect = super::step::Effect<u32>;
+
+fn released(used_before: u64, held: u64) -> Command {
+    Command::Released { used_before, held }
+}
+
+fn ask(used: Option<u64>) -> Command {
+    Command::AwaitRelease { used, waiter: 1 }
+}
+
+fn answer(effects: Vec<Effect>) -> ReleaseAnswer {
+    match effects.as_slice() {
+        [Effect::Release { waiter: 1, answer }] => *answer,
+        other => panic!("not one release answer: {other:?}"),
+    }
+}
+
+#[test]
+fn the_release_rule_as_a_table() {
+    use ReleaseAnswer::{Go, Read, Wait};
+    let t0 = Instant::now();
+    let settled = Go { settled: true };
+    // An unload of 10,000 MiB used, the model holding 4,000: the target is 6,400.
+    let unload = || vec![released(10_000, 4_000)];
+    // (name, commands before (at t0), the question, when (seconds after t0), the answer)
+    let rows: Vec<(&str, Vec<Command>, Command, u64, ReleaseAnswer)> = vec![
+        ("nothing pending: go", vec![], ask(None), 0, settled),
+        ("pending: read the GPUs first", unload(), ask(None), 0, Read),
+        ("still above the target: wait", unload(), ask(Some(6_401)), 0, Wait),
+        ("down to it: go", unload(), ask(Some(6_400)), 0, settled),
+        (
+            "and nothing is pending then",
+            vec![released(10_000, 4_000), ask(Some(6_000))],
+            ask(None),
+            0,
+            settled,
+        ),
+        (
+            "the wait runs out: go, not settled",
+            unload(),
+            ask(Some(9_000)),
+            15,
+            Go { settled: false },
+        ),
+        ("not before", unload(), ask(Some(9_000)), 14, Wait),
+        (
+            "a second unload counts from the lower of the target and its reading",
+            vec![released(10_000, 4_000), released(9_500, 1_000)],
+            ask(Some(5_501)),
+            0,
+            Wait,
+        ),
+        (
+            "and goes at that",
+            vec![released(10_000, 4_000), released(9_500, 1_000)],
+            ask(Some(5_500)),
+            0,
+            settled,
+        ),
+        (
+            "a reading below the pending target counts from the reading",
+            vec![released(10_000, 4_000), released(5_000, 1_000)],
+            ask(Some(4_101)),
+            0,
+            Wait,
+        ),
+    ];
+    for (name, before, command, when, expected) in rows {
+        let got =
+            answer(row(1, Rules::of(Duration::from_secs(10), 1), before, command, (t0, when)));
+        assert_eq!(got, expected, "{name}");
+    }
+}
+
+#[test]
+fn the_deadline_is_the_last_unloads() {
+    let t0 = Instant::now();
+    let mut state = State::new(1, Rules::of(Duration::from_secs(10), 1));
+    step(&mut state, released(10_000, 4_000), t0);
+    step(&mut state, released(10_000, 1_000), t0 + Duration::from_secs(10));
+    let at = |s| t0 + Duration::from_secs(s);
+    assert_eq!(answer(step(&mut state, ask(Some(9_000)), at(15))), ReleaseAnswer::Wait);
+    let late = answer(step(&mut state, ask(Some(9_000)), at(25)));
+    assert_eq!(late, ReleaseAnswer::Go { settled: false });
+    assert_eq!(answer(step(&mut state, ask(None), at(25))), ReleaseAnswer::Go { settled: true });
+}
+
+#[test]
+fn a_measured_figure_replaces_its_like_and_is_published() {
+    use crate::vram::{Figure, VramMethod};
+    let figure = |replicas, method, mib| Figure {
+        replicas,
+        load_override: serde_json::Map::new(),
+        method,
+        mib,
+        gpus: Vec::new(),
+        measured_unix_ms: 0,
+    };
+    let t0 = Instant::now();
+    let mut state = State::new(2, Rules::of(Duration::from_secs(10), 1));
+    let measured = |figures| Command::Measured { model: 1, figures };
+    let first =
+        vec![figure(1, VramMethod::ProcessTree, 900), figure(2, VramMethod::ProcessTree, 1_800)];
+    step(&mut state, measured(first), t0);
+    let again = step(&mut state, measured(vec![figure(1, VramMethod::ProcessTree, 1_000)]), t0);
+    let [Effect::Figures { model: 1, vram }] = again.as_slice() else { panic!("{again:?}") };
+    let mibs: Vec<(u32, u64)> = vram.figures.iter().map(|f| (f.replicas, f.mib)).collect();
+    assert_eq!(mibs, [(2, 1_800), (1, 1_000)], "the one of one replica replaced, the latest last");
+    assert!(step(&mut state, Command::Measured { model: 9, figures: Vec::new() }, t0).is_empty());
+}
