@@ -17,7 +17,6 @@
 //! started at the first load when an idle timeout is configured, unloads idle models once
 //! a second.
 
-use std::num::NonZeroU32;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -26,7 +25,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::control::{LeaseCommand, LeaseRefusal};
+use crate::control::{IdleSeen, LeaseCommand, LeaseRefusal};
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::journal::{EventKind, unix_ms};
@@ -80,15 +79,11 @@ pub enum LeaseChange {
 }
 
 impl Slot {
-    /// The leases that have not expired (housekeeping drops the others within a second).
+    /// The leases that have not expired (the control loop drops the others at their
+    /// deadline).
     pub(crate) fn live_leases(&self) -> impl Iterator<Item = &Lease> {
         let now = Instant::now();
         self.leases.iter().filter(move |h| h.deadline > now).map(|h| &h.lease)
-    }
-
-    /// Whether a live lease holds the model.
-    pub(crate) fn leased(&self) -> bool {
-        self.live_leases().next().is_some()
     }
 }
 
@@ -245,7 +240,7 @@ async fn housekeeping(inner: Weak<Inner>) {
         let Some(inner) = inner.upgrade() else { return };
         let manager = Manager { inner };
         for entry in manager.inner.order.clone() {
-            if let Some(idle) = manager.idle_for(&entry) {
+            if let Some(idle) = manager.idle_for(&entry).await {
                 // A model busy with an admin operation is not idle; try again next tick.
                 let control = &manager.inner.control;
                 let Ok(admin) = control.admin_now(entry.position).await else { continue };
@@ -264,79 +259,21 @@ async fn housekeeping(inner: Weak<Inner>) {
 
 impl Manager {
     /// How long `entry` has been idle, if that is past its idle timeout and nothing keeps
-    /// it ([`idle_past`]).
-    fn idle_for(&self, entry: &ModelEntry) -> Option<Duration> {
+    /// it: the loop's decision (`control/step/idle.rs`) on what the slot and the scheduler
+    /// show.
+    async fn idle_for(&self, entry: &ModelEntry) -> Option<Duration> {
         let timeout = entry.idle_timeout?;
-        let slot = entry.lock();
-        let stats = slot.phase.scheduler().map(hangar_lifecycle::Scheduler::stats);
-        idle_past(&IdleView {
-            timeout,
-            pinned: entry.config.pinned,
-            loaded: slot.lifecycle.state() == ModelState::Loaded,
-            busy: stats.is_none_or(|s| s.runtime_inflight > 0 || s.queue_depth > 0),
-            pins: self.inner.control.pins(entry.position),
-            paused: slot.phase.pause().is_some(),
-            leased: slot.leased(),
-            idle: slot.last_use.map_or(Duration::ZERO, |(at, _)| at.elapsed()),
-        })
-    }
-}
-
-/// What the idle rule looks at, read under the model's slot lock.
-#[derive(Debug, Clone)]
-struct IdleView {
-    timeout: NonZeroU32,
-    /// `pinned: true` in its definition.
-    pinned: bool,
-    loaded: bool,
-    /// Requests running or queued.
-    busy: bool,
-    /// Requests that triggered its load and wait for admission.
-    pins: u32,
-    paused: bool,
-    leased: bool,
-    /// Since its last use.
-    idle: Duration,
-}
-
-/// The idle rule: a model is unloaded for idleness once it has been idle for its timeout,
-/// loaded, with nothing running, queued or pinned by a waiting request, not paused, not
-/// pinned by its definition, not leased. Returns how long it has been idle then.
-fn idle_past(v: &IdleView) -> Option<Duration> {
-    let kept = v.pinned || !v.loaded || v.busy || v.pins > 0 || v.paused || v.leased;
-    (!kept && v.idle >= Duration::from_secs(u64::from(v.timeout.get()))).then_some(v.idle)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_idle_rule_as_a_table() {
-        let idle = IdleView {
-            timeout: NonZeroU32::new(60).unwrap(),
-            pinned: false,
-            loaded: true,
-            busy: false,
-            pins: 0,
-            paused: false,
-            leased: false,
-            idle: Duration::from_secs(60),
+        let seen = {
+            let slot = entry.lock();
+            let stats = slot.phase.scheduler().map(hangar_lifecycle::Scheduler::stats);
+            IdleSeen {
+                timeout,
+                pinned: entry.config.pinned,
+                busy: stats.is_none_or(|s| s.runtime_inflight > 0 || s.queue_depth > 0),
+                pins: self.inner.control.pins(entry.position),
+                idle: slot.last_use.map_or(Duration::ZERO, |(at, _)| at.elapsed()),
+            }
         };
-        let s = Duration::from_secs;
-        let rows: [(&str, IdleView, Option<Duration>); 9] = [
-            ("idle for its timeout", idle.clone(), Some(s(60))),
-            ("not yet", IdleView { idle: s(59), ..idle.clone() }, None),
-            ("pinned by its definition", IdleView { pinned: true, ..idle.clone() }, None),
-            ("not loaded", IdleView { loaded: false, ..idle.clone() }, None),
-            ("requests running or queued", IdleView { busy: true, ..idle.clone() }, None),
-            ("a request waits for it", IdleView { pins: 1, ..idle.clone() }, None),
-            ("paused", IdleView { paused: true, ..idle.clone() }, None),
-            ("leased", IdleView { leased: true, ..idle.clone() }, None),
-            ("long idle", IdleView { idle: s(3600), ..idle }, Some(s(3600))),
-        ];
-        for (name, view, expected) in rows {
-            assert_eq!(idle_past(&view), expected, "{name}");
-        }
+        self.inner.control.idle(entry.position, seen).await
     }
 }

@@ -21,6 +21,8 @@ mod gpu_tests;
 #[cfg(test)]
 mod grant_tests;
 #[cfg(test)]
+mod idle_tests;
+#[cfg(test)]
 mod lease_tests;
 #[cfg(test)]
 mod life_tests;
@@ -33,13 +35,14 @@ mod step_tests;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 pub(crate) use step::{
-    Change, Command, Effect, GrantAsk, LeaseCommand, LeaseRefusal, ModelId, Moved, ReleaseAnswer,
-    Rules, State, Stay, TurnKind, step,
+    Change, Command, Effect, GrantAsk, IdleSeen, LeaseCommand, LeaseRefusal, ModelId, Moved,
+    ReleaseAnswer, Rules, State, Stay, TurnKind, step,
 };
 
 use hangar_eviction::EvictionPlan;
@@ -67,6 +70,8 @@ pub(crate) enum Waiter {
     Move(oneshot::Sender<Result<Moved, Stay>>),
     /// Whether a GPU load waits for a release.
     Release(oneshot::Sender<ReleaseAnswer>),
+    /// How long a model has been idle, if past its timeout.
+    Idle(oneshot::Sender<Option<Duration>>),
 }
 
 /// What a decided lifecycle move does to the model's slot: run by the loop under the slot
@@ -240,6 +245,15 @@ impl Control {
     /// An unload of a GPU model expects `held` MiB back from the GPUs' `used_before`.
     pub(crate) fn released(&self, used_before: u64, held: u64) {
         self.post(Command::Released { used_before, held });
+    }
+
+    /// How long `model` has been idle, if past its timeout with nothing keeping it
+    /// (`seen`: what housekeeping saw of it).
+    pub(crate) async fn idle(&self, model: ModelId, seen: IdleSeen) -> Option<Duration> {
+        self.start();
+        let (waiter, answer) = oneshot::channel();
+        self.post(Command::Idle { model, seen, waiter: Waiter::Idle(waiter) });
+        answer.await.ok().flatten()
     }
 
     /// Records what a load of `model` was measured to take, and waits until it is
@@ -481,6 +495,9 @@ fn perform(
                 entry.lock().vram = vram;
             }
         }
+        Effect::Idle { waiter: Waiter::Idle(waiter), answer, .. } => {
+            let _ = waiter.send(answer);
+        }
         Effect::Release { waiter: Waiter::Release(waiter), answer } => {
             let _ = waiter.send(answer);
         }
@@ -533,6 +550,7 @@ fn perform(
         | Effect::Flushed { .. }
         | Effect::Granted { .. }
         | Effect::Release { .. }
+        | Effect::Idle { .. }
         | Effect::Stays { .. } => {}
     }
 }

@@ -28,6 +28,7 @@
 //! Every waiter is answered exactly once: granted, busy, or its lease or load answer.
 
 mod grant;
+mod idle;
 mod lease;
 mod life;
 mod quarantine;
@@ -41,6 +42,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub(crate) use grant::GrantAsk;
+pub(crate) use idle::IdleSeen;
 pub(crate) use lease::{LeaseCommand, LeaseRefusal};
 pub(crate) use life::{Change, Moved, Stay};
 pub(crate) use release::ReleaseAnswer;
@@ -136,6 +138,8 @@ pub(crate) enum Command<W, P = ()> {
     Replacing { model: ModelId },
     /// One that began ends.
     Replaced { model: ModelId },
+    /// Is the model idle past its timeout? `seen`: what housekeeping saw of it.
+    Idle { model: ModelId, seen: IdleSeen, waiter: W },
     /// Time passed: admin waits past their deadline are answered busy, leases past theirs
     /// are dropped.
     Tick,
@@ -157,6 +161,9 @@ pub(crate) enum Effect<W, P = ()> {
     LeaseChanged { model: ModelId, change: LeaseChange, lease: Lease },
     /// The answer to [`Command::Flush`].
     Flushed { waiter: W },
+    /// The answer to [`Command::Idle`]: how long the model has been idle, if past its
+    /// timeout with nothing keeping it.
+    Idle { model: ModelId, waiter: W, answer: Option<Duration> },
     /// The answer to [`Command::AwaitRelease`].
     Release { waiter: W, answer: ReleaseAnswer },
     /// The model's measured figures now (published).
@@ -355,6 +362,7 @@ pub(crate) fn step<W, P>(
         | Command::Replaced { model }
         | Command::Move { model, .. }
         | Command::Measured { model, .. }
+        | Command::Idle { model, .. }
             if !known(model) => {}
         Command::Admin { model, waiter, wait } => {
             let m = &mut state.models[model];
@@ -429,6 +437,9 @@ pub(crate) fn step<W, P>(
                 vram.record(figure);
             }
             effects.push(Effect::Figures { model, vram: vram.clone() });
+        }
+        Command::Idle { model, seen, waiter } => {
+            idle::idle(state, model, &seen, waiter, now, &mut effects);
         }
         Command::Released { used_before, held } => {
             release::released(state, used_before, held, now);

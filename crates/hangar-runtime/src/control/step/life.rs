@@ -87,6 +87,10 @@ impl Life {
     pub(super) fn state(&self) -> ModelState {
         self.lifecycle.state()
     }
+
+    pub(super) fn paused(&self) -> bool {
+        self.pause.is_some()
+    }
 }
 
 /// Decides `change` for `model`; `apply` and `waiter` go with the answer.
