@@ -243,6 +243,7 @@ proptest! {
                     let pinned: Vec<String> = loaded.iter().filter(|(_, m)| m.held).map(|(_, m)| m.name.to_string()).collect();
                     let memory = memory.map(|(free_mib, needed_mib)| Memory { free_mib, needed_mib });
                     let incoming = Incoming { name: ModelName::new("new").unwrap(), model_type: ModelType::Llm, device: Device::GPU };
+                    let mib: BTreeMap<String, u64> = loaded.iter().map(|(_, m)| (m.name.to_string(), m.vram_mib)).collect();
                     let asked = GrantAsk { ask, loaded, incoming, memory };
                     let effects = step(&mut state, Command::Grant { model: NEW, ask: asked, waiter: 1 }, now);
                     let held = |name: &str| {
@@ -256,6 +257,15 @@ proptest! {
                             for victim in &plan.victims {
                                 // Invariant: a held model is never a victim.
                                 prop_assert!(!held(victim.name.as_str()), "held {} evicted", victim.name);
+                            }
+                            // Invariant: a grant under a budget never leaves memory over it
+                            // (a retry evicts what it can, and is not admitted by memory).
+                            if let (Some(memory), false) = (memory, ask == Ask::Retry) {
+                                let freed: u64 = plan.victims.iter().map(|v| mib[v.name.as_str()]).sum();
+                                prop_assert!(
+                                    i128::from(memory.free_mib) + i128::from(freed) >= i128::from(memory.needed_mib),
+                                    "over budget"
+                                );
                             }
                         }
                         [Effect::Granted { answer: Err(Refusal::Held(names)), .. }] => {
