@@ -32,6 +32,8 @@ mod quarantine_tests;
 pub(crate) mod step;
 #[cfg(test)]
 mod step_tests;
+#[cfg(test)]
+mod whole_tests;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
