@@ -1,13 +1,17 @@
-//! The control loop: one task owns the runtime's coordination state and decides every
-//! turn with [`step::step`]; this module is its thin async shell.
+//! The control loop: one task owns the runtime's state — each model's lifecycle, pause,
+//! leases, failures, holds and figures, the turns, the awaited GPU release — and decides
+//! every change with [`step::step`] (`step.rs`, `step/*.rs`). This module is the loop's
+//! handle ([`Control`]) and its guards; `shell.rs` is the task.
 //!
 //! Callers post a [`Command`] and wait for their answer over a oneshot: a [`Turn`] (a guard
 //! that posts [`Command::Done`] when dropped, so a caller that goes away — even between the
-//! grant and its first poll — gives its turn back), or busy. Nobody waits on shared fields.
+//! grant and its first poll — gives its turn back), busy, a move performed or refused, a
+//! lease, a grant. Nobody waits on shared fields. A lifecycle move carries the caller's slot
+//! work ([`Apply`]), which the loop performs only if it decides the move.
 //!
-//! Leases are the loop's own state: it answers each lease operation, and publishes a
-//! model's leases to its slot (where the row, eviction and the idle rule read them) before
-//! it answers, so a lease granted is a lease every later reader sees. An explicit unload
+//! What the loop owns, it publishes to the model's slot (where rows, admission and
+//! housekeeping read it) before it answers, so what a caller was told is what every later
+//! reader sees. An explicit unload
 //! is announced with [`Control::unload_decided`] before it waits for its turn; from then on
 //! no lease of the model is granted until its guard ends it.
 //!
@@ -29,6 +33,7 @@ mod life_tests;
 #[cfg(test)]
 mod quarantine_tests;
 
+mod shell;
 pub(crate) mod step;
 #[cfg(test)]
 mod step_tests;
@@ -40,11 +45,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
 
 pub(crate) use step::{
-    Change, Command, Effect, GrantAsk, IdleSeen, LeaseCommand, LeaseRefusal, ModelId, Moved,
-    ReleaseAnswer, Rules, State, Stay, TurnKind, step,
+    Change, Command, GrantAsk, IdleSeen, LeaseCommand, LeaseRefusal, ModelId, Moved, ReleaseAnswer,
+    Rules, Stay, TurnKind,
 };
 
 use hangar_eviction::EvictionPlan;
@@ -52,7 +56,6 @@ use hangar_eviction::EvictionPlan;
 use crate::entry::{ModelEntry, Slot};
 use crate::events::Events;
 use crate::grant::Refusal;
-use crate::journal::EventKind;
 use crate::lease::Lease;
 use crate::quarantine::Refused;
 
@@ -119,20 +122,6 @@ impl std::fmt::Debug for Apply {
     }
 }
 
-/// What the loop's effects reach besides its waiters: the slots it publishes leases to,
-/// and the journal.
-struct Sink {
-    entries: Vec<Arc<ModelEntry>>,
-    events: Arc<Events>,
-}
-
-/// What the loop starts with.
-struct Start {
-    rx: mpsc::UnboundedReceiver<Command<Waiter, Apply>>,
-    rules: Rules,
-    sink: Sink,
-}
-
 /// The answer to an admin operation that got no turn.
 #[derive(Debug)]
 pub(crate) struct Busy;
@@ -150,7 +139,7 @@ struct Shared {
     pins: Arc<[AtomicU32]>,
     /// The loop's receiver, settings and sink until it starts (at the first call in a
     /// runtime).
-    pending: Mutex<Option<Start>>,
+    pending: Mutex<Option<shell::Start>>,
     started: OnceLock<()>,
 }
 
@@ -159,8 +148,8 @@ impl Control {
     pub(crate) fn new(entries: &[Arc<ModelEntry>], events: Arc<Events>, rules: Rules) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let pins: Arc<[AtomicU32]> = entries.iter().map(|_| AtomicU32::new(0)).collect();
-        let sink = Sink { entries: entries.to_vec(), events };
-        let pending = Mutex::new(Some(Start { rx, rules, sink }));
+        let sink = shell::Sink { entries: entries.to_vec(), events };
+        let pending = Mutex::new(Some(shell::Start { rx, rules, sink }));
         Self { tx, shared: Arc::new(Shared { pins, pending, started: OnceLock::new() }) }
     }
 
@@ -170,7 +159,7 @@ impl Control {
             let taken = self.shared.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(start) = taken {
                 let (tx, pins) = (self.tx.downgrade(), Arc::clone(&self.shared.pins));
-                tokio::spawn(run(start, tx, pins));
+                tokio::spawn(shell::run(start, tx, pins));
             }
         });
     }
@@ -411,148 +400,5 @@ impl Drop for Pin {
         if self.control.shared.pins[self.model].fetch_sub(1, Ordering::SeqCst) == 1 {
             self.control.post(Command::Unpinned { model: self.model, pins: 0 });
         }
-    }
-}
-
-/// The loop: takes each command, lets [`step`] decide, answers the waiters.
-async fn run(
-    Start { mut rx, rules, sink }: Start,
-    tx: mpsc::WeakUnboundedSender<Command<Waiter, Apply>>,
-    pins: Arc<[AtomicU32]>,
-) {
-    let mut state = State::new(pins.len(), rules);
-    // The figures the state file gave the slots before the loop started.
-    for (model, entry) in sink.entries.iter().enumerate() {
-        state.restore_figures(model, entry.lock().vram.clone());
-    }
-    loop {
-        let command = match state.next_deadline() {
-            Some(at) => tokio::select! {
-                command = rx.recv() => command,
-                () = tokio::time::sleep_until(at) => Some(Command::Tick),
-            },
-            None => rx.recv().await,
-        };
-        let Some(mut command) = command else { return };
-        // The pin count as it is now, read here: a pin that went before this read is
-        // counted out; one that goes after posts another `Unpinned`.
-        if let Command::AwaitUnpinned { model, pins: seen, .. }
-        | Command::Unpinned { model, pins: seen } = &mut command
-        {
-            *seen = pins.get(*model).map_or(0, |p| p.load(Ordering::SeqCst));
-        }
-        // Answers to moves go out once every effect of the step is performed (a failed
-        // load's quarantine included).
-        let mut moves = Vec::new();
-        for effect in step(&mut state, command, Instant::now()) {
-            perform(effect, &tx, &sink, &mut moves);
-        }
-        for (waiter, answer) in moves {
-            let _ = waiter.send(answer);
-        }
-    }
-}
-
-/// A move's answer, sent after the step's effects.
-type MoveAnswer = (oneshot::Sender<Result<Moved, Stay>>, Result<Moved, Stay>);
-
-fn perform(
-    effect: Effect<Waiter, Apply>,
-    tx: &mpsc::WeakUnboundedSender<Command<Waiter, Apply>>,
-    sink: &Sink,
-    moves: &mut Vec<MoveAnswer>,
-) {
-    match effect {
-        Effect::Grant { model, turn, waiter: Waiter::Turn(waiter) } => {
-            let tx = if turn == TurnKind::Unpinned { None } else { tx.upgrade() };
-            let turn = Turn { tx, model, kind: turn };
-            // A waiter that went away drops the turn here, which gives it back.
-            let _ = waiter.send(Ok(turn));
-        }
-        Effect::Busy { waiter: Waiter::Turn(waiter), .. } => {
-            let _ = waiter.send(Err(Busy));
-        }
-        Effect::Lease { waiter: Waiter::Lease(waiter), answer, .. } => {
-            let _ = waiter.send(answer);
-        }
-        Effect::Leases { model, held } => {
-            if let Some(entry) = sink.entries.get(model) {
-                entry.lock().leases = held;
-            }
-        }
-        Effect::LeaseChanged { model, change, lease } => {
-            if let Some(entry) = sink.entries.get(model) {
-                let kind = EventKind::Lease { change, id: lease.id, owner: lease.owner };
-                sink.events.journal.record(&entry.config.name, kind);
-            }
-        }
-        Effect::MayLoad { waiter: Waiter::MayLoad(waiter), answer, .. } => {
-            let _ = waiter.send(answer);
-        }
-        Effect::Flushed { waiter: Waiter::Flush(waiter) } => {
-            let _ = waiter.send(());
-        }
-        Effect::Figures { model, vram } => {
-            if let Some(entry) = sink.entries.get(model) {
-                entry.lock().vram = vram;
-            }
-        }
-        Effect::Idle { waiter: Waiter::Idle(waiter), answer, .. } => {
-            let _ = waiter.send(answer);
-        }
-        Effect::Release { waiter: Waiter::Release(waiter), answer } => {
-            let _ = waiter.send(answer);
-        }
-        Effect::Granted { waiter: Waiter::Grant(waiter), answer, .. } => {
-            let _ = waiter.send(answer);
-        }
-        Effect::Moved { model, moved, apply, waiter } => {
-            if let Some(entry) = sink.entries.get(model) {
-                let mut slot = entry.lock();
-                (apply.0)(&mut slot);
-                slot.generation = moved.generation;
-                if let Some(event) = moved.event {
-                    entry.apply(&mut slot, event, moved.error.clone(), &sink.events);
-                }
-            }
-            if let Waiter::Move(waiter) = waiter {
-                moves.push((waiter, Ok(moved)));
-            }
-        }
-        Effect::Stays { waiter: Waiter::Move(waiter), why, .. } => moves.push((waiter, Err(why))),
-        Effect::Replacing { model, count } => {
-            if let Some(entry) = sink.entries.get(model) {
-                entry.lock().replacing = count;
-            }
-        }
-        Effect::Failures { model, view } => {
-            if let Some(entry) = sink.entries.get(model) {
-                entry.lock().failures = view;
-            }
-        }
-        Effect::Quarantined { model, quarantine } => {
-            if let Some(entry) = sink.entries.get(model) {
-                let name = &entry.config.name;
-                tracing::warn!(model = %name, failures = quarantine.failures, retry_after_s = quarantine.retry_after_s, "model quarantined");
-                sink.events.journal.record(name, EventKind::Quarantined { quarantine });
-            }
-        }
-        Effect::QuarantineLifted { model } => {
-            if let Some(entry) = sink.entries.get(model) {
-                let name = &entry.config.name;
-                tracing::info!(model = %name, "quarantine lifted by an explicit load");
-                sink.events.journal.record(name, EventKind::QuarantineLifted);
-            }
-        }
-        // An answer of one kind to a waiter of another: no caller asks that way.
-        Effect::Grant { .. }
-        | Effect::Busy { .. }
-        | Effect::Lease { .. }
-        | Effect::MayLoad { .. }
-        | Effect::Flushed { .. }
-        | Effect::Granted { .. }
-        | Effect::Release { .. }
-        | Effect::Idle { .. }
-        | Effect::Stays { .. } => {}
     }
 }

@@ -128,15 +128,15 @@ pub(super) fn change<W, P>(
         {
             return refuse(effects, model, waiter, Stay::Stale);
         }
-        Change::Pause { .. } if from == ModelState::Loaded => (None, None, None),
-        Change::Pause { .. } => return refuse(effects, model, waiter, Stay::NotFrom(from)),
-        Change::Resume if life.pause.is_some() => (None, None, None),
-        Change::Resume => return refuse(effects, model, waiter, Stay::NotPaused),
         Change::Crash { message, .. } => {
             let message = crate::journal::bounded(message);
             let failure = Some((FailureKind::Crashed, message.clone()));
             (Some(LifecycleEvent::Crashed), Some(message), failure)
         }
+        Change::Pause { .. } if from == ModelState::Loaded => (None, None, None),
+        Change::Pause { .. } => return refuse(effects, model, waiter, Stay::NotFrom(from)),
+        Change::Resume if life.pause.is_some() => (None, None, None),
+        Change::Resume => return refuse(effects, model, waiter, Stay::NotPaused),
     };
     let to = match event {
         None => from,
@@ -155,7 +155,7 @@ pub(super) fn change<W, P>(
         }
         Change::StartLoad | Change::Reload | Change::Swap | Change::StartUnload { .. } => {}
     }
-    let error = life.lifecycle.last_error().filter(|_| error.is_some()).map(str::to_owned);
+    // The last error a failed load or a crash leaves (the lifecycle keeps the same).
     let moved = Moved { from, to, event, error, generation: life.generation };
     effects.push(Effect::Moved { model, moved, apply, waiter });
     if let Some((kind, message)) = failure {
