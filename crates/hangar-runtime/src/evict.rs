@@ -98,11 +98,7 @@ impl Manager {
     ) -> Result<bool, Refusal> {
         let settled = self.wait_for_release(entry).await;
         let memory = self.memory_for(entry, model, replicas, load_override).await;
-        let incoming = Incoming {
-            name: entry.config.name.clone(),
-            model_type: entry.config.model_type,
-            device: entry.config.device,
-        };
+        let incoming = incoming(entry);
         let loaded = self.loaded_models();
         let plan =
             self.inner.control.grant(entry.position, GrantAsk { ask, loaded, incoming, memory });
@@ -163,4 +159,10 @@ impl Manager {
         }
         if held.is_empty() { Ok(()) } else { Err(held) }
     }
+}
+
+/// `entry`'s model as the grant sees the one runtimes are created for.
+pub(crate) fn incoming(entry: &ModelEntry) -> Incoming {
+    let config = &entry.config;
+    Incoming { name: config.name.clone(), model_type: config.model_type, device: config.device }
 }

@@ -205,9 +205,7 @@ impl Manager {
                 message: "an unload of the model is under way; take the lease once it is done"
                     .into(),
             },
-            LeaseRefusal::TooMany => {
-                ManagerError::TooManyLeases { model, limit: self.inner.max_leases.get() }
-            }
+            LeaseRefusal::TooMany { limit } => ManagerError::TooManyLeases { model, limit },
             LeaseRefusal::NotFound => {
                 ManagerError::LeaseNotFound { model, id: id.unwrap_or_default().to_owned() }
             }

@@ -14,14 +14,13 @@ use hangar_backend::{
     CrashSink, LoadError, LoadOverride, LoadRequest, ProgressSink, Runtime, validate_load_override,
 };
 use hangar_config::ModelConfig;
-use hangar_eviction::Incoming;
 use hangar_lifecycle::{AdmissionError, ModelState, Scheduler, effective_target};
 
 use crate::control::{Apply, Change, GrantAsk, Handoff};
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::events::Events;
-use crate::evict::Creation;
+use crate::evict::{Creation, incoming};
 use crate::grant::Ask;
 use crate::manager::{LoadOptions, Manager};
 use crate::outcome::{self, EngineFailure, Outcome, OutcomeRx, OutcomeTx};
@@ -277,11 +276,7 @@ impl Manager {
             Err(e) if !e.eviction_may_help() => return Err(e.into()),
             Err(e) => e,
         };
-        let incoming = Incoming {
-            name: entry.config.name.clone(),
-            model_type: entry.config.model_type,
-            device: entry.config.device,
-        };
+        let incoming = incoming(entry);
         let loaded = self.loaded_models();
         let ask = GrantAsk { ask: Ask::Retry, loaded, incoming, memory: None };
         match self.inner.control.grant(entry.position, ask).await {

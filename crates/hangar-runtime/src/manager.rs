@@ -81,8 +81,8 @@ pub(crate) struct Inner {
     pub(crate) max_queue_depth: usize,
     /// How long an admin operation waits for another on the same model.
     pub(crate) admin_lock_timeout: std::time::Duration,
-    /// The control loop: admin turns, the load lane, runtimes' creation and destruction,
-    /// pins.
+    /// The control loop: it owns and decides each model's lifecycle, pause, leases,
+    /// failures, holds and figures, the turns and the awaited GPU release.
     pub(crate) control: crate::control::Control,
     pub(crate) events: Arc<Events>,
     pub(crate) last_loaded: std::sync::Mutex<Option<ModelName>>,
@@ -92,8 +92,6 @@ pub(crate) struct Inner {
     pub(crate) housekeeping: std::sync::OnceLock<()>,
     /// How long an admitted request may run (`limits.request_timeout_s`).
     pub(crate) request_timeout: Option<std::time::Duration>,
-    /// Live leases one model may have (`limits.max_leases_per_model`).
-    pub(crate) max_leases: NonZeroU32,
     /// Where GPU memory is read ([`Manager::set_gpu_probe`]).
     pub(crate) gpu: std::sync::RwLock<Arc<dyn hangar_gpu::GpuProbe>>,
     /// GPU memory models may fill; no admission by memory when `None`.
@@ -153,7 +151,6 @@ impl Manager {
                     || config.models.iter().any(|m| m.idle_unload_seconds.is_some()),
                 housekeeping: std::sync::OnceLock::new(),
                 request_timeout: config.limits.request_timeout,
-                max_leases: config.limits.max_leases_per_model,
                 gpu: std::sync::RwLock::new(Arc::new(hangar_gpu::NoGpu(
                     "no GPU probe: the host configured none".into(),
                 ))),

@@ -38,6 +38,8 @@ pub(crate) mod step;
 #[cfg(test)]
 mod step_tests;
 #[cfg(test)]
+mod testing;
+#[cfg(test)]
 mod whole_tests;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -89,6 +91,12 @@ impl Apply {
     }
 }
 
+impl std::fmt::Debug for Apply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Apply")
+    }
+}
+
 /// A value handed between a task and the [`Apply`] of its move: what the move takes in
 /// (left with the task when the move is refused) or gives back.
 pub(crate) struct Handoff<T>(Arc<Mutex<Option<T>>>);
@@ -113,12 +121,6 @@ impl<T> Handoff<T> {
 impl<T> Clone for Handoff<T> {
     fn clone(&self) -> Self {
         Self(Arc::clone(&self.0))
-    }
-}
-
-impl std::fmt::Debug for Apply {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Apply")
     }
 }
 
@@ -169,15 +171,25 @@ impl Control {
         let _ = self.tx.send(command);
     }
 
+    /// Posts the command `command` builds around a fresh waiter (`wrap` makes it of the
+    /// right kind) and waits for the answer; `None` when the loop ended unanswered (only
+    /// when the manager is gone).
+    async fn request<T>(
+        &self,
+        wrap: impl FnOnce(oneshot::Sender<T>) -> Waiter,
+        command: impl FnOnce(Waiter) -> Command<Waiter, Apply>,
+    ) -> Option<T> {
+        self.start();
+        let (waiter, answer) = oneshot::channel();
+        self.post(command(wrap(waiter)));
+        answer.await.ok()
+    }
+
     async fn ask(
         &self,
         command: impl FnOnce(Waiter) -> Command<Waiter, Apply>,
     ) -> Result<Turn, Busy> {
-        self.start();
-        let (waiter, answer) = oneshot::channel();
-        self.post(command(Waiter::Turn(waiter)));
-        // A loop that ended answers nobody: only when the manager is gone.
-        answer.await.unwrap_or(Err(Busy))
+        self.request(Waiter::Turn, command).await.unwrap_or(Err(Busy))
     }
 
     /// Asks for a lease operation on `model`; a loop that ended answers `Ended`.
@@ -186,28 +198,21 @@ impl Control {
         model: ModelId,
         command: impl FnOnce(Waiter) -> LeaseCommand<Waiter>,
     ) -> Result<Lease, LeaseRefusal> {
-        self.start();
-        let (waiter, answer) = oneshot::channel();
-        self.post(Command::Lease { model, command: command(Waiter::Lease(waiter)) });
-        answer.await.unwrap_or(Err(LeaseRefusal::Ended))
+        let command = |waiter| Command::Lease { model, command: command(waiter) };
+        self.request(Waiter::Lease, command).await.unwrap_or(Err(LeaseRefusal::Ended))
     }
 
     /// Waits until the loop has taken every command posted before (and published what
     /// they changed).
     pub(crate) async fn flush(&self) {
-        self.start();
-        let (waiter, answer) = oneshot::channel();
-        self.post(Command::Flush { waiter: Waiter::Flush(waiter) });
-        let _ = answer.await;
+        self.request(Waiter::Flush, |waiter| Command::Flush { waiter }).await;
     }
 
     /// Whether `model` may load now: an `explicit` load lifts its quarantine; one on
     /// demand is refused while it is quarantined. A loop that ended lets it load.
     pub(crate) async fn may_load(&self, model: ModelId, explicit: bool) -> Result<(), Refused> {
-        self.start();
-        let (waiter, answer) = oneshot::channel();
-        self.post(Command::MayLoad { model, explicit, waiter: Waiter::MayLoad(waiter) });
-        answer.await.unwrap_or(Ok(()))
+        let command = |waiter| Command::MayLoad { model, explicit, waiter };
+        self.request(Waiter::MayLoad, command).await.unwrap_or(Ok(()))
     }
 
     /// Moves `model`'s lifecycle by `change`, with `apply` done to its slot if the loop
@@ -219,18 +224,14 @@ impl Control {
         change: Change,
         apply: Apply,
     ) -> Result<Moved, Stay> {
-        self.start();
-        let (waiter, answer) = oneshot::channel();
-        let wall_ms = crate::journal::unix_ms(std::time::SystemTime::now());
-        self.post(Command::Move { model, change, wall_ms, apply, waiter: Waiter::Move(waiter) });
-        answer.await.unwrap_or(Err(Stay::Stale))
+        let command = |waiter| moving(model, change, apply, waiter);
+        self.request(Waiter::Move, command).await.unwrap_or(Err(Stay::Stale))
     }
 
     /// Like [`Control::change`], without waiting for the answer.
     pub(crate) fn post_change(&self, model: ModelId, change: Change, apply: Apply) {
         let (waiter, _) = oneshot::channel();
-        let wall_ms = crate::journal::unix_ms(std::time::SystemTime::now());
-        self.post(Command::Move { model, change, wall_ms, apply, waiter: Waiter::Move(waiter) });
+        self.post(moving(model, change, apply, Waiter::Move(waiter)));
     }
 
     /// An unload of a GPU model expects `held` MiB back from the GPUs' `used_before`.
@@ -241,10 +242,8 @@ impl Control {
     /// How long `model` has been idle, if past its timeout with nothing keeping it
     /// (`seen`: what housekeeping saw of it).
     pub(crate) async fn idle(&self, model: ModelId, seen: IdleSeen) -> Option<Duration> {
-        self.start();
-        let (waiter, answer) = oneshot::channel();
-        self.post(Command::Idle { model, seen, waiter: Waiter::Idle(waiter) });
-        answer.await.ok().flatten()
+        let command = |waiter| Command::Idle { model, seen, waiter };
+        self.request(Waiter::Idle, command).await.flatten()
     }
 
     /// Records what a load of `model` was measured to take, and waits until it is
@@ -257,10 +256,8 @@ impl Control {
     /// Whether a GPU load waits for a release, given the GPUs' `used` memory (`None`: not
     /// read yet). A loop that ended lets it go.
     pub(crate) async fn await_release(&self, used: Option<u64>) -> ReleaseAnswer {
-        self.start();
-        let (waiter, answer) = oneshot::channel();
-        self.post(Command::AwaitRelease { used, waiter: Waiter::Release(waiter) });
-        answer.await.unwrap_or(ReleaseAnswer::Go { settled: true })
+        let command = |waiter| Command::AwaitRelease { used, waiter };
+        self.request(Waiter::Release, command).await.unwrap_or(ReleaseAnswer::Go { settled: true })
     }
 
     /// Asks the grant for room for new runtimes of `model` (see `step/grant.rs`). A loop
@@ -270,10 +267,8 @@ impl Control {
         model: ModelId,
         ask: GrantAsk,
     ) -> Result<EvictionPlan, Refusal> {
-        self.start();
-        let (waiter, answer) = oneshot::channel();
-        self.post(Command::Grant { model, ask, waiter: Waiter::Grant(waiter) });
-        answer.await.unwrap_or_else(|_| Ok(EvictionPlan::default()))
+        let command = |waiter| Command::Grant { model, ask, waiter };
+        self.request(Waiter::Grant, command).await.unwrap_or_else(|| Ok(EvictionPlan::default()))
     }
 
     /// Holds `model` while its runtimes are replaced (a reload, a weight update), until
@@ -330,6 +325,12 @@ impl Control {
     pub(crate) fn pins(&self, model: ModelId) -> u32 {
         self.shared.pins[model].load(Ordering::SeqCst)
     }
+}
+
+/// The move of `model` by `change`, dated now (for a failure it records).
+fn moving(model: ModelId, change: Change, apply: Apply, waiter: Waiter) -> Command<Waiter, Apply> {
+    let wall_ms = crate::journal::unix_ms(std::time::SystemTime::now());
+    Command::Move { model, change, wall_ms, apply, waiter }
 }
 
 /// A granted turn; dropping it gives it back.

@@ -15,11 +15,20 @@ use crate::entry::ModelEntry;
 use crate::events::Events;
 use crate::journal::EventKind;
 
-/// What the loop's effects reach besides its waiters: the slots it publishes leases to,
-/// and the journal.
+/// What the loop's effects reach besides its waiters: the slots it publishes to, and the
+/// journal.
 pub(super) struct Sink {
     pub(super) entries: Vec<Arc<ModelEntry>>,
     pub(super) events: Arc<Events>,
+}
+
+impl Sink {
+    /// Writes what the loop decided about `model` to its slot.
+    fn publish(&self, model: usize, write: impl FnOnce(&mut crate::entry::Slot)) {
+        if let Some(entry) = self.entries.get(model) {
+            write(&mut entry.lock());
+        }
+    }
 }
 
 /// What the loop starts with.
@@ -91,9 +100,7 @@ fn perform(
             let _ = waiter.send(answer);
         }
         Effect::Leases { model, held } => {
-            if let Some(entry) = sink.entries.get(model) {
-                entry.lock().leases = held;
-            }
+            sink.publish(model, |slot| slot.leases = held);
         }
         Effect::LeaseChanged { model, change, lease } => {
             if let Some(entry) = sink.entries.get(model) {
@@ -108,9 +115,7 @@ fn perform(
             let _ = waiter.send(());
         }
         Effect::Figures { model, vram } => {
-            if let Some(entry) = sink.entries.get(model) {
-                entry.lock().vram = vram;
-            }
+            sink.publish(model, |slot| slot.vram = vram);
         }
         Effect::Idle { waiter: Waiter::Idle(waiter), answer, .. } => {
             let _ = waiter.send(answer);
@@ -136,14 +141,10 @@ fn perform(
         }
         Effect::Stays { waiter: Waiter::Move(waiter), why, .. } => moves.push((waiter, Err(why))),
         Effect::Replacing { model, count } => {
-            if let Some(entry) = sink.entries.get(model) {
-                entry.lock().replacing = count;
-            }
+            sink.publish(model, |slot| slot.replacing = count);
         }
         Effect::Failures { model, view } => {
-            if let Some(entry) = sink.entries.get(model) {
-                entry.lock().failures = view;
-            }
+            sink.publish(model, |slot| slot.failures = view);
         }
         Effect::Quarantined { model, quarantine } => {
             if let Some(entry) = sink.entries.get(model) {

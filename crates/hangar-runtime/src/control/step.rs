@@ -1,31 +1,32 @@
 //! The control loop's state and its one decision function, [`step`]: pure and synchronous,
 //! no runtime, no clock (the time comes in with each command), so its rules are tested as
-//! tables and its invariants by random command sequences (`step_tests.rs`).
+//! tables and its invariants by random command sequences (`control/*_tests.rs`).
 //!
-//! What it decides is whose turn it is:
+//! What it decides, and where each rule lives:
 //!
-//! - **a model's admin turn**: one admin operation (load, reload, unload, weight update,
-//!   pause, continue, weights check, idle unload) at a time per model, in the order asked;
-//!   an operation that waited `admin_wait` is answered busy, and one that must not wait (the
-//!   idle unload) is answered busy at once when the turn is taken;
-//! - **the load lane and a model's runtimes**: creating runtimes (a load, a reload, a weight
-//!   update) takes the one lane and the model's runtimes; destroying them (an unload, an
-//!   eviction, a crashed runtime's teardown, a reload's old runtimes) takes the model's
-//!   runtimes only. A model's runtimes are created or destroyed by one holder at a time;
-//!   a destruction waiting goes before a creation of the same model. A creation whose
-//!   model's runtimes are busy lets the creations behind it go first;
-//! - **the requests pinning a model**: an unload waits until no request that triggered the
-//!   model's load still waits for admission. The loop reads the pin count when it takes
-//!   the command; the last pin to go posts [`Command::Unpinned`].
-//!
-//! - **leases** (`lease.rs`): reserved before their load, granted after it, never while
-//!   an explicit unload of the model is decided, dropped when they expire or an unload
-//!   revokes them.
-//!
+//! - **a model's admin turn** (here): one admin operation (load, reload, unload, weight
+//!   update, pause, continue, weights check, idle unload) at a time per model, in the order
+//!   asked; an operation that waited `admin_wait` is answered busy, and one that must not
+//!   wait (the idle unload) is answered busy at once when the turn is taken;
+//! - **the load lane and a model's runtimes** (here): creating runtimes takes the one lane
+//!   and the model's runtimes; destroying them takes the model's runtimes only. One holder
+//!   at a time; a destruction waiting goes before a creation of the same model; a creation
+//!   whose model's runtimes are busy lets the creations behind it go first;
+//! - **the requests pinning a model** (here): an unload waits until no request that
+//!   triggered the model's load still waits for admission. The loop reads the pin count
+//!   when it takes the command; the last pin to go posts [`Command::Unpinned`];
+//! - **the lifecycle and the pause** (`life.rs`): every state change, along the transition
+//!   table, with the holds, the runtimes' generation and the pause;
+//! - **leases** (`lease.rs`): reserved before their load, granted after it, never while an
+//!   explicit unload of the model is decided, dropped when they expire or an unload
+//!   revokes them;
 //! - **quarantine** (`quarantine.rs`): failures recorded, loads on demand refused while a
-//!   model is quarantined, explicit loads lifting it.
+//!   model is quarantined, explicit loads lifting it;
+//! - **the grant** (`grant.rs`): room for new runtimes, with the loop's holds;
+//! - **the idle rule** (`idle.rs`) and **the awaited GPU release** (`release.rs`); measured
+//!   figures are recorded here.
 //!
-//! Every waiter is answered exactly once: granted, busy, or its lease or load answer.
+//! Every waiter is answered exactly once.
 
 mod grant;
 mod idle;
@@ -83,6 +84,33 @@ pub(crate) enum TurnKind {
     Unpinned,
 }
 
+impl<W, P> Command<W, P> {
+    /// The model the command names, if it names one.
+    fn model(&self) -> Option<ModelId> {
+        match self {
+            Self::Admin { model, .. }
+            | Self::Create { model, .. }
+            | Self::Destroy { model, .. }
+            | Self::Done { model, .. }
+            | Self::AwaitUnpinned { model, .. }
+            | Self::Unpinned { model, .. }
+            | Self::Lease { model, .. }
+            | Self::UnloadDecided { model }
+            | Self::UnloadEnded { model, .. }
+            | Self::MayLoad { model, .. }
+            | Self::Grant { model, .. }
+            | Self::Replacing { model }
+            | Self::Replaced { model }
+            | Self::Move { model, .. }
+            | Self::Measured { model, .. }
+            | Self::Idle { model, .. } => Some(*model),
+            Self::Flush { .. } | Self::Released { .. } | Self::AwaitRelease { .. } | Self::Tick => {
+                None
+            }
+        }
+    }
+}
+
 impl Rules {
     /// Rules for tests: admin waits of `admin_wait`, `max_leases` a model, the default
     /// quarantine policy.
@@ -95,7 +123,7 @@ impl Rules {
 
 /// A change asked of the loop; `W` answers the one who asked, `P` is what a lifecycle move
 /// does to the model's slot (opaque here).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Command<W, P = ()> {
     /// An admin operation asks for the model's turn; with `wait` false it is answered busy
     /// at once when the turn is taken.
@@ -320,23 +348,6 @@ impl<W> State<W> {
     }
 }
 
-/// One row of a rules table: on a fresh `State` of `models` models, steps `before` at
-/// `t0`, then `command` `secs` seconds later; returns what that last step did.
-#[cfg(test)]
-pub(crate) fn row<W, P>(
-    models: usize,
-    rules: Rules,
-    before: Vec<Command<W, P>>,
-    command: Command<W, P>,
-    (t0, secs): (Instant, u64),
-) -> Vec<Effect<W, P>> {
-    let mut state = State::new(models, rules);
-    for c in before {
-        step(&mut state, c, t0);
-    }
-    step(&mut state, command, t0 + Duration::from_secs(secs))
-}
-
 /// Decides what `command` changes and what the loop does about it. A command naming a model
 /// that does not exist changes nothing.
 pub(crate) fn step<W, P>(
@@ -345,25 +356,10 @@ pub(crate) fn step<W, P>(
     now: Instant,
 ) -> Vec<Effect<W, P>> {
     let mut effects = Vec::new();
-    let known = |model: ModelId| model < state.models.len();
+    if command.model().is_some_and(|model| model >= state.models.len()) {
+        return effects;
+    }
     match command {
-        Command::Admin { model, .. }
-        | Command::Create { model, .. }
-        | Command::Destroy { model, .. }
-        | Command::Done { model, .. }
-        | Command::AwaitUnpinned { model, .. }
-        | Command::Unpinned { model, .. }
-        | Command::Lease { model, .. }
-        | Command::UnloadDecided { model }
-        | Command::UnloadEnded { model, .. }
-        | Command::MayLoad { model, .. }
-        | Command::Grant { model, .. }
-        | Command::Replacing { model }
-        | Command::Replaced { model }
-        | Command::Move { model, .. }
-        | Command::Measured { model, .. }
-        | Command::Idle { model, .. }
-            if !known(model) => {}
         Command::Admin { model, waiter, wait } => {
             let m = &mut state.models[model];
             if !m.admin {

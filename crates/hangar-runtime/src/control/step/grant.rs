@@ -15,7 +15,7 @@ use super::{Effect, ModelId, State};
 use crate::grant::{Ask, decide};
 
 /// What a creation asks the grant.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct GrantAsk {
     /// For what.
     pub(crate) ask: Ask,

@@ -22,7 +22,7 @@ use super::{Effect, ModelId, State};
 use crate::lease::{Held, Lease, LeaseChange};
 
 /// A lease operation on one model; `W` answers the one who asked.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum LeaseCommand<W> {
     /// Reserves a lease of `ttl_seconds` (checked by the caller) taken at `wall_ms` (Unix
     /// milliseconds, for the row): answered with the lease, held from now on, or refused.
@@ -43,8 +43,8 @@ pub(crate) enum LeaseCommand<W> {
 pub(crate) enum LeaseRefusal {
     /// An explicit unload of the model is decided and not ended.
     UnloadPending,
-    /// The model has `limits.max_leases_per_model` live leases.
-    TooMany,
+    /// The model has `limit` (`limits.max_leases_per_model`) live leases.
+    TooMany { limit: u32 },
     /// No live lease has that id.
     NotFound,
     /// The reservation ended before it was settled: its load failed, it expired, was
@@ -78,11 +78,11 @@ impl Book {
 }
 
 /// The lease rule: never while an unload is decided, never past the cap.
-pub(super) fn refusal(book: &Book, limit: usize, now: Instant) -> Option<LeaseRefusal> {
+fn refusal(book: &Book, limit: usize, now: Instant) -> Option<LeaseRefusal> {
     if book.unloads > 0 {
         Some(LeaseRefusal::UnloadPending)
     } else if book.live(now).count() >= limit {
-        Some(LeaseRefusal::TooMany)
+        Some(LeaseRefusal::TooMany { limit: limit as u32 })
     } else {
         None
     }
