@@ -5,12 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::step::{ReleaseAnswer, Rules, State, row, step};
-
-/// The loop's commands and effects with numbers for waiters and no slot work.
-type Command = super::step::Command<u32>;
-/// See [`Command`].
-type Effect = super::step::Effect<u32>;
+use super::step::{ReleaseAnswer, Rules, State, step};
+use super::testing::{Command, Effect, row};
 
 fn released(used_before: u64, held: u64) -> Command {
     Command::Released { used_before, held }

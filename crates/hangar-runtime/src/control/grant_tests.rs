@@ -10,12 +10,9 @@ use hangar_eviction::{Incoming, LoadedModel, Memory};
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::step::{GrantAsk, LeaseCommand, ModelId, Rules, State, row, step};
+use super::step::{GrantAsk, LeaseCommand, ModelId, Rules, State, step};
+use super::testing::{Command, Effect, acquire, row};
 
-/// The loop's commands and effects with numbers for waiters and no slot work.
-type Command = super::step::Command<u32>;
-/// See [`Command`].
-type Effect = super::step::Effect<u32>;
 use crate::grant::{Ask, Refusal};
 
 const NAMES: [&str; 4] = ["a", "b", "c", "new"];
@@ -49,11 +46,6 @@ fn grant(ask: Ask, pin_a: bool, waiter: u32) -> Command {
 
 fn lease(model: ModelId, command: LeaseCommand<u32>) -> Command {
     Command::Lease { model, command }
-}
-
-fn acquire(model: ModelId, ttl_seconds: u32) -> Command {
-    let command = LeaseCommand::Acquire { owner: "job".into(), ttl_seconds, wall_ms: 0, waiter: 0 };
-    lease(model, command)
 }
 
 fn rules() -> Rules {
@@ -91,28 +83,28 @@ fn the_grant_with_the_loops_holds_as_a_table() {
         ("the least recently used goes", vec![], grant(Ask::Load, false, 1), 0, "evict a"),
         (
             "a leased model is never a victim",
-            vec![acquire(0, 60), settle(0, "lease-1", true)],
+            vec![acquire(0, 0, 60), settle(0, "lease-1", true)],
             grant(Ask::Load, false, 1),
             0,
             "evict b",
         ),
         (
             "nor one whose lease is reserved while it loads",
-            vec![acquire(0, 60)],
+            vec![acquire(0, 0, 60)],
             grant(Ask::Load, false, 1),
             0,
             "evict b",
         ),
         (
             "an expired lease holds nothing, even before the tick",
-            vec![acquire(0, 5)],
+            vec![acquire(0, 0, 5)],
             grant(Ask::Load, false, 1),
             5,
             "evict a",
         ),
         (
             "nor a released one",
-            vec![acquire(0, 60), release(0, "lease-1")],
+            vec![acquire(0, 0, 60), release(0, "lease-1")],
             grant(Ask::Load, false, 1),
             0,
             "evict a",
@@ -120,7 +112,7 @@ fn the_grant_with_the_loops_holds_as_a_table() {
         (
             "nor one an unload revoked",
             vec![
-                acquire(0, 60),
+                acquire(0, 0, 60),
                 Command::UnloadDecided { model: 0 },
                 Command::UnloadEnded { model: 0, revoke: true },
             ],
@@ -151,7 +143,7 @@ fn the_grant_with_the_loops_holds_as_a_table() {
         ),
         (
             "only held models in the way: refused, naming them",
-            vec![replacing(0), acquire(1, 60)],
+            vec![replacing(0), acquire(1, 0, 60)],
             grant(Ask::Load, false, 1),
             0,
             "refused: held a,b",
@@ -165,7 +157,7 @@ fn the_grant_with_the_loops_holds_as_a_table() {
         ),
         (
             "a retry keeps the held ones",
-            vec![acquire(1, 60)],
+            vec![acquire(1, 0, 60)],
             grant(Ask::Retry, false, 1),
             0,
             "evict a",
@@ -219,7 +211,7 @@ proptest! {
         for op in ops {
             let command = match op {
                 Op::Acquire(model, ttl) => {
-                    let effects = step(&mut state, acquire(model, ttl), now);
+                    let effects = step(&mut state, acquire(model, 0, ttl), now);
                     if let Some(Effect::Lease { answer: Ok(lease), .. }) = effects.last() {
                         leases.insert(lease.id.clone(), (model, now + Duration::from_secs(ttl.into())));
                     }

@@ -7,21 +7,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::step::{Change, IdleSeen, LeaseCommand, Rules, row};
+use super::step::{Change, IdleSeen, Rules};
+use super::testing::{Command, Effect, acquire, mv, row};
 use crate::pause::{PauseCause, PauseMode};
-
-/// The loop's commands and effects with numbers for waiters and no slot work.
-type Command = super::step::Command<u32>;
-/// See [`Command`].
-type Effect = super::step::Effect<u32>;
-
-fn mv(change: Change) -> Command {
-    Command::Move { model: 0, change, wall_ms: 0, apply: (), waiter: 0 }
-}
 
 /// Model 0 loaded, then `more`.
 fn loaded(more: Vec<Command>) -> Vec<Command> {
-    let up = [mv(Change::StartLoad), mv(Change::LoadDone { failed: None })];
+    let up = [mv(0, Change::StartLoad, 0), mv(0, Change::LoadDone { failed: None }, 0)];
     up.into_iter().chain(more).collect()
 }
 
@@ -36,12 +28,9 @@ fn the_idle_rule_as_a_table() {
         pins: 0,
         idle: s(60),
     };
-    let lease = || {
-        let command =
-            LeaseCommand::Acquire { owner: "job".into(), ttl_seconds: 600, wall_ms: 0, waiter: 0 };
-        Command::Lease { model: 0, command }
-    };
-    let pause = || mv(Change::Pause { mode: PauseMode::InPlace, cause: PauseCause::Operator });
+    let lease = || acquire(0, 0, 600);
+    let pause =
+        || mv(0, Change::Pause { mode: PauseMode::InPlace, cause: PauseCause::Operator }, 0);
     // (name, commands before, what housekeeping saw, the answer)
     let rows: Vec<(&str, Vec<Command>, IdleSeen, Option<Duration>)> = vec![
         ("idle for its timeout", loaded(vec![]), seen.clone(), Some(s(60))),
@@ -54,7 +43,7 @@ fn the_idle_rule_as_a_table() {
             None,
         ),
         ("not loaded", vec![], seen.clone(), None),
-        ("loading", vec![mv(Change::StartLoad)], seen.clone(), None),
+        ("loading", vec![mv(0, Change::StartLoad, 0)], seen.clone(), None),
         (
             "requests running or queued",
             loaded(vec![]),
@@ -65,7 +54,7 @@ fn the_idle_rule_as_a_table() {
         ("paused", loaded(vec![pause()]), seen.clone(), None),
         (
             "paused, then resumed",
-            loaded(vec![pause(), mv(Change::Resume)]),
+            loaded(vec![pause(), mv(0, Change::Resume, 0)]),
             seen.clone(),
             Some(s(60)),
         ),
@@ -78,7 +67,7 @@ fn the_idle_rule_as_a_table() {
         ),
         (
             "an unload under way",
-            loaded(vec![mv(Change::StartUnload { evict: false, pinned: false })]),
+            loaded(vec![mv(0, Change::StartUnload { evict: false, pinned: false }, 0)]),
             seen.clone(),
             None,
         ),

@@ -8,22 +8,13 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::step::{LeaseCommand, LeaseRefusal, ModelId, Rules, State, row, step};
+use super::step::{LeaseCommand, LeaseRefusal, ModelId, Rules, State, step};
+use super::testing::{Command, Effect, acquire, row};
 
-/// The loop's commands and effects with numbers for waiters and no slot work.
-type Command = super::step::Command<u32>;
-/// See [`Command`].
-type Effect = super::step::Effect<u32>;
 use crate::lease::LeaseChange;
 
 const WAIT: Duration = Duration::from_secs(10);
 const LIMIT: NonZeroU32 = NonZeroU32::new(2).unwrap();
-
-fn acquire(model: ModelId, waiter: u32, ttl_seconds: u32) -> Command {
-    let owner = "job".to_owned();
-    let command = LeaseCommand::Acquire { owner, ttl_seconds, wall_ms: 1_000, waiter };
-    Command::Lease { model, command }
-}
 
 fn settle(model: ModelId, id: &str, loaded: bool, waiter: u32) -> Command {
     Command::Lease { model, command: LeaseCommand::Settle { id: id.into(), loaded, waiter } }
@@ -49,7 +40,8 @@ fn ended(model: ModelId, revoke: bool) -> Command {
 fn refusal(r: LeaseRefusal) -> &'static str {
     match r {
         LeaseRefusal::UnloadPending => "unload_pending",
-        LeaseRefusal::TooMany => "too_many",
+        LeaseRefusal::TooMany { limit: 2 } => "too_many",
+        LeaseRefusal::TooMany { .. } => "too_many, another limit",
         LeaseRefusal::NotFound => "not_found",
         LeaseRefusal::Ended => "ended",
     }

@@ -9,17 +9,9 @@ use hangar_lifecycle::{ModelState, next_state};
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::step::{Change, LeaseCommand, ModelId, Rules, State, Stay, row, step};
+use super::step::{Change, Rules, State, Stay, step};
+use super::testing::{Command, Effect, acquire, mv, row};
 use crate::pause::{PauseCause, PauseMode};
-
-/// The loop's commands and effects with numbers for waiters and no slot work.
-type Command = super::step::Command<u32>;
-/// See [`Command`].
-type Effect = super::step::Effect<u32>;
-
-fn mv(model: ModelId, change: Change, waiter: u32) -> Command {
-    Command::Move { model, change, wall_ms: 0, apply: (), waiter }
-}
 
 fn start(waiter: u32) -> Command {
     mv(0, Change::StartLoad, waiter)
@@ -48,12 +40,6 @@ fn pause(waiter: u32) -> Command {
 
 fn resume(waiter: u32) -> Command {
     mv(0, Change::Resume, waiter)
-}
-
-fn lease_on(model: ModelId) -> Command {
-    let command =
-        LeaseCommand::Acquire { owner: "job".into(), ttl_seconds: 600, wall_ms: 0, waiter: 0 };
-    Command::Lease { model, command }
 }
 
 /// The moves as lines (`W: from -> to (gen G)` or `W: stays …`); other effects left out.
@@ -113,7 +99,12 @@ fn the_lifecycle_as_a_table() {
             unload(true, false, 1),
             "1: loaded -> unloading (gen 1)",
         ),
-        ("not of a leased one", with(up(), lease_on(0)), unload(true, false, 1), "1: stays Held"),
+        (
+            "not of a leased one",
+            with(up(), acquire(0, 0, 600)),
+            unload(true, false, 1),
+            "1: stays Held",
+        ),
         (
             "nor of one being replaced",
             with(up(), Command::Replacing { model: 0 }),
@@ -123,13 +114,13 @@ fn the_lifecycle_as_a_table() {
         ("nor of one its definition pins", up(), unload(true, true, 1), "1: stays Held"),
         (
             "another model's lease does not hold it",
-            with(up(), lease_on(1)),
+            with(up(), acquire(1, 0, 600)),
             unload(true, false, 1),
             "1: loaded -> unloading (gen 1)",
         ),
         (
             "an operator's unload goes whatever holds it",
-            with(up(), lease_on(0)),
+            with(up(), acquire(0, 0, 600)),
             unload(false, true, 1),
             "1: loaded -> unloading (gen 1)",
         ),
@@ -268,7 +259,7 @@ proptest! {
                 Op::Unload(evict, pinned) => Change::StartUnload { evict, pinned },
                 Op::UnloadDone => Change::UnloadDone,
                 Op::Crash(behind) => Change::Crash { generation: generation.saturating_sub(behind), message: "boom".into() },
-                Op::Lease => { step(&mut state, lease_on(0), now); held = true; continue }
+                Op::Lease => { step(&mut state, acquire(0, 0, 600), now); held = true; continue }
                 Op::Replacing => { step(&mut state, Command::Replacing { model: 0 }, now); held = true; continue }
                 Op::Pause => Change::Pause { mode: PauseMode::Abort, cause: PauseCause::Operator },
                 Op::Resume => Change::Resume,

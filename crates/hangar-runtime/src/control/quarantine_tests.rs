@@ -7,12 +7,8 @@ use std::time::Duration;
 use hangar_config::QuarantinePolicy;
 use tokio::time::Instant;
 
-use super::step::{Change, ModelId, Rules, State, row, step};
-
-/// The loop's commands and effects with numbers for waiters and no slot work.
-type Command = super::step::Command<u32>;
-/// See [`Command`].
-type Effect = super::step::Effect<u32>;
+use super::step::{Change, ModelId, Rules, State, step};
+use super::testing::{Command, Effect, mv, row};
 
 /// Two failures within a minute quarantine for 10 s, doubling up to 40 s.
 fn rules() -> Rules {
@@ -26,13 +22,12 @@ fn rules() -> Rules {
 }
 
 fn start(model: ModelId) -> Command {
-    Command::Move { model, change: Change::StartLoad, wall_ms: 0, apply: (), waiter: 0 }
+    mv(model, Change::StartLoad, 0)
 }
 
 /// A load of `model` that failed with `message`, the model's own failure.
 fn fail(model: ModelId, message: &str) -> Command {
-    let change = Change::LoadDone { failed: Some((message.into(), true)) };
-    Command::Move { model, change, wall_ms: 0, apply: (), waiter: 0 }
+    mv(model, Change::LoadDone { failed: Some((message.into(), true)) }, 0)
 }
 
 /// A load of `model` that started and failed with `message`.

@@ -7,12 +7,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::step::{ModelId, Rules, State, TurnKind, row, step};
-
-/// The loop's commands and effects with numbers for waiters and no slot work.
-type Command = super::step::Command<u32>;
-/// See [`Command`].
-type Effect = super::step::Effect<u32>;
+use super::step::{ModelId, Rules, State, TurnKind, step};
+use super::testing::{Command, Effect, row};
 
 const WAIT: Duration = Duration::from_secs(10);
 

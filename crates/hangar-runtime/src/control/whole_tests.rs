@@ -12,14 +12,10 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use super::step::{Change, GrantAsk, IdleSeen, LeaseCommand, Rules, State, TurnKind, step};
+use super::testing::{Command, Effect, acquire, mv};
 use crate::grant::{Ask, Refusal};
 use crate::lease::Held;
 use crate::pause::{PauseCause, PauseMode};
-
-/// The loop's commands and effects with numbers for waiters and no slot work.
-type Command = super::step::Command<u32>;
-/// See [`Command`].
-type Effect = super::step::Effect<u32>;
 
 const MODELS: usize = 3;
 const NAMES: [&str; MODELS] = ["a", "b", "c"];
@@ -238,10 +234,7 @@ proptest! {
                     let (model, turn) = world.turns.remove(&held).unwrap();
                     Command::Done { model, turn }
                 }
-                Op::Acquire(model, ttl_seconds) => {
-                    let command = LeaseCommand::Acquire { owner: "job".into(), ttl_seconds, wall_ms: 0, waiter };
-                    Command::Lease { model, command }
-                }
+                Op::Acquire(model, ttl_seconds) => acquire(model, waiter, ttl_seconds),
                 Op::Settle(n, loaded) => {
                     let Some((model, id)) = pick(&mut world.reserved, n) else { continue };
                     Command::Lease { model, command: LeaseCommand::Settle { id, loaded, waiter } }
@@ -273,7 +266,7 @@ proptest! {
                         8 => Change::Pause { mode: PauseMode::Retract, cause: PauseCause::Operator },
                         _ => Change::Crash { generation: (waiter % 3).into(), message: "boom".into() },
                     };
-                    Command::Move { model, change, wall_ms: 0, apply: (), waiter }
+                    mv(model, change, waiter)
                 }
                 Op::Grant(model, each, memory) => {
                     let loaded: Vec<(usize, LoadedModel)> = each.iter().enumerate().filter(|(m, _)| *m != model).map(|(m, &(secs, vram_mib))| {
@@ -317,38 +310,11 @@ proptest! {
             if asks {
                 world.asked.insert(waiter);
             }
-            let shown = match &command {
-                Command::Move { .. } | Command::Grant { .. } => Some(command_kind(&command)),
-                _ => None,
-            };
+            let shown = matches!(command, Command::Move { .. } | Command::Grant { .. }).then(|| command.clone());
             let effects = step(&mut state, command, now);
             world.take(effects, shown.as_ref(), &mib, now);
             // Invariant: no command lost: whoever asked and was not answered still waits.
             prop_assert_eq!(state.waiting(), world.asked.len() - world.answered.len());
         }
-    }
-}
-
-/// What the world needs to know of a command after `step` took it.
-fn command_kind(command: &Command) -> Command {
-    match command {
-        Command::Move { model, change, .. } => Command::Move {
-            model: *model,
-            change: change.clone(),
-            wall_ms: 0,
-            apply: (),
-            waiter: 0,
-        },
-        Command::Grant { model, ask, .. } => Command::Grant {
-            model: *model,
-            ask: GrantAsk {
-                ask: ask.ask,
-                loaded: Vec::new(),
-                incoming: ask.incoming.clone(),
-                memory: ask.memory,
-            },
-            waiter: 0,
-        },
-        _ => Command::Tick,
     }
 }
