@@ -2,7 +2,8 @@
 through Playwright for Python; no browser download).
 
 Against the demo server at HANGAR_URL it: sees every model and the live stream; unloads a
-model and sees its row turn `unloaded` without a page reload; loads it through the dialog
+model and sees its row turn `unloaded` without a page reload, and the readiness line name it
+with its reason; loads it through the dialog
 with an override and a preset, after seeing a 400 and a 422 shown at the fields they name;
 checks that fields absent from `load_constraints` are not offered, that the effective
 value follows the key-presence rule and that bytes are typed in MiB; pauses, continues,
@@ -85,6 +86,11 @@ def main():
         # Unload by its button: the row turns unloaded, live.
         row(MODEL).locator('button[data-action="unload"]').click()
         expect(row(MODEL)).to_have_attribute("data-state", "unloaded", timeout=30000)
+        # An enabled model unloaded: the page says the server is not ready, and why.
+        readiness = page.locator("#readiness")
+        expect(readiness).to_have_attribute("data-ready", "false", timeout=15000)
+        expect(readiness).to_contain_text(f"{MODEL} (unloaded)")
+        expect(row(MODEL).locator('.mark[data-reason="unloaded"]')).to_have_count(1)
 
         # The load dialog, from load_constraints.
         definition = api(f"/v1/admin/models/{MODEL}")
@@ -120,6 +126,8 @@ def main():
         dialog.locator("#load-submit").click()
         expect(dialog).to_be_hidden(timeout=120000)
         expect(row(MODEL)).to_have_attribute("data-state", "loaded", timeout=60000)
+        expect(page.locator("#readiness")).not_to_contain_text(f"{MODEL} (", timeout=15000)
+        expect(row(MODEL).locator(".mark[data-reason]")).to_have_count(0)
         override = api(f"/v1/admin/models/{MODEL}")["load_override"]
         assert override == {"gguf_n_ctx": 512, "gguf_type_k": "q8_0", "gguf_type_v": "q8_0"}, override
         # The dialog now shows the override as the effective value.

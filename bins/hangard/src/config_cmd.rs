@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use hangar_config::{Config, ConfigError};
 use serde_json::json;
 
-/// `hangard config check`: prints the effective config, or every problem and exits 1.
+/// `hangard config check`: prints the effective config (and on stderr a `warning:` line for
+/// each model type with more enabled models than slots), or every problem and exits 1.
 pub(crate) fn check(dir: &Path, json: bool, raw: bool) -> anyhow::Result<ExitCode> {
     let loaded = hangar_config::read_merged(dir).and_then(|merged| {
         let config = Config::from_value(&merged)?;
@@ -14,8 +15,19 @@ pub(crate) fn check(dir: &Path, json: bool, raw: bool) -> anyhow::Result<ExitCod
     });
     match loaded {
         Ok((merged, config)) => {
+            let warnings: Vec<String> =
+                config.slot_warnings().iter().map(ToString::to_string).collect();
+            if !json {
+                for warning in &warnings {
+                    eprintln!("warning: {warning}");
+                }
+            }
             let shown = if raw { merged } else { config.to_effective_json() };
-            let out = if json { json!({ "valid": true, "config": shown }) } else { shown };
+            let out = if json {
+                json!({ "valid": true, "warnings": warnings, "config": shown })
+            } else {
+                shown
+            };
             println!("{}", serde_json::to_string_pretty(&out)?);
             Ok(ExitCode::SUCCESS)
         }

@@ -336,15 +336,28 @@ fn announce(addr: SocketAddr) -> Result<()> {
     Ok(())
 }
 
-/// Loads every `enabled` model (one after another) and logs each outcome; a model that
+/// Loads the enabled models as the start-up plan says (config order, as many of each type
+/// as it has slots, none evicting another) and logs what happened to each; a model that
 /// fails is logged, not fatal.
 async fn load_enabled(manager: Manager) {
-    for (name, result) in manager.load_enabled().await {
-        match result {
-            Ok(model) => {
-                tracing::info!(model = %name, replicas = model.loaded_replicas, "enabled model loaded");
+    use hangar_runtime::StartUp;
+    for (name, outcome) in manager.load_enabled().await {
+        match outcome {
+            StartUp::Loaded(model) => {
+                tracing::info!(model = %name, replicas = model.loaded_replicas, "start-up: enabled model loaded");
             }
-            Err(error) => tracing::error!(model = %name, %error, "enabled model failed to load"),
+            StartUp::NoSlot => tracing::warn!(
+                model = %name,
+                "start-up: enabled model left unloaded: every slot of its type (max_loaded_models) went to enabled models before it in config order"
+            ),
+            StartUp::NoRoom(error) => tracing::warn!(
+                model = %name,
+                %error,
+                "start-up: enabled model not loaded: it would have evicted another enabled model"
+            ),
+            StartUp::Failed(error) => {
+                tracing::error!(model = %name, %error, "start-up: enabled model failed to load");
+            }
         }
     }
 }

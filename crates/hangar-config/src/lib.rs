@@ -14,6 +14,8 @@
 //!   fields that belong to another backend;
 //! - the JSON Schema of the whole config ([`config_schema`]);
 //! - the caps on what one request may ask and on leases per model ([`Limits`]);
+//! - the start-up plan: which enabled models load, in what order, and which their type's
+//!   slots leave out ([`Config::start_up_plan`], [`Config::slot_warnings`]);
 //! - the live-load fields a load request may override, each declared once with its UI
 //!   constraint ([`LOAD_FIELDS`], [`load_constraints`]).
 //!
@@ -48,6 +50,7 @@ mod request_args;
 mod schema;
 mod secret;
 mod sections;
+mod start_up;
 mod validate;
 mod vram;
 
@@ -88,5 +91,6 @@ pub use sections::{
     LlamaServerSettings, OpenAiRemoteSettings, StubSettings, VllmServeSettings, VllmSettings,
     parse_cache_quant,
 };
+pub use start_up::{SlotWarning, StartUpChoice};
 pub use validate::{ValidationError, json_kind};
 pub use vram::{BudgetAmount, VramBudget};

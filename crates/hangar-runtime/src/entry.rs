@@ -34,6 +34,8 @@ pub(crate) struct ModelEntry {
     pub(crate) logs: ModelLogs,
     /// Tells running requests to abort or retract (a pause).
     pub(crate) interrupts: Interrupts,
+    /// What start-up decided for the model, for readiness.
+    pub(crate) start_up: crate::start_up::MarkCell,
 }
 
 pub(crate) struct Slot {
@@ -100,6 +102,7 @@ impl ModelEntry {
             idle_timeout,
             logs: ModelLogs::default(),
             interrupts: Interrupts::new(),
+            start_up: Default::default(),
         }
     }
 

@@ -28,6 +28,9 @@ pub(crate) struct Creation {
     /// Whether the GPU memory the runtimes take becomes the model's figure (not for weights
     /// other than its definition's).
     pub(crate) measure: bool,
+    /// Whether models whose config says `enabled` are held too (start-up's loads: one
+    /// enabled model never evicts another).
+    pub(crate) spare_enabled: bool,
 }
 
 /// A turn in the load lane, granted by the control loop: the one lane and the model's
@@ -54,13 +57,12 @@ impl Lane<'_> {
             Some(backend) => backend.preflight(&c.model).await,
         };
         preflight.map_err(|e| Outcome::Failed(e.into()))?;
-        let room = manager.make_room(entry, &c.model, c.replicas, &c.load_override, c.ask);
-        let settled = room.await.map_err(Outcome::Refused)?;
+        let settled = manager.make_room(entry, c).await.map_err(Outcome::Refused)?;
         let before = if settled && c.measure { manager.gpu_used_mib(entry).await } else { None };
         // The spec's retry after evicting everything else is a load's; a reload or an
         // update that fails leaves the old runtimes serving and every other model loaded.
         let runtimes = match c.ask {
-            Ask::Load => manager.load_with_retry(entry, &c.model, c.replicas).await,
+            Ask::Load => manager.load_with_retry(entry, c).await,
             Ask::SecondCopy | Ask::Retry => {
                 manager.load_replicas(entry, &c.model, c.replicas).await.map_err(Into::into)
             }
@@ -80,8 +82,7 @@ impl Manager {
         Lane { manager: self, entry, _turn: turn }
     }
 
-    /// Plans and executes the evictions `ask` for `model` (`replicas` replicas under
-    /// `load_override`) needs, after the memory of earlier unloads shows as released, and
+    /// Plans and executes the evictions the creation `c` needs, after the memory of earlier unloads shows as released, and
     /// waits for the victims' memory too. `Ok(settled)`: whether every release showed in time (else a GPU delta measured
     /// across the load would be wrong).
     ///
@@ -91,15 +92,13 @@ impl Manager {
     pub(crate) async fn make_room(
         &self,
         entry: &Arc<ModelEntry>,
-        model: &Arc<ModelConfig>,
-        replicas: u32,
-        load_override: &LoadOverride,
-        ask: Ask,
+        c: &Creation,
     ) -> Result<bool, Refusal> {
         let settled = self.wait_for_release(entry).await;
-        let memory = self.memory_for(entry, model, replicas, load_override).await;
+        let memory = self.memory_for(entry, &c.model, c.replicas, &c.load_override).await;
         let incoming = incoming(entry);
-        let loaded = self.loaded_models();
+        let loaded = self.loaded_models(c.spare_enabled);
+        let ask = c.ask;
         let plan =
             self.inner.control.grant(entry.position, GrantAsk { ask, loaded, incoming, memory });
         let plan = plan.await?;
@@ -108,8 +107,9 @@ impl Manager {
     }
 
     /// Loaded models as the eviction policy sees them, with their model ids; `held` says
-    /// what their definitions pin (the grant adds the control loop's holds).
-    pub(crate) fn loaded_models(&self) -> Vec<(ModelId, LoadedModel)> {
+    /// what their definitions pin, and with `spare_enabled` the enabled ones too (the grant
+    /// adds the control loop's holds).
+    pub(crate) fn loaded_models(&self, spare_enabled: bool) -> Vec<(ModelId, LoadedModel)> {
         let mut loaded = Vec::new();
         for entry in &self.inner.order {
             let slot = entry.lock();
@@ -128,7 +128,7 @@ impl Manager {
                     device: entry.config.device,
                     last_use: slot.last_use.map_or_else(Instant::now, |(t, _)| t).into_std(),
                     inflight: busy + self.inner.control.pins(entry.position),
-                    held: entry.config.pinned,
+                    held: entry.config.pinned || (spare_enabled && entry.config.enabled),
                     vram_mib: crate::gpu::vram_held(entry, &slot),
                 },
             ));

@@ -34,6 +34,9 @@
 //!   and admission by them under a `vram_budget`: a load that does not fit evicts least
 //!   recently used idle models for memory or is refused with `insufficient_vram`, and a
 //!   load after an unload waits (bounded) for the driver to show the memory released;
+//! - start-up ([`Manager::load_enabled`]): the enabled models in config order, of each type
+//!   as many as it has slots, none evicting another; and readiness
+//!   ([`Manager::not_serving`]): each enabled model that is not serving, with a typed reason;
 //! - [`ModelSnapshot`], one value per model carrying every field of the admin API's row.
 //!
 //! ```
@@ -69,6 +72,7 @@ mod pause;
 mod phase;
 mod quarantine;
 mod snapshot;
+mod start_up;
 mod state;
 mod unload;
 mod vram;
@@ -86,6 +90,7 @@ pub use manager::{Backends, LoadOptions, Manager};
 pub use pause::{PauseCause, PauseInfo, PauseMode};
 pub use quarantine::{Failure, FailureKind, QuarantineInfo, RECENT_FAILURES};
 pub use snapshot::{ModelFilter, ModelSnapshot, ModelStatus, VramEstimateSource};
+pub use start_up::{NotServing, NotServingReason, StartUp};
 pub use state::VRAM_STATE_FILE;
 pub use vram::{ProcessTreeFigure, VramDetail, VramMethod};
 pub use weights::{WeightUpdate, WeightsAction, WeightsReport};

@@ -98,7 +98,7 @@ impl Manager {
         self.load_with(name, LoadOptions::default(), false, Trigger::OnDemand).await
     }
 
-    async fn load_with(
+    pub(crate) async fn load_with(
         &self,
         name: &str,
         options: LoadOptions,
@@ -128,9 +128,12 @@ impl Manager {
             Next::Start => {
                 // The loop's quarantine rule: an explicit load lifts it, one on demand is
                 // refused while it lasts.
-                let explicit = matches!(trigger, Trigger::Explicit);
+                let explicit = !matches!(trigger, Trigger::OnDemand);
                 let may = self.inner.control.may_load(entry.position, explicit).await;
                 may.map_err(|refused| refused.into_error(entry.config.name.as_str()))?;
+                if !matches!(trigger, Trigger::StartUp) {
+                    entry.start_up.loading();
+                }
                 let p = prepared.unwrap_or_else(|| Prepared::configured(&entry.config));
                 let (tx, rx) = outcome::channel();
                 let loading = rx.clone();
@@ -149,7 +152,7 @@ impl Manager {
                     let _admin = admin;
                     let control = &this.inner.control;
                     if control.change(e.position, Change::StartLoad, apply).await.is_ok() {
-                        this.run_load(e, tx).await;
+                        this.run_load(e, tx, trigger).await;
                     }
                 });
                 rx
@@ -218,7 +221,7 @@ impl Manager {
     /// loads every replica (all or nothing), and retries once after evicting everything
     /// else when a failure other than not-found happens. A backend that is not compiled in,
     /// or whose preflight fails (a missing Python package), fails before anything is evicted.
-    async fn run_load(&self, entry: Arc<ModelEntry>, done: OutcomeTx) {
+    async fn run_load(&self, entry: Arc<ModelEntry>, done: OutcomeTx, trigger: Trigger) {
         let lane = self.enter_lane(&entry).await;
         ModelEntry::touch(&mut entry.lock());
         let creation = {
@@ -229,6 +232,7 @@ impl Manager {
                 load_override: slot.load_override.clone(),
                 ask: Ask::Load,
                 measure: true,
+                spare_enabled: matches!(trigger, Trigger::StartUp),
             }
         };
         let result = lane.create(&creation).await;
@@ -268,16 +272,16 @@ impl Manager {
     pub(crate) async fn load_with_retry(
         &self,
         entry: &Arc<ModelEntry>,
-        model: &Arc<ModelConfig>,
-        replicas: u32,
+        c: &Creation,
     ) -> Result<Vec<Arc<dyn Runtime>>, EngineFailure> {
+        let (model, replicas) = (&c.model, c.replicas);
         let first = match self.load_replicas(entry, model, replicas).await {
             Ok(runtimes) => return Ok(runtimes),
             Err(e) if !e.eviction_may_help() => return Err(e.into()),
             Err(e) => e,
         };
         let incoming = incoming(entry);
-        let loaded = self.loaded_models();
+        let loaded = self.loaded_models(c.spare_enabled);
         let ask = GrantAsk { ask: Ask::Retry, loaded, incoming, memory: None };
         match self.inner.control.grant(entry.position, ask).await {
             Ok(plan) if !plan.is_empty() => {
@@ -322,6 +326,7 @@ impl Manager {
             load_override: prepared.load_override.clone(),
             ask: Ask::SecondCopy,
             measure: true,
+            spare_enabled: false,
         };
         let runtimes = match lane.create(&creation).await {
             Ok(runtimes) => runtimes,
@@ -434,11 +439,13 @@ impl Manager {
 
 /// Who asked for a load.
 #[derive(Clone, Copy)]
-enum Trigger {
+pub(crate) enum Trigger {
     /// An operator's load (admin, multi-model, KServe, reload): lifts a quarantine.
     Explicit,
     /// A request's auto-load or a lease: refused while quarantined.
     OnDemand,
+    /// Start-up's load of an enabled model: evicts no other enabled model.
+    StartUp,
 }
 
 /// What a load does given the model's state.

@@ -98,6 +98,8 @@ pub(crate) struct Inner {
     pub(crate) vram_budget: Option<hangar_config::VramBudget>,
     /// Where measured figures persist (`state_dir`).
     pub(crate) state: Option<crate::state::StateFile>,
+    /// What start-up does with each enabled model, in order (model positions).
+    pub(crate) start_up: Vec<(usize, hangar_config::StartUpChoice)>,
 }
 
 impl Manager {
@@ -124,6 +126,7 @@ impl Manager {
             order.push(Arc::clone(&entry));
             models.insert(model.name.clone(), entry);
         }
+        let start_up = crate::start_up::mark(config, &models);
         let state = config.state_dir.as_deref().map(crate::state::StateFile::new);
         if let Some(state) = &state {
             state.restore(&order);
@@ -156,6 +159,7 @@ impl Manager {
                 ))),
                 vram_budget: config.vram_budget.clone(),
                 state,
+                start_up,
             }),
         }
     }
@@ -288,17 +292,6 @@ impl Manager {
             .collect()
     }
 
-    /// Names of the models whose config says `enabled` and that are not loaded, in config
-    /// order: empty when the server is ready.
-    pub fn not_ready(&self) -> Vec<ModelName> {
-        self.inner
-            .order
-            .iter()
-            .filter(|e| e.config.enabled && e.lock().lifecycle.state() != ModelState::Loaded)
-            .map(|e| e.config.name.clone())
-            .collect()
-    }
-
     /// The most recently loaded model still loaded, if any.
     pub fn last_loaded(&self) -> Option<ModelName> {
         let last = self.inner.last_loaded.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
@@ -327,19 +320,5 @@ impl Manager {
     /// The epoch of this manager's event ids: its start, Unix milliseconds.
     pub fn events_epoch(&self) -> u64 {
         self.inner.events.journal.epoch
-    }
-
-    /// Loads every model whose config says `enabled: true`, one after another, and returns
-    /// each result.
-    pub async fn load_enabled(&self) -> Vec<(ModelName, Result<ModelSnapshot, ManagerError>)> {
-        let mut results = Vec::new();
-        for entry in &self.inner.order {
-            if entry.config.enabled {
-                let name = entry.config.name.clone();
-                let result = self.load(name.as_str(), LoadOptions::default()).await;
-                results.push((name, result));
-            }
-        }
-        results
     }
 }

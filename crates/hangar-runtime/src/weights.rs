@@ -152,6 +152,7 @@ impl Manager {
                 ask: Ask::SecondCopy,
                 // Other weights than the definition's: their memory is not its figure.
                 measure: false,
+                spare_enabled: false,
             }
         };
         let runtimes = match lane.create(&creation).await {

@@ -26,10 +26,79 @@ pub(crate) struct Healthz {
 /// `GET /readyz`, with 200 or 503.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct Readyz {
-    /// Whether every model with `enabled: true` is loaded.
+    /// Whether every enabled model of start-up's set is loaded (the enabled models start-up
+    /// left out by rule, `no_slot` and `no_room`, do not hold readiness back).
     ready: bool,
-    /// The enabled models that are not loaded.
+    /// The enabled models that hold readiness back.
     not_loaded: Vec<String>,
+    /// Every enabled model that is not serving, in config order, with the reason.
+    not_serving: Vec<NotServing>,
+}
+
+/// An enabled model that is not serving.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct NotServing {
+    /// The model.
+    model: String,
+    /// Why.
+    reason: NotServingReason,
+    /// The detail (the last error, the refusal), when there is one; while keys are set,
+    /// only for callers with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    /// Whether the server is not ready while this lasts.
+    holds_readiness: bool,
+}
+
+/// Why an enabled model is not serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum NotServingReason {
+    /// Start-up has not reached it yet.
+    StartUpPending,
+    /// A load is in progress.
+    Loading,
+    /// An unload is in progress.
+    Unloading,
+    /// Its last load failed or its runtime crashed (`message` says why).
+    LoadFailed,
+    /// It failed too often; loads on demand are refused for a while.
+    Quarantined,
+    /// Start-up left it unloaded: more models of its type are enabled than
+    /// `max_loaded_models` allows (`hangard config check` warns).
+    NoSlot,
+    /// Start-up did not load it: only evicting another enabled or pinned model would have
+    /// made room (`message` says which).
+    NoRoom,
+    /// Unloaded after start-up (by an operator, for idleness, or evicted).
+    Unloaded,
+}
+
+impl From<hangar_runtime::NotServingReason> for NotServingReason {
+    fn from(reason: hangar_runtime::NotServingReason) -> Self {
+        use hangar_runtime::NotServingReason as R;
+        match reason {
+            R::StartUpPending => Self::StartUpPending,
+            R::Loading => Self::Loading,
+            R::Unloading => Self::Unloading,
+            R::LoadFailed => Self::LoadFailed,
+            R::Quarantined => Self::Quarantined,
+            R::NoSlot => Self::NoSlot,
+            R::NoRoom => Self::NoRoom,
+            R::Unloaded => Self::Unloaded,
+        }
+    }
+}
+
+impl From<hangar_runtime::NotServing> for NotServing {
+    fn from(n: hangar_runtime::NotServing) -> Self {
+        Self {
+            model: n.model.to_string(),
+            reason: n.reason.into(),
+            message: n.message,
+            holds_readiness: n.holds_readiness,
+        }
+    }
 }
 
 /// The content type of the Prometheus text format.
@@ -54,10 +123,20 @@ pub(crate) fn not_ready_models(manager: &hangar_runtime::Manager) -> Vec<String>
 }
 
 pub(crate) async fn readyz(ctx: Ctx) -> Result<Response, ApiError> {
-    let not_loaded = not_ready(&ctx);
+    // While keys are set, a caller without one is told the reasons, not the error texts.
+    let disclose = crate::auth::discloses(&ctx.state.options, &ctx.headers);
+    let not_serving: Vec<NotServing> = ctx
+        .state
+        .manager
+        .not_serving()
+        .into_iter()
+        .map(|n| NotServing { message: n.message.clone().filter(|_| disclose), ..n.into() })
+        .collect();
+    let not_loaded: Vec<String> =
+        not_serving.iter().filter(|n| n.holds_readiness).map(|n| n.model.clone()).collect();
     let ready = not_loaded.is_empty();
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    Ok(json_response(status, &Readyz { ready, not_loaded }))
+    Ok(json_response(status, &Readyz { ready, not_loaded, not_serving }))
 }
 
 /// `GET /metrics`: OpenMetrics when the scraper asks for it, else Prometheus text.

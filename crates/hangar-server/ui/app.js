@@ -28,6 +28,7 @@ const page = {
   order: [], // names in config order
   pending: new Set(), // names whose row is to be re-read
   refreshing: null,
+  notServing: new Map(), // enabled model not serving → { reason, message, holds_readiness } (GET /readyz)
 };
 
 // ---------------------------------------------------------------------------------------
@@ -143,6 +144,22 @@ async function loadAll() {
   fillFilters();
   renderTable();
   fillModelSelects();
+  readiness();
+}
+
+/** Reads `GET /readyz`: the readiness line, and a mark on each enabled model not serving. */
+async function readiness() {
+  const { status, body } = await api("/readyz");
+  if (!body || !Array.isArray(body.not_serving)) return;
+  const before = new Set(page.notServing.keys());
+  page.notServing = new Map(body.not_serving.map((n) => [n.model, n]));
+  const line = $("#readiness");
+  line.dataset.ready = String(status === 200);
+  const listed = body.not_serving.map((n) => `${n.model} (${n.reason.replaceAll("_", " ")}${n.holds_readiness ? "" : ", not counted"})`);
+  line.textContent = status === 200
+    ? `Ready${listed.length ? `; enabled but not serving: ${listed.join(", ")}` : ": every enabled model is serving"}`
+    : `Not ready: ${listed.join(", ")}`;
+  for (const name of new Set([...before, ...page.notServing.keys()])) if (page.rows.has(name)) updateRow(name);
 }
 
 /** Re-reads the rows named in `page.pending`, at most one batch at a time. */
@@ -163,6 +180,7 @@ function refresh(name) {
     }
     page.refreshing = null;
     fillModelSelects();
+    readiness();
   })();
 }
 
@@ -208,6 +226,8 @@ function marks(row) {
   }
   if (row.pause) out.push(el("span", { class: "mark", title: `paused (${row.pause.cause})`, text: `paused: ${row.pause.mode}` }));
   if (row.quarantine) out.push(el("span", { class: "mark", title: `retry after ${row.quarantine.retry_after_s} s`, text: "quarantined" }));
+  const idle = page.notServing.get(row.name);
+  if (idle) out.push(el("span", { class: "mark", "data-reason": idle.reason, title: idle.message || (idle.holds_readiness ? "holds readiness back" : "does not hold readiness back"), text: idle.reason.replaceAll("_", " ") }));
   return out;
 }
 
