@@ -39,47 +39,70 @@ pub struct LogLine {
 
 /// The log of one model: the last [`LOG_CAPACITY`] lines of all its replicas, across
 /// loads, plus a live feed for followers. Cheap to clone (shared).
-#[derive(Clone)]
-pub struct ModelLogs(Arc<Inner>);
+///
+/// A model that never logs costs one small allocation: the lines grow as they come, and the
+/// live feed (a channel of [`LIVE_CAPACITY`] slots) exists only while someone follows; it
+/// is released at the first line after the last follower left.
+#[derive(Clone, Default)]
+pub struct ModelLogs(Arc<Mutex<Log>>);
 
-struct Inner {
-    lines: Mutex<VecDeque<LogLine>>,
-    live: broadcast::Sender<LogLine>,
-}
+/// Lines a follower may fall behind before it misses some.
+pub(crate) const LIVE_CAPACITY: usize = 256;
 
-impl Default for ModelLogs {
-    fn default() -> Self {
-        let (live, _) = broadcast::channel(256);
-        Self(Arc::new(Inner { lines: Mutex::new(VecDeque::new()), live }))
-    }
+#[derive(Default)]
+struct Log {
+    lines: VecDeque<LogLine>,
+    /// The live feed, while anyone follows.
+    live: Option<broadcast::Sender<LogLine>>,
 }
 
 impl ModelLogs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Appends a line stamped now, dropping the oldest when full, and sends it to followers.
     pub fn push(&self, replica: u32, stream: LogStream, line: impl Into<String>) {
         let timestamp = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
         let line = LogLine { timestamp, replica, stream, line: line.into() };
-        {
-            let mut lines = self.0.lines.lock().unwrap_or_else(PoisonError::into_inner);
-            if lines.len() == LOG_CAPACITY {
-                lines.pop_front();
-            }
-            lines.push_back(line.clone());
+        let mut log = self.lock();
+        if log.lines.len() == LOG_CAPACITY {
+            log.lines.pop_front();
         }
-        let _ = self.0.live.send(line);
+        if let Some(live) = &log.live {
+            match live.receiver_count() {
+                0 => log.live = None,
+                _ => drop(live.send(line.clone())),
+            }
+        }
+        log.lines.push_back(line);
+    }
+
+    /// Whether a live feed is allocated (someone follows, or followed since the last line).
+    pub fn is_followed(&self) -> bool {
+        self.lock().live.is_some()
     }
 
     /// The last `n` lines, oldest first.
     pub fn tail(&self, n: usize) -> Vec<LogLine> {
-        let lines = self.0.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let log = self.lock();
+        let lines = &log.lines;
         lines.iter().skip(lines.len().saturating_sub(n)).cloned().collect()
     }
 
     /// The last `n` lines and a receiver of every later line, taken atomically (no line is
     /// missed or repeated between the two).
     pub fn follow(&self, n: usize) -> (Vec<LogLine>, broadcast::Receiver<LogLine>) {
-        let lines = self.0.lines.lock().unwrap_or_else(PoisonError::into_inner);
-        let receiver = self.0.live.subscribe();
+        let mut log = self.lock();
+        let receiver = match &log.live {
+            Some(live) => live.subscribe(),
+            None => {
+                let (live, receiver) = broadcast::channel(LIVE_CAPACITY);
+                log.live = Some(live);
+                receiver
+            }
+        };
+        let lines = &log.lines;
         let tail = lines.iter().skip(lines.len().saturating_sub(n)).cloned().collect();
         (tail, receiver)
     }
@@ -87,7 +110,7 @@ impl ModelLogs {
 
 impl std::fmt::Debug for ModelLogs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let len = self.0.lines.lock().unwrap_or_else(PoisonError::into_inner).len();
+        let len = self.lock().lines.len();
         f.debug_struct("ModelLogs").field("lines", &len).finish()
     }
 }
@@ -124,5 +147,26 @@ mod tests {
         let next = live.recv().await.unwrap();
         assert_eq!((next.replica, next.line.as_str()), (1, "after"));
         assert!(live.try_recv().is_err());
+    }
+
+    #[test]
+    fn the_live_feed_exists_only_while_followed() {
+        let logs = ModelLogs::default();
+        logs.push(0, LogStream::Stdout, "nobody follows");
+        assert!(!logs.is_followed(), "pushing allocates no feed");
+        let (_, first) = logs.follow(0);
+        let (_, second) = logs.follow(0);
+        assert!(logs.is_followed());
+        drop(first);
+        logs.push(0, LogStream::Stdout, "one follower left");
+        assert!(logs.is_followed(), "kept while anyone follows");
+        drop(second);
+        logs.push(0, LogStream::Stdout, "none left");
+        assert!(!logs.is_followed(), "released at the first line after the last follower");
+        // Following again starts a fresh feed that gets later lines.
+        let (tail, mut live) = logs.follow(1);
+        assert_eq!(tail[0].line, "none left");
+        logs.push(2, LogStream::Hangar, "again");
+        assert_eq!(live.try_recv().unwrap().line, "again");
     }
 }

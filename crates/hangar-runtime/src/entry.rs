@@ -101,7 +101,7 @@ impl ModelEntry {
             artifacts,
             idle_timeout,
             logs: ModelLogs::default(),
-            interrupts: Interrupts::new(),
+            interrupts: Interrupts::default(),
             start_up: Default::default(),
         }
     }

@@ -192,6 +192,28 @@ impl Manager {
         self.list(&ModelFilter::default())
     }
 
+    /// Up to `max` of the configured models that pass `filter`, in config order, from
+    /// config position `from` on, and the position to continue from (`None`: no more).
+    /// Listing page by page holds only a page of snapshots at a time.
+    pub fn list_page(
+        &self,
+        filter: &ModelFilter,
+        from: usize,
+        max: usize,
+    ) -> (Vec<ModelSnapshot>, Option<usize>) {
+        let mut page = Vec::with_capacity(max.min(self.inner.order.len()));
+        for (position, entry) in self.inner.order.iter().enumerate().skip(from) {
+            if page.len() == max {
+                return (page, Some(position));
+            }
+            let slot = entry.lock();
+            if filter.matches(slot.lifecycle.state(), entry.config.model_type) {
+                page.push(snapshot_of(entry, &slot));
+            }
+        }
+        (page, None)
+    }
+
     /// The configured models that pass `filter`, in config order.
     pub fn list(&self, filter: &ModelFilter) -> Vec<ModelSnapshot> {
         self.inner

@@ -108,23 +108,38 @@ pub(crate) struct Interrupt {
     action: Option<Action>,
 }
 
-/// A model's interrupt channel: the manager sends, each admitted request watches.
-pub(crate) struct Interrupts(watch::Sender<Interrupt>);
+/// A model's interrupt channel: the manager sends, each admitted request watches. The
+/// channel exists only while requests watch: the first subscriber creates it, and a send
+/// that finds no one watching releases it (an idle model holds no channel).
+#[derive(Default)]
+pub(crate) struct Interrupts(std::sync::Mutex<Option<watch::Sender<Interrupt>>>);
 
 impl Interrupts {
-    pub(crate) fn new() -> Self {
-        Self(watch::Sender::new(Interrupt::default()))
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<watch::Sender<Interrupt>>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<Interrupt> {
-        self.0.subscribe()
+        self.lock().get_or_insert_with(|| watch::Sender::new(Interrupt::default())).subscribe()
     }
 
     fn send(&self, action: Action) {
-        self.0.send_modify(|i| {
+        let mut channel = self.lock();
+        let Some(tx) = channel.as_ref() else { return };
+        if tx.receiver_count() == 0 {
+            *channel = None;
+            return;
+        }
+        tx.send_modify(|i| {
             i.seq += 1;
             i.action = Some(action);
         });
+    }
+
+    /// Whether the channel is allocated.
+    #[cfg(test)]
+    pub(crate) fn is_allocated(&self) -> bool {
+        self.lock().is_some()
     }
 }
 
@@ -287,5 +302,29 @@ pub(crate) fn not_loaded(state: ModelState, what: &str) -> ManagerError {
     ManagerError::Conflict {
         state,
         message: format!("the model is {state}; {what} needs it loaded"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_interrupt_channel_exists_only_while_requests_watch() {
+        let interrupts = Interrupts::default();
+        interrupts.send(Action::Retract);
+        assert!(!interrupts.is_allocated(), "a send with no one watching allocates nothing");
+        let mut rx = interrupts.subscribe();
+        assert!(interrupts.is_allocated());
+        interrupts.send(Action::Abort("paused".into()));
+        assert_eq!(next_action(&mut rx).await, Action::Abort("paused".into()));
+        drop(rx);
+        interrupts.send(Action::Retract);
+        assert!(!interrupts.is_allocated(), "released once no one watches");
+        // A later watcher gets the later interrupts, not the earlier ones.
+        let mut rx = interrupts.subscribe();
+        assert!(!rx.has_changed().unwrap());
+        interrupts.send(Action::Retract);
+        assert_eq!(next_action(&mut rx).await, Action::Retract);
     }
 }

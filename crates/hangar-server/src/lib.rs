@@ -77,9 +77,16 @@ impl HangarService {
     /// A service over `manager`. Encodes every model's static row parts and the OpenAPI
     /// document once, here.
     pub fn new(manager: hangar_runtime::Manager, options: ServerOptions) -> Self {
-        let models = manager.models();
-        let rows = admin::StaticRows::new(&models);
-        let examples = router::ExampleModels::of(&models);
+        // Page by page: the snapshots of every model at once would be the start-up's peak.
+        let (mut rows, mut examples) =
+            (admin::StaticRows::default(), router::ExampleModels::default());
+        let (all, mut next) = (hangar_runtime::ModelFilter::default(), Some(0));
+        while let Some(from) = next {
+            let (page, after) = manager.list_page(&all, from, 256);
+            rows.add(&page);
+            examples.add(&page);
+            next = after;
+        }
         let keys = openapi::Keys {
             admin: options.admin_api_key.is_some(),
             inference: !options.inference_api_keys.is_empty(),

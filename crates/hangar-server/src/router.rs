@@ -130,21 +130,24 @@ pub(crate) struct ExampleModels {
     pub(crate) llm: Option<String>,
     pub(crate) embedding: Option<String>,
     pub(crate) reranking: Option<String>,
+    /// Whether each pick (llm, embedding, reranking) is an enabled model.
+    enabled: [bool; 3],
 }
 
 impl ExampleModels {
-    pub(crate) fn of(models: &[hangar_runtime::ModelSnapshot]) -> Self {
-        let pick = |ty: hangar_config::ModelType| {
-            let of_type = || models.iter().filter(move |m| m.model_type == ty);
-            of_type()
-                .find(|m| m.configured_enabled)
-                .or_else(|| of_type().next())
-                .map(|m| m.name().to_owned())
-        };
-        Self {
-            llm: pick(hangar_config::ModelType::Llm),
-            embedding: pick(hangar_config::ModelType::Embedding),
-            reranking: pick(hangar_config::ModelType::Reranking),
+    /// Takes the models of `page`, the next ones in config order, into account: of each
+    /// type the first enabled model wins, else the first.
+    pub(crate) fn add(&mut self, page: &[hangar_runtime::ModelSnapshot]) {
+        for m in page {
+            let (slot, enabled) = match m.model_type {
+                hangar_config::ModelType::Llm => (&mut self.llm, &mut self.enabled[0]),
+                hangar_config::ModelType::Embedding => (&mut self.embedding, &mut self.enabled[1]),
+                hangar_config::ModelType::Reranking => (&mut self.reranking, &mut self.enabled[2]),
+            };
+            if slot.is_none() || (!*enabled && m.configured_enabled) {
+                *slot = Some(m.name().to_owned());
+                *enabled = m.configured_enabled;
+            }
         }
     }
 }

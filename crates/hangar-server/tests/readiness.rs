@@ -108,8 +108,8 @@ async fn while_keys_are_set_only_key_holders_see_why_a_load_failed() {
     } }))
     .unwrap();
     let manager = Manager::new(&config, Backends::new().with(Arc::new(StubBackend::new())));
-    let mut options = ServerOptions::default();
-    options.admin_api_key = Some(hangar_config::Secret::new("admin"));
+    let admin_api_key = Some(hangar_config::Secret::new("admin"));
+    let options = ServerOptions { admin_api_key, ..ServerOptions::default() };
     let s = HangarService::new(manager.clone(), options);
     manager.load_enabled().await;
     let (status, body) = call(&s, Method::GET, "/readyz").await;

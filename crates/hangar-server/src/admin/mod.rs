@@ -3,10 +3,12 @@
 
 mod control;
 mod events;
+mod list;
 mod logs;
 mod row;
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
 use hangar_config::{LOAD_FIELDS, LoadValueType, ModelType};
 use hangar_lifecycle::ModelState;
@@ -158,9 +160,7 @@ pub struct GpuMemoryResponse {
 pub(crate) async fn list(ctx: Ctx) -> Result<Response, ApiError> {
     let query: ModelsQuery = ctx.query()?;
     let filter = ModelFilter { state: query.state, model_type: query.model_type };
-    let snapshots = ctx.state.manager.list(&filter);
-    let encoded = ctx.state.rows.list(&snapshots);
-    Ok(crate::body::bytes_response(StatusCode::OK, "application/json", encoded.into()))
+    Ok(list::response(Arc::clone(&ctx.state), filter))
 }
 
 /// `GET /v1/admin/models/{name}`.

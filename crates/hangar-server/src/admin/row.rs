@@ -4,7 +4,8 @@
 //! A row's fields come in two groups, static first: what changes only with the config
 //! (name, backend, type, device, `configured_*`, `replica_max`, `load_constraints`,
 //! `load_recommendations`, `definition`), then the live state. [`StaticRows`] encodes each
-//! model's static group when the service is built; a listing then writes that prefix and
+//! model's static group when the service is built (each part once: a backend's constraints
+//! and recommendations are shared by its models); a listing then writes those parts and
 //! encodes only the live fields, so listing 10,000 models copies their definitions instead
 //! of re-encoding them. A test holds the fast path byte-equal to serde's encoding of
 //! [`ModelRow`].
@@ -120,9 +121,9 @@ pub struct ModelRow {
     pub quarantine: Option<QuarantineInfo>,
 }
 
-/// The static fields of a row, in [`ModelRow`]'s order.
+/// The static fields of a row before `load_constraints`, in [`ModelRow`]'s order.
 #[derive(Serialize)]
-struct StaticFields<'a> {
+struct HeadFields<'a> {
     name: &'a str,
     resolved_backend: BackendKind,
     #[serde(rename = "type")]
@@ -131,19 +132,17 @@ struct StaticFields<'a> {
     configured_enabled: bool,
     replica_max: u32,
     configured_target_inflight: u32,
-    load_constraints: &'a RawValue,
-    load_recommendations: &'a RawValue,
-    definition: &'a RawValue,
 }
 
-/// One model's encoded static parts.
+/// One model's encoded static parts: each held once (the backend's parts shared by every
+/// model of the backend).
 #[derive(Debug)]
 struct StaticParts {
     /// The model's configured definition (shared with the manager): which model these
     /// parts belong to.
     config: Arc<hangar_config::ModelConfig>,
-    /// The static fields as JSON, `{` included, the closing `}` left out.
-    prefix: Box<[u8]>,
+    /// The fields of [`HeadFields`] as JSON, `{` included, the closing `}` left out.
+    head: Box<[u8]>,
     definition: Arc<RawValue>,
     constraints: Arc<RawValue>,
     recommendations: Arc<RawValue>,
@@ -153,29 +152,35 @@ struct StaticParts {
 #[derive(Debug, Default)]
 pub(crate) struct StaticRows {
     models: Vec<StaticParts>,
+    /// Each backend's constraints and recommendations, encoded once.
+    per_backend: Vec<(BackendKind, Arc<RawValue>, Arc<RawValue>)>,
 }
 
 impl StaticRows {
     /// Encodes the static parts of every model in `snapshots` (in config order).
-    pub(crate) fn new(snapshots: &[ModelSnapshot]) -> Self {
-        let mut per_backend: Vec<(BackendKind, Arc<RawValue>, Arc<RawValue>)> = Vec::new();
-        let models = snapshots
-            .iter()
-            .map(|s| {
-                let kind = s.resolved_backend;
-                let (constraints, recommendations) =
-                    match per_backend.iter().find(|(k, ..)| *k == kind) {
-                        Some((_, c, r)) => (Arc::clone(c), Arc::clone(r)),
-                        None => {
-                            let (c, r) = backend_parts(kind);
-                            per_backend.push((kind, Arc::clone(&c), Arc::clone(&r)));
-                            (c, r)
-                        }
-                    };
-                StaticParts::new(s, constraints, recommendations)
-            })
-            .collect();
-        Self { models }
+    #[cfg(test)]
+    fn new(snapshots: &[ModelSnapshot]) -> Self {
+        let mut rows = Self::default();
+        rows.add(snapshots);
+        rows
+    }
+
+    /// Encodes the static parts of the models of `snapshots`, the next ones in config
+    /// order.
+    pub(crate) fn add(&mut self, snapshots: &[ModelSnapshot]) {
+        for s in snapshots {
+            let kind = s.resolved_backend;
+            let (constraints, recommendations) =
+                match self.per_backend.iter().find(|(k, ..)| *k == kind) {
+                    Some((_, c, r)) => (Arc::clone(c), Arc::clone(r)),
+                    None => {
+                        let (c, r) = backend_parts(kind);
+                        self.per_backend.push((kind, Arc::clone(&c), Arc::clone(&r)));
+                        (c, r)
+                    }
+                };
+            self.models.push(StaticParts::new(s, constraints, recommendations));
+        }
     }
 
     fn parts(&self, snapshot: &ModelSnapshot) -> Option<&StaticParts> {
@@ -190,26 +195,29 @@ impl StaticRows {
         }
     }
 
-    /// `{"models": [rows…]}` for `snapshots`, encoded: each row is its cached static prefix
-    /// and its live fields.
-    pub(crate) fn list(&self, snapshots: &[ModelSnapshot]) -> Vec<u8> {
-        let static_len: usize =
-            snapshots.iter().filter_map(|s| self.parts(s)).map(|p| p.prefix.len()).sum();
-        let mut out = Vec::with_capacity(static_len + snapshots.len() * 640 + 16);
-        out.extend_from_slice(b"{\"models\":[");
+    /// Appends the rows of `snapshots` to `out`, comma-separated, a comma first unless
+    /// `first`: each row is its cached static parts and its live fields.
+    pub(crate) fn write_rows(&self, out: &mut Vec<u8>, snapshots: &[ModelSnapshot], first: bool) {
         for (i, snapshot) in snapshots.iter().enumerate() {
-            if i > 0 {
+            if i > 0 || !first {
                 out.push(b',');
             }
             match self.parts(snapshot) {
-                Some(parts) => write_row(&mut out, &parts.prefix, snapshot),
+                Some(parts) => write_row(out, parts, snapshot),
                 None => {
                     let row = ModelRow::of(snapshot);
                     // A row of plain values always encodes.
-                    let _ = serde_json::to_writer(&mut out, &row);
+                    let _ = serde_json::to_writer(&mut *out, &row);
                 }
             }
         }
+    }
+
+    /// `{"models": [rows…]}` for `snapshots`, encoded.
+    #[cfg(test)]
+    fn list(&self, snapshots: &[ModelSnapshot]) -> Vec<u8> {
+        let mut out = b"{\"models\":[".to_vec();
+        self.write_rows(&mut out, snapshots, true);
         out.extend_from_slice(b"]}");
         out
     }
@@ -219,7 +227,7 @@ impl StaticParts {
     /// Encodes the snapshot's definition and static fields, with its backend's parts.
     fn new(s: &ModelSnapshot, constraints: Arc<RawValue>, recommendations: Arc<RawValue>) -> Self {
         let definition = raw(&s.config.definition());
-        let fields = StaticFields {
+        let fields = HeadFields {
             name: s.name(),
             resolved_backend: s.resolved_backend,
             model_type: s.model_type,
@@ -227,14 +235,11 @@ impl StaticParts {
             configured_enabled: s.configured_enabled,
             replica_max: s.replica_max,
             configured_target_inflight: s.configured_target_inflight,
-            load_constraints: &constraints,
-            load_recommendations: &recommendations,
-            definition: &definition,
         };
-        let mut prefix = serde_json::to_vec(&fields).unwrap_or_else(|_| b"{}".to_vec());
-        prefix.pop();
+        let mut head = serde_json::to_vec(&fields).unwrap_or_else(|_| b"{}".to_vec());
+        head.pop();
         let config = Arc::clone(&s.config);
-        Self { config, prefix: prefix.into(), definition, constraints, recommendations }
+        Self { config, head: head.into(), definition, constraints, recommendations }
     }
 }
 
@@ -242,7 +247,7 @@ impl StaticParts {
 /// key by key (constant keys, `serde_json` for values): listing thousands of rows spends
 /// most of its time here, and escaping constant keys is wasted work. The test below holds
 /// this byte-equal to serde's encoding of [`ModelRow`] (field order included).
-fn write_row(out: &mut Vec<u8>, prefix: &[u8], s: &ModelSnapshot) {
+fn write_row(out: &mut Vec<u8>, parts: &StaticParts, s: &ModelSnapshot) {
     fn value<T: Serialize + ?Sized>(out: &mut Vec<u8>, key: &[u8], value: &T) {
         out.extend_from_slice(key);
         // Numbers, strings and maps of JSON values always encode.
@@ -254,7 +259,13 @@ fn write_row(out: &mut Vec<u8>, prefix: &[u8], s: &ModelSnapshot) {
         out.extend_from_slice(name.as_bytes());
         out.push(b'"');
     }
-    out.extend_from_slice(prefix);
+    out.extend_from_slice(&parts.head);
+    out.extend_from_slice(b",\"load_constraints\":");
+    out.extend_from_slice(parts.constraints.get().as_bytes());
+    out.extend_from_slice(b",\"load_recommendations\":");
+    out.extend_from_slice(parts.recommendations.get().as_bytes());
+    out.extend_from_slice(b",\"definition\":");
+    out.extend_from_slice(parts.definition.get().as_bytes());
     name(out, b",\"runtime_state\":", s.runtime_state.as_str());
     out.extend_from_slice(if s.is_loaded {
         b",\"is_loaded\":true"
@@ -385,7 +396,7 @@ mod tests {
         for s in &snapshots {
             let fast = {
                 let mut out = Vec::new();
-                write_row(&mut out, &rows.parts(s).expect("cached").prefix, s);
+                write_row(&mut out, rows.parts(s).expect("cached"), s);
                 out
             };
             let canonical = serde_json::to_vec(&rows.row(s)).unwrap();
