@@ -79,16 +79,9 @@ const LAYERS: [(&str, May); 14] = [
             "hangar-weights",
         ]),
     ),
-    (
-        "hangar-server",
-        May::Use(&[
-            "hangar-runtime",
-            "hangar-lifecycle",
-            "hangar-backend",
-            "hangar-config",
-            "hangar-gpu",
-        ]),
-    ),
+    // One wire boundary: the server reaches engines, the lifecycle and GPUs only through
+    // the runtime (which re-exports what callers need).
+    ("hangar-server", May::Use(&["hangar-runtime", "hangar-config"])),
     ("hangard", May::UseAnything),
     // The fuzz checks drive the readers and the whole service, as the binary does; nothing
     // depends on them but the fuzzer's binaries and their own replay tests.
@@ -198,4 +191,29 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(path);
         }
     }
+}
+
+#[test]
+fn the_server_reaches_engines_and_the_lifecycle_only_through_the_runtime() {
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/hangar-server/src"), &mut files);
+    assert!(!files.is_empty(), "no server sources found");
+    let mut problems = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            // The stub engine is a test double, for the crate's own tests and doc examples.
+            let reaches = |c: &str| line.contains(c) && !line.contains("hangar_backend::stub");
+            if ["hangar_lifecycle::", "hangar_backend::", "hangar_gpu::"].into_iter().any(reaches) {
+                let shown = file.strip_prefix(root()).unwrap_or(file);
+                problems.push(format!("{}:{}: {}", shown.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the server uses hangar-runtime (hangar_runtime::engine, hangar_runtime::ModelState) and \
+         hangar-config only:\n  {}",
+        problems.join("\n  ")
+    );
 }

@@ -3,7 +3,8 @@
 //!
 //! The rule: enabled models load in config order; of each type, the first
 //! `max_loaded_models` load and the rest are left unloaded (loaded on demand later), so
-//! start-up never evicts one enabled model for another. `hangard config check` warns of
+//! start-up never evicts one enabled model for another. (At run time the slot of a model
+//! whose load fails goes to the next in order.) `hangard config check` warns of
 //! the models left out ([`Config::slot_warnings`]).
 
 use std::fmt;

@@ -84,6 +84,7 @@ pub use estimate::GgufEstimate;
 pub use events::{ManagerCounters, StateChange};
 pub use gpu::{GpuMemory, RELEASE_WAIT};
 pub use hangar_gpu::{GpuProbe, GpuProcess, GpuReading, Unavailable as GpuUnavailable};
+pub use hangar_lifecycle::{AdmissionError, ModelState};
 pub use journal::{EVENT_CAPACITY, EventKind, Follow, MAX_EVENT_TEXT_BYTES, ManagerEvent};
 pub use lease::{Lease, LeaseChange, MAX_LEASE_OWNER_BYTES, MAX_LEASE_SECONDS};
 pub use manager::{Backends, LoadOptions, Manager};
@@ -94,3 +95,16 @@ pub use start_up::{NotServing, NotServingReason, StartUp};
 pub use state::VRAM_STATE_FILE;
 pub use vram::{ProcessTreeFigure, VramDetail, VramMethod};
 pub use weights::{WeightUpdate, WeightsAction, WeightsReport};
+
+/// What callers of the manager say to and hear from engines (requests, their events and
+/// summaries, tools, capabilities, load constraints, log lines), re-exported from the
+/// engine contract so a server or an embedder depends on the runtime alone.
+pub mod engine {
+    pub use hangar_backend::{
+        Capabilities, ChatMessage, Coalesced, EmbedRequest, FinishReason, ForwardRequest,
+        ForwardRoute, GenerateEvent, GenerateRequest, GenerateSummary, LOG_CAPACITY,
+        LoadConstraints, LoadRecommendations, LogLine, OutputFormat, Prompt, RerankRequest, Role,
+        RuntimeError, SamplingParams, ThinkingMode, ToolCall, ToolChoice, ToolDefinition, ToolUse,
+        Translation, load_constraints, load_recommendations,
+    };
+}

@@ -98,8 +98,11 @@ pub(crate) struct Inner {
     pub(crate) vram_budget: Option<hangar_config::VramBudget>,
     /// Where measured figures persist (`state_dir`).
     pub(crate) state: Option<crate::state::StateFile>,
-    /// What start-up does with each enabled model, in order (model positions).
+    /// The enabled models in start-up's order (model positions), with what the config's
+    /// plan says of each.
     pub(crate) start_up: Vec<(usize, hangar_config::StartUpChoice)>,
+    /// Loaded-model slots per type (start-up loads as many of each).
+    pub(crate) slots: hangar_config::MaxLoadedModels,
 }
 
 impl Manager {
@@ -160,6 +163,7 @@ impl Manager {
                 vram_budget: config.vram_budget.clone(),
                 state,
                 start_up,
+                slots: config.max_loaded_models,
             }),
         }
     }

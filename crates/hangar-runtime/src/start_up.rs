@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use hangar_config::{ModelName, StartUpChoice};
+use hangar_config::{ModelName, ModelType, StartUpChoice};
 use hangar_lifecycle::ModelState;
 
 use crate::error::ManagerError;
@@ -154,22 +154,29 @@ pub(crate) fn mark(
 impl Manager {
     /// Loads the enabled models as the config's start-up plan says
     /// ([`hangar_config::Config::start_up_plan`]): in config order, one after another; of
-    /// each type only as many as it has slots (the rest are [`StartUp::NoSlot`]); and
-    /// without evicting another enabled model (a load that would is [`StartUp::NoRoom`]).
-    /// Until it has loaded them, the models it will load say `start_up_pending`.
+    /// each type only as many as it has slots (the rest are [`StartUp::NoSlot`]), the slot
+    /// of one that fails going to the next in order; and without evicting another enabled
+    /// model (a load that would is [`StartUp::NoRoom`]). Until it has loaded them, the
+    /// models it will load say `start_up_pending`.
     pub async fn load_enabled(&self) -> Vec<(ModelName, StartUp)> {
         let mut done = Vec::with_capacity(self.inner.start_up.len());
-        for &(position, choice) in &self.inner.start_up {
+        let mut loaded = [0u32; ModelType::ALL.len()];
+        for &(position, _) in &self.inner.start_up {
             let entry = &self.inner.order[position];
-            let name = entry.config.name.clone();
-            if choice == StartUpChoice::NoSlot {
+            let (name, ty) = (entry.config.name.clone(), entry.config.model_type);
+            if loaded[ty as usize] >= self.inner.slots.get(ty).get() {
+                entry.start_up.set(Mark::NoSlot);
                 done.push((name, StartUp::NoSlot));
                 continue;
             }
+            entry.start_up.set(Mark::Pending);
             let load =
                 self.load_with(name.as_str(), LoadOptions::default(), false, Trigger::StartUp);
             let outcome = match load.await {
-                Ok(model) => StartUp::Loaded(Box::new(model)),
+                Ok(model) => {
+                    loaded[ty as usize] += 1;
+                    StartUp::Loaded(Box::new(model))
+                }
                 Err(
                     e @ (ManagerError::SlotsPinned { .. } | ManagerError::InsufficientVram { .. }),
                 ) => {
@@ -179,9 +186,7 @@ impl Manager {
                 }
                 Err(e) => StartUp::Failed(e),
             };
-            if entry.start_up.get() == Mark::Pending {
-                entry.start_up.set(Mark::None);
-            }
+            entry.start_up.set(Mark::None);
             done.push((name, outcome));
         }
         done

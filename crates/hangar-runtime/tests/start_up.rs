@@ -109,3 +109,28 @@ async fn an_enabled_model_that_only_evicting_a_held_one_would_fit_is_left_with_t
     assert!(failed.contains("CUDA out of memory"), "{failed}");
     assert_eq!(m.not_ready(), [hangar_config::ModelName::new("broken").unwrap()]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_slot_of_an_enabled_model_that_fails_goes_to_the_next_in_order() {
+    let (m, _) = manager(json!({ "models": {
+        "broken": { "backend": "stub", "enabled": true, "stub": { "fail_load": "simulated" } },
+        "a": chat(true),
+        "b": chat(true)
+    } }));
+    // The plan, before anything ran, gives the one slot to the first.
+    assert_eq!(
+        not_serving(&m),
+        [
+            ("broken".into(), R::StartUpPending, true),
+            ("a".into(), R::NoSlot, false),
+            ("b".into(), R::NoSlot, false),
+        ]
+    );
+    let done = m.load_enabled().await;
+    assert_eq!(outcomes(&done), s(&[("broken", "failed"), ("a", "loaded"), ("b", "no_slot")]));
+    assert_eq!(loaded(&m), ["a"]);
+    assert_eq!(
+        not_serving(&m),
+        [("broken".into(), R::LoadFailed, true), ("b".into(), R::NoSlot, false)]
+    );
+}

@@ -3,8 +3,8 @@
 //! envelope type ([`ErrorBody`]) used by JSON error responses and SSE error events alike.
 //! The KServe v2 routes answer their spec's [`V2ErrorBody`] instead.
 
-use hangar_lifecycle::ModelState;
 use hangar_runtime::ManagerError;
+use hangar_runtime::ModelState;
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -379,7 +379,7 @@ fn with_retry_after(mut response: Response, seconds: Option<u64>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hangar_lifecycle::AdmissionError;
+    use hangar_runtime::AdmissionError;
     use strum::IntoEnumIterator;
 
     #[test]

@@ -17,7 +17,7 @@
 //! [`load_model`], [`unload_model`], [`readiness`], [`model_metadata`],
 //! [`server_metadata_value`]); the handlers here only parse and encode.
 
-use hangar_lifecycle::ModelState;
+use hangar_runtime::ModelState;
 use hangar_runtime::{LoadOptions, Manager};
 use http::StatusCode;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use hangar_lifecycle::ModelState;
+use hangar_runtime::ModelState;
 use hangar_runtime::{Manager, ModelSnapshot};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{

@@ -13,7 +13,7 @@
 use std::num::NonZeroU32;
 
 use hangar_config::{BackendKind, BackendSettings, Device, ModelType, context_size_field};
-use hangar_lifecycle::ModelState;
+use hangar_runtime::ModelState;
 use hangar_runtime::{LoadOptions, ManagerCounters, ModelSnapshot};
 use http::StatusCode;
 use schemars::JsonSchema;

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use hangar_lifecycle::ModelState;
+use hangar_runtime::ModelState;
 use http::StatusCode;
 use schemars::generate::SchemaSettings;
 use schemars::transform::RecursiveTransform;

@@ -96,7 +96,7 @@ pub(crate) struct ModelInfo {
     /// The weights' version label: what the last update set, `default` before any.
     pub(crate) weight_version: String,
     /// Its live state.
-    pub(crate) runtime_state: hangar_lifecycle::ModelState,
+    pub(crate) runtime_state: hangar_runtime::ModelState,
     /// Whether it is paused.
     pub(crate) paused: bool,
 }

@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 
-use hangar_backend::{OutputFormat, ToolCall, ToolChoice, ToolDefinition, ToolUse};
+use hangar_runtime::engine::{OutputFormat, ToolCall, ToolChoice, ToolDefinition, ToolUse};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};

@@ -1,7 +1,7 @@
 //! `GET /v1/admin/models/{name}/logs`: the last lines of a model's engine output, or with
 //! `follow=true` those lines and every later one as server-sent events.
 
-use hangar_backend::{LOG_CAPACITY, LogLine};
+use hangar_runtime::engine::{LOG_CAPACITY, LogLine};
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -11,7 +11,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use hangar_config::{LOAD_FIELDS, LoadValueType, ModelType};
-use hangar_lifecycle::ModelState;
+use hangar_runtime::ModelState;
 use hangar_runtime::{LoadOptions, ModelFilter, VramDetail, VramEstimateSource};
 use http::StatusCode;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};

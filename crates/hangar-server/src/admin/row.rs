@@ -12,11 +12,11 @@
 
 use std::sync::Arc;
 
-use hangar_backend::{
+use hangar_config::{BackendKind, Device, ModelType};
+use hangar_runtime::ModelState;
+use hangar_runtime::engine::{
     Capabilities, LoadConstraints, LoadRecommendations, load_constraints, load_recommendations,
 };
-use hangar_config::{BackendKind, Device, ModelType};
-use hangar_lifecycle::ModelState;
 use hangar_runtime::{
     Failure, Lease, ModelSnapshot, PauseInfo, QuarantineInfo, VramDetail, VramEstimateSource,
 };

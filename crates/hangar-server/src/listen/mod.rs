@@ -93,7 +93,7 @@ pub async fn serve(
                 let conn = graceful.watch(conn.into_owned());
                 // The connection and the bodies it hands out wake each other while the task
                 // runs: coalesced, that costs no wake-up of another worker thread.
-                tokio::spawn(hangar_backend::Coalesced::new(async move {
+                tokio::spawn(hangar_runtime::engine::Coalesced::new(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!(%peer, error = %e, "connection ended with an error");
                     }

@@ -2,10 +2,10 @@
 //! `chat.completion.chunk` stream.
 
 use bytes::Bytes;
-use hangar_backend::{
+use hangar_runtime::Work;
+use hangar_runtime::engine::{
     FinishReason, GenerateRequest, GenerateSummary, Prompt, ThinkingMode, ToolCall,
 };
-use hangar_runtime::Work;
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -176,7 +176,7 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 }
 
 async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
-    let route = hangar_backend::ForwardRoute::ChatCompletions;
+    let route = hangar_runtime::engine::ForwardRoute::ChatCompletions;
     super::limits::check(ctx, rec, route)?;
     if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
         return reply;

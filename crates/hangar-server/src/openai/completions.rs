@@ -1,8 +1,8 @@
 //! `POST /v1/completions`: a raw prompt, the `text_completion` answer and its chunk stream.
 
 use bytes::Bytes;
-use hangar_backend::{FinishReason, GenerateRequest, GenerateSummary, Prompt, ToolCall};
 use hangar_runtime::Work;
+use hangar_runtime::engine::{FinishReason, GenerateRequest, GenerateSummary, Prompt, ToolCall};
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -103,7 +103,7 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 }
 
 async fn completion(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
-    let route = hangar_backend::ForwardRoute::Completions;
+    let route = hangar_runtime::engine::ForwardRoute::Completions;
     super::limits::check(ctx, rec, route)?;
     if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
         return reply;

@@ -2,8 +2,8 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use hangar_backend::EmbedRequest;
 use hangar_runtime::Work;
+use hangar_runtime::engine::EmbedRequest;
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -104,7 +104,7 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 }
 
 async fn embed(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
-    let route = hangar_backend::ForwardRoute::Embeddings;
+    let route = hangar_runtime::engine::ForwardRoute::Embeddings;
     super::limits::check(ctx, rec, route)?;
     if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
         return reply;

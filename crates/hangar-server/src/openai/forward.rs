@@ -4,7 +4,7 @@
 //! an engine that dies mid-answer is reported with a proper status.
 
 use bytes::Bytes;
-use hangar_backend::{ForwardRequest, ForwardRoute, RuntimeError, ThinkingMode};
+use hangar_runtime::engine::{ForwardRequest, ForwardRoute, RuntimeError, ThinkingMode};
 use hangar_runtime::{ManagerError, RequestGuard, Work};
 use http::{HeaderValue, StatusCode, header};
 use http_body_util::{BodyExt, Full};

@@ -14,8 +14,8 @@
 
 use std::fmt;
 
-use hangar_backend::ForwardRoute;
 use hangar_config::Limits;
+use hangar_runtime::engine::ForwardRoute;
 use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;

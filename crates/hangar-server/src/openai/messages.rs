@@ -1,7 +1,7 @@
 //! Message shapes shared by chat completions and the Responses API: roles, content (a
 //! string or text parts), and chat messages with a tool-use history.
 
-use hangar_backend::{ChatMessage, Role};
+use hangar_runtime::engine::{ChatMessage, Role};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use hangar_backend::GenerateSummary;
+use hangar_runtime::engine::GenerateSummary;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -149,7 +149,7 @@ impl Recorder {
         let model = model.ok_or_else(|| ApiError::bad_request("`model` is required"))?;
         if !self.state.manager.contains(&model) {
             return Err(hangar_runtime::ManagerError::from(
-                hangar_lifecycle::AdmissionError::UnknownModel { model },
+                hangar_runtime::AdmissionError::UnknownModel { model },
             )
             .into());
         }

@@ -1,8 +1,8 @@
 //! `GET /v1/models` and `GET /v1/models/{name}`: configured models in OpenAI's format.
 
 use hangar_config::ModelType;
-use hangar_lifecycle::ModelState;
 use hangar_runtime::ModelSnapshot;
+use hangar_runtime::ModelState;
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

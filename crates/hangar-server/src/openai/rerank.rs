@@ -1,7 +1,7 @@
 //! `POST /v1/rerank`: documents scored against a query, best first.
 
-use hangar_backend::RerankRequest;
 use hangar_runtime::Work;
+use hangar_runtime::engine::RerankRequest;
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -89,7 +89,7 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 }
 
 async fn rerank(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
-    let route = hangar_backend::ForwardRoute::Rerank;
+    let route = hangar_runtime::engine::ForwardRoute::Rerank;
     super::limits::check(ctx, rec, route)?;
     if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
         return reply;

@@ -1,11 +1,11 @@
 //! `POST /v1/responses` (OpenAI Responses API): the request, its input items, and the
 //! `response` object. Its event stream is in `responses_stream.rs`.
 
-use hangar_backend::{
+use hangar_runtime::Work;
+use hangar_runtime::engine::{
     ChatMessage, FinishReason, GenerateRequest, GenerateSummary, Prompt, Role, ThinkingMode,
     ToolCall, Translation,
 };
-use hangar_runtime::Work;
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -448,7 +448,7 @@ pub(crate) async fn handle(ctx: Ctx) -> Result<Response, ApiError> {
 }
 
 async fn response(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
-    let route = hangar_backend::ForwardRoute::Responses;
+    let route = hangar_runtime::engine::ForwardRoute::Responses;
     super::limits::check(ctx, rec, route)?;
     if let Some(reply) = super::forward::forwarded(ctx, rec, route).await {
         return reply;

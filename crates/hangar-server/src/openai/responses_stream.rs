@@ -3,7 +3,7 @@
 //! nor a call), so a pure tool call streams only its `function_call` item.
 
 use bytes::Bytes;
-use hangar_backend::{GenerateSummary, ToolCall};
+use hangar_runtime::engine::{GenerateSummary, ToolCall};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

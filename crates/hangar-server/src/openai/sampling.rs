@@ -1,7 +1,7 @@
 //! Sampling parameters shared by chat completions and completions, and the checks serde
 //! cannot make.
 
-use hangar_backend::SamplingParams;
+use hangar_runtime::engine::SamplingParams;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use hangar_backend::{GenerateEvent, GenerateRequest, GenerateSummary, ToolCall};
 use hangar_runtime::RequestGuard;
+use hangar_runtime::engine::{GenerateEvent, GenerateRequest, GenerateSummary, ToolCall};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
