@@ -8,14 +8,18 @@
 //! `cargo xtask test`. The weights are random, so the text is gibberish: the tests check
 //! shapes, token counts, error codes and processes, never the text.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{Server, Sse, get, load, post, row, temp_dir, unload, wait_for_row};
+
+use crate::support::{
+    Server, Sse, alive, get, load, post, row, temp_dir, unload, wait_for_row, wait_gone, with,
+};
+
+/// How long a worker may take to exit once hangard unloads it or ends.
+const WORKER_EXIT: Duration = Duration::from_secs(15);
 
 /// The workspace root.
 fn workspace() -> PathBuf {
@@ -53,7 +57,7 @@ fn ct2_fixture() -> String {
 
 /// The tiny CT2 decoder as a Qwen 3 chat model on the CPU, with `extra` fields.
 fn ct2_model(extra: Value) -> Value {
-    let mut model = json!({
+    let model = json!({
         "backend": "ct2",
         "model_path": ct2_fixture(),
         "device": "cpu",
@@ -63,10 +67,7 @@ fn ct2_model(extra: Value) -> Value {
         "ct2_intra_threads": 1,
         "load_timeout_s": 60,
     });
-    for (key, value) in extra.as_object().expect("an object") {
-        model[key] = value.clone();
-    }
-    model
+    with(model, extra)
 }
 
 fn config(models: Value) -> Value {
@@ -90,21 +91,6 @@ fn pids(row: &Value) -> Vec<u32> {
 }
 
 /// Whether `pid` runs (a zombie does not).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let state = stat.rfind(')').and_then(|close| stat[close + 1..].split_whitespace().next());
-        state != Some("Z")
-    })
-}
-
-async fn wait_gone(pid: u32, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while alive(pid) {
-        assert!(Instant::now() < deadline, "{what} (pid {pid}) still runs");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn chat_body(model: &str, max_tokens: u32) -> Value {
     json!({
         "model": model,
@@ -180,7 +166,7 @@ async fn a_ct2_model_loads_chats_and_streams_through_the_bridge() {
     // Unload ends the worker.
     let (status, body) = unload(&server, "tiny-ct2").await;
     assert_eq!(status, 200, "{body}");
-    wait_gone(pid, "the ct2 worker after unload").await;
+    wait_gone(pid, WORKER_EXIT, "the ct2 worker after unload").await;
     let lines = log_lines(&server, "tiny-ct2").await;
     assert!(
         lines.iter().any(|l| l.contains(&format!("pid {pid} exited with status 0"))),
@@ -286,7 +272,7 @@ async fn two_replicas_serve_concurrently_each_in_its_own_worker() {
     let (status, _) = unload(&server, "tiny-ct2").await;
     assert_eq!(status, 200);
     for pid in pids {
-        wait_gone(pid, "a replica's worker after unload").await;
+        wait_gone(pid, WORKER_EXIT, "a replica's worker after unload").await;
     }
 }
 
@@ -300,7 +286,7 @@ async fn no_worker_outlives_hangard_whether_it_drains_or_is_killed() {
     let pid = pids(&loaded)[0];
     server.terminate();
     assert!(server.wait(Duration::from_secs(30)).success(), "hangard drains and exits 0");
-    wait_gone(pid, "the worker after hangard's SIGTERM").await;
+    wait_gone(pid, WORKER_EXIT, "the worker after hangard's SIGTERM").await;
 
     // SIGKILL: hangard cannot clean up; the worker dies with it (its death signal).
     let mut server = Server::start(&config(models), &[]);
@@ -311,5 +297,5 @@ async fn no_worker_outlives_hangard_whether_it_drains_or_is_killed() {
     let status = Command::new("kill").args(["-9", &server.pid().to_string()]).status().unwrap();
     assert!(status.success());
     server.wait(Duration::from_secs(10));
-    wait_gone(pid, "the worker after hangard's SIGKILL").await;
+    wait_gone(pid, WORKER_EXIT, "the worker after hangard's SIGKILL").await;
 }

@@ -5,16 +5,15 @@
 //! served), Lemonade's `llamacpp_args` pass an allow-list of flags, and forwarded bodies
 //! keep Hangar's rules.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::engines::{fake_vllm, fixture, llama_server_binary};
-use support::{Server, post, send};
+
+use crate::support::engines::{fake_vllm, fixture, llama_server_binary};
+use crate::support::{Server, post, send};
 
 const ADMIN: &str = "admin-key-for-children";
 const INFERENCE: &str = "inference-key-for-children";

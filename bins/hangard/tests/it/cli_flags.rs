@@ -2,8 +2,6 @@
 //! `hangard logs`, as users run them: the real binary, and a fake `llama-server` (a shell
 //! script that prints its arguments and exits) so no engine is needed.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -12,7 +10,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{Server, get, hangard, load, temp_dir};
+
+use crate::support::{Server, get, hangard, load, temp_dir};
 
 /// The variables these flags read, removed so the host cannot leak into a test.
 const FLAG_ENV: [&str; 3] = ["HANGAR_CTX_SIZE", "HANGAR_LLAMACPP_ARGS", "HANGAR_LLAMACPP"];

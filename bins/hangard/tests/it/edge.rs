@@ -3,15 +3,15 @@
 //! over a real socket, and SIGTERM ends open event streams (a `/ui` tab) and exits within
 //! `http.shutdown_timeout_s` even while a generation would run for longer.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Server, Sse, hangard, load, send, temp_dir};
+
+use crate::support;
+use crate::support::{Server, Sse, hangard, load, send, temp_dir};
 
 fn stub_config() -> Value {
     json!({ "models": { "chat": { "backend": "stub" } } })

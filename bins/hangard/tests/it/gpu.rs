@@ -4,12 +4,11 @@
 //! here with `cc`) named by `HANGAR_NVML_LIBRARY`, whose scripted readings change between
 //! requests.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
-use support::{Server, get, load, post, temp_dir, unload};
+
+use crate::support::{Server, get, load, post, row, temp_dir, unload};
 
 fn config() -> serde_json::Value {
     json!({ "models": { "chat": { "backend": "stub", "enabled": true } } })
@@ -113,12 +112,6 @@ fn budgeted(state: &Path) -> serde_json::Value {
             }
         }
     })
-}
-
-async fn row(server: &Server, model: &str) -> serde_json::Value {
-    let (status, body) = get(server, &format!("/v1/admin/models/{model}")).await;
-    assert_eq!(status, 200, "{body}");
-    body
 }
 
 #[tokio::test]

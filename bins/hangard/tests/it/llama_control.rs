@@ -4,13 +4,12 @@
 //! weights checker noticing one changed tensor byte. The weights are random: the tests
 //! compare greedy answers with each other, never with fixed text.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Server, Sse, get, load, post, temp_dir};
+
+use crate::support::{Server, Sse, get, load, post, temp_dir};
 
 fn fixture() -> PathBuf {
     let path = format!("{}/../../fixtures/models/tiny-llama.gguf", env!("CARGO_MANIFEST_DIR"));

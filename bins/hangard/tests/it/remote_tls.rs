@@ -4,8 +4,6 @@
 //! `SSL_CERT_FILE` when that is set: with the test CA there the model loads and chats, with
 //! the system's roots the load fails on the certificate — verification is never skipped.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -15,7 +13,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
 };
 use serde_json::{Value, json};
-use support::{Server, load, post, temp_dir};
+
+use crate::support::{Server, load, post, temp_dir};
 
 /// A test CA and a server certificate for `127.0.0.1` signed by it, as PEM files in `dir`:
 /// (`ca.pem`, `cert.pem`, `key.pem`).

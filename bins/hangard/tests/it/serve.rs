@@ -1,13 +1,12 @@
 //! `hangard serve` as operators run it: the real binary on an OS-assigned loopback port,
 //! driven over HTTP and by the `hangard ps | load | unload` client.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Server, Sse, get, hangard, load, post, send, unload};
+
+use crate::support::{Server, Sse, code, get, hangard, load, post, send, unload};
 
 // ---------------------------------------------------------------------------------------
 // HTTP helpers
@@ -42,10 +41,6 @@ async fn wait_for_state(server: &Server, model: &str, wanted: &str) {
         assert!(Instant::now() < deadline, "{model} is still {now}, never {wanted}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-fn code(body: &Value) -> &str {
-    body["error"]["code"].as_str().unwrap_or_else(|| panic!("no error code in {body}"))
 }
 
 fn chat_body(model: &str, max_tokens: u32, stream: bool) -> Value {

@@ -10,15 +10,14 @@
 //!
 //! Chaos is driven by a seeded generator, so a failing sequence can be replayed.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::engines::llama_server_binary;
-use support::{Server, Sse, get, load, post, unload};
+
+use crate::support::engines::llama_server_binary;
+use crate::support::{Server, Sse, get, load, post, unload};
 
 /// Codes an admitted-or-refused request may answer with while models come and go.
 const EXPLICIT: &[&str] = &[

@@ -11,11 +11,10 @@
 //! one commit, yet their greedy answers agree token for token on these prompts. Should a
 //! version bump move them apart, the failure shows each engine's text.
 
-mod support;
-
 use serde_json::{Value, json};
-use support::engines::{Standalone, llama_server_binary, trained};
-use support::{Server, post};
+
+use crate::support::engines::{Standalone, llama_server_binary, trained};
+use crate::support::{Server, post};
 
 const CHAT: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const EMBED: &str = "all-MiniLM-L6-v2.F32.gguf";

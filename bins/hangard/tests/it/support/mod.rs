@@ -327,3 +327,49 @@ pub(crate) async fn wait_for_row(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// The `error.code` of an error body.
+pub(crate) fn code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or_else(|| panic!("no error code in {body}"))
+}
+
+/// `model` (a JSON object) with the fields of `extra` set.
+pub(crate) fn with(mut model: Value, extra: Value) -> Value {
+    for (key, value) in extra.as_object().expect("an object") {
+        model[key] = value.clone();
+    }
+    model
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes
+
+/// `(state, ppid, comm)` of a process, from `/proc/<pid>/stat`; `None` when it is gone.
+pub(crate) fn proc_stat(pid: u32) -> Option<(char, u32, String)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat[open + 1..close].to_owned();
+    let mut fields = stat[close + 1..].split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((state, ppid, comm))
+}
+
+/// Whether `pid` runs (a zombie waiting for a parent that does not reap it does not).
+pub(crate) fn alive(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|(state, _, _)| state != 'Z')
+}
+
+/// Polls until `pid` no longer runs, failing after `limit`.
+pub(crate) async fn wait_gone(pid: u32, limit: Duration, what: &str) {
+    let deadline = Instant::now() + limit;
+    while alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) still runs after {limit:?}: {:?}",
+            proc_stat(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
