@@ -3,58 +3,33 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
 use hangar_config::BackendKind;
-use hangar_runtime::{Backends, Manager};
-use hangar_server::{HangarService, ServerOptions};
-use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 
+use hangar_server::HangarService;
+use http::Method;
+
+use crate::support::{call, get, metrics, post, request, server};
+
 fn service(admin_key: Option<&str>) -> HangarService {
-    let config = hangar_config::Config::from_value(&json!({
-        "max_request_body_bytes": 4096,
-        "models": {
-            "gguf": { "backend": "llama_cpp", "model_path": "/m/g.gguf", "replica_max": 2, "gguf_n_ctx": 4096 },
-            "exl": { "backend": "exllamav3", "model_path": "/m/e", "exllama_cache_quant": "8,8" },
-            "ls": { "backend": "llama_server", "model_path": "/m/l.gguf" },
-            "vl": { "backend": "vllm", "model_path": "Qwen/Qwen3-0.6B" },
-            "stub": { "backend": "stub", "replica_max": 2, "stub": { "unload_delay_ms": 300 } },
-            "broken": { "backend": "stub", "stub": { "fail_load": "simulated OOM" } }
-        }
+    server()
+        .settings(json!({ "max_request_body_bytes": 4096 }))
+        .models(json!({
+        "gguf": { "backend": "llama_cpp", "model_path": "/m/g.gguf", "replica_max": 2, "gguf_n_ctx": 4096 },
+        "exl": { "backend": "exllamav3", "model_path": "/m/e", "exllama_cache_quant": "8,8" },
+        "ls": { "backend": "llama_server", "model_path": "/m/l.gguf" },
+        "vl": { "backend": "vllm", "model_path": "Qwen/Qwen3-0.6B" },
+        "stub": { "backend": "stub", "replica_max": 2, "stub": { "unload_delay_ms": 300 } },
+        "broken": { "backend": "stub", "stub": { "fail_load": "simulated OOM" } }
     }))
-    .unwrap();
-    let mut backends = Backends::new().with(Arc::new(StubBackend::new()));
-    for kind in
-        [BackendKind::LlamaCpp, BackendKind::ExLlamaV3, BackendKind::LlamaServer, BackendKind::Vllm]
-    {
-        backends = backends.with(Arc::new(StubBackend::with_kind(kind)));
-    }
-    let mut options = ServerOptions::from_config(&config);
-    options.admin_api_key = admin_key.map(hangar_config::Secret::new);
-    HangarService::new(Manager::new(&config, backends), options)
-}
-
-async fn call(
-    s: &HangarService,
-    method: Method,
-    path: &str,
-    body: &str,
-    auth: Option<&str>,
-) -> (u16, Value) {
-    let mut req = Request::builder().method(method).uri(path);
-    if let Some(key) = auth {
-        req = req.header("authorization", format!("Bearer {key}"));
-    }
-    let resp = s.handle(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap()).await;
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-}
-
-async fn post(s: &HangarService, path: &str, body: &str) -> (u16, Value) {
-    call(s, Method::POST, path, body, None).await
+        .stub_kinds([
+            BackendKind::LlamaCpp,
+            BackendKind::ExLlamaV3,
+            BackendKind::LlamaServer,
+            BackendKind::Vllm,
+        ])
+        .admin_key(admin_key)
+        .build()
 }
 
 /// `(path, body, status, code)` — every example of the spec's load rules and validation list.
@@ -201,11 +176,11 @@ async fn load_answers_every_spec_example_with_its_status_and_code() {
     // Rejected bodies changed nothing: the models that only got bad bodies are unloaded.
     for name in ["ls", "vl"] {
         assert_eq!(
-            call(&s, Method::GET, &format!("/v1/admin/models/{name}"), "", None).await.1["runtime_state"],
+            get(&s, &format!("/v1/admin/models/{name}")).await.1["runtime_state"],
             "unloaded"
         );
     }
-    let (_, broken) = call(&s, Method::GET, "/v1/admin/models/broken", "", None).await;
+    let (_, broken) = get(&s, "/v1/admin/models/broken").await;
     assert_eq!(broken["runtime_state"], "failed");
     assert!(broken["last_error"].as_str().unwrap().contains("simulated OOM"));
 }
@@ -244,7 +219,7 @@ async fn loaded_row_reports_override_replicas_and_definition_apart() {
     ] {
         assert!(row.get(field).is_some(), "row lacks {field}");
     }
-    let (_, list) = call(&s, Method::GET, "/v1/admin/models", "", None).await;
+    let (_, list) = get(&s, "/v1/admin/models").await;
     let names: Vec<_> = list["models"]
         .as_array()
         .unwrap()
@@ -272,7 +247,7 @@ async fn unload_rules_and_conflicts() {
     });
     let mut seen_unloading = false;
     for _ in 0..200 {
-        let (_, row) = call(&s, Method::GET, "/v1/admin/models/stub", "", None).await;
+        let (_, row) = get(&s, "/v1/admin/models/stub").await;
         if row["runtime_state"] == "unloading" {
             seen_unloading = true;
             break;
@@ -292,7 +267,7 @@ async fn unload_rules_and_conflicts() {
 #[tokio::test]
 async fn gpu_memory_reports_no_gpus_with_a_reason_and_every_model() {
     let s = service(None);
-    let (status, body) = call(&s, Method::GET, "/v1/admin/gpu-memory", "", None).await;
+    let (status, body) = get(&s, "/v1/admin/gpu-memory").await;
     assert_eq!(status, 200);
     assert_eq!(body["gpus"], json!([]));
     let error = body["error"].as_str().unwrap_or_default();
@@ -319,14 +294,11 @@ impl hangar_runtime::GpuProbe for GrowingGpu {
 
 #[tokio::test]
 async fn gpu_memory_lists_what_the_probe_reads_each_time_it_is_asked() {
-    let config = hangar_config::Config::from_value(&json!({
-        "models": { "stub": { "backend": "stub" } }
-    }))
-    .unwrap();
-    let manager = Manager::new(&config, Backends::new().with(Arc::new(StubBackend::new())));
-    manager.set_gpu_probe(Arc::new(GrowingGpu(std::sync::atomic::AtomicU64::new(1000))));
-    let s = HangarService::new(manager, ServerOptions::from_config(&config));
-    let (status, body) = call(&s, Method::GET, "/v1/admin/gpu-memory", "", None).await;
+    let s = server()
+        .models(json!({ "stub": { "backend": "stub" } }))
+        .gpu_probe(Arc::new(GrowingGpu(std::sync::atomic::AtomicU64::new(1000))))
+        .build();
+    let (status, body) = get(&s, "/v1/admin/gpu-memory").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["gpus"],
@@ -334,30 +306,24 @@ async fn gpu_memory_lists_what_the_probe_reads_each_time_it_is_asked() {
                  "used_over_total": "1000MiB / 81559MiB" }])
     );
     assert_eq!(body["error"], Value::Null);
-    let (_, body) = call(&s, Method::GET, "/v1/admin/gpu-memory", "", None).await;
+    let (_, body) = get(&s, "/v1/admin/gpu-memory").await;
     assert_eq!(body["gpus"][0]["used_mib"], 1100, "read again, not cached: {body}");
 }
 
 #[tokio::test]
 async fn a_gpu_models_load_delta_is_its_estimate_in_the_row_and_in_metrics() {
-    let config = hangar_config::Config::from_value(&json!({
-        "models": { "stub": { "backend": "stub", "device": "gpu" } }
-    }))
-    .unwrap();
-    let manager = Manager::new(&config, Backends::new().with(Arc::new(StubBackend::new())));
     // Read before the load (1,000 MiB) and after it (1,100 MiB): the load took 100 MiB.
-    manager.set_gpu_probe(Arc::new(GrowingGpu(std::sync::atomic::AtomicU64::new(1000))));
-    let s = HangarService::new(manager, ServerOptions::from_config(&config));
+    let s = server()
+        .models(json!({ "stub": { "backend": "stub", "device": "gpu" } }))
+        .gpu_probe(Arc::new(GrowingGpu(std::sync::atomic::AtomicU64::new(1000))))
+        .build();
     let (status, row) = post(&s, "/v1/admin/models/stub/load", "").await;
     assert_eq!(status, 200, "{row}");
     assert_eq!(row["vram_estimate_mib"], 100, "{row}");
     assert_eq!(row["vram_estimate_source"], "observed_load_delta", "{row}");
-    let (_, body) = call(&s, Method::GET, "/v1/admin/gpu-memory", "", None).await;
+    let (_, body) = get(&s, "/v1/admin/gpu-memory").await;
     assert_eq!(body["models"][0]["vram_estimate_source"], "observed_load_delta", "{body}");
-    let resp =
-        s.handle(Request::builder().uri("/metrics").body(Full::new(Bytes::new())).unwrap()).await;
-    let text = resp.into_body().collect().await.unwrap().to_bytes();
-    let text = String::from_utf8_lossy(&text);
+    let text = metrics(&s).await;
     let line = r#"hangar_model_vram_estimate_bytes{model="stub",source="observed_load_delta",replicas="1"} 104857600"#;
     assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
 }
@@ -365,13 +331,15 @@ async fn a_gpu_models_load_delta_is_its_estimate_in_the_row_and_in_metrics() {
 #[tokio::test]
 async fn admin_key_is_required_when_configured() {
     let s = service(Some("sekrit"));
-    let (status, body) = call(&s, Method::GET, "/v1/admin/models", "", None).await;
+    let (status, body) = get(&s, "/v1/admin/models").await;
     assert_eq!((status, body["error"]["code"].as_str()), (401, Some("unauthorized")));
-    let (status, body) = call(&s, Method::GET, "/v1/admin/models", "", Some("wrong")).await;
+    let wrong = request(Method::GET, "/v1/admin/models").bearer("wrong").send(&s).await;
+    let (status, body) = (wrong.status, wrong.body);
     assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")));
-    assert_eq!(call(&s, Method::GET, "/v1/admin/models", "", Some("sekrit")).await.0, 200);
+    let right = request(Method::GET, "/v1/admin/models").bearer("sekrit").send(&s).await;
+    assert_eq!(right.status, 200);
     // Non-admin routes stay open.
-    assert_eq!(call(&s, Method::GET, "/healthz", "", None).await.0, 200);
+    assert_eq!(get(&s, "/healthz").await.0, 200);
 }
 
 #[tokio::test]
@@ -380,13 +348,10 @@ async fn oversized_bodies_unknown_routes_and_wrong_methods() {
     let big = format!(r#"{{"gguf_n_ctx": 8192, "pad": "{}"}}"#, "x".repeat(5000));
     let (status, body) = post(&s, "/v1/admin/models/gguf/load", &big).await;
     assert_eq!((status, body["error"]["code"].as_str()), (413, Some("payload_too_large")));
-    assert_eq!(
-        call(&s, Method::GET, "/v1/admin/models/gguf", "", None).await.1["runtime_state"],
-        "unloaded"
-    );
-    let (status, body) = call(&s, Method::GET, "/v1/nothing", "", None).await;
+    assert_eq!(get(&s, "/v1/admin/models/gguf").await.1["runtime_state"], "unloaded");
+    let (status, body) = get(&s, "/v1/nothing").await;
     assert_eq!((status, body["error"]["code"].as_str()), (404, Some("not_found")));
-    let (status, body) = call(&s, Method::DELETE, "/v1/admin/models", "", None).await;
+    let (status, body) = call(&s, Method::DELETE, "/v1/admin/models", "").await;
     assert_eq!((status, body["error"]["code"].as_str()), (405, Some("method_not_allowed")));
 }
 
@@ -401,17 +366,14 @@ async fn malformed_json_answers_422_with_the_parser_position() {
 
 #[tokio::test]
 async fn healthz_and_readyz() {
-    let config = hangar_config::Config::from_value(&json!({ "models": {
-        "a": { "backend": "stub", "enabled": true }, "b": { "backend": "stub" }
-    } }))
-    .unwrap();
-    let manager = Manager::new(&config, Backends::new().with(Arc::new(StubBackend::new())));
-    let s = HangarService::new(manager.clone(), ServerOptions::default());
-    let (status, body) = call(&s, Method::GET, "/readyz", "", None).await;
+    let s = server()
+        .models(json!({ "a": { "backend": "stub", "enabled": true }, "b": { "backend": "stub" } }))
+        .build();
+    let (status, body) = get(&s, "/readyz").await;
     assert_eq!((status, body["not_loaded"].clone()), (503, json!(["a"])));
-    manager.load_enabled().await;
-    assert_eq!(call(&s, Method::GET, "/readyz", "", None).await.0, 200);
-    assert_eq!(call(&s, Method::GET, "/healthz", "", None).await.1["status"], "ok");
+    s.manager().load_enabled().await;
+    assert_eq!(get(&s, "/readyz").await.0, 200);
+    assert_eq!(get(&s, "/healthz").await.1["status"], "ok");
 }
 
 /// Admin operations on one model run one at a time; one that cannot start within
@@ -419,16 +381,12 @@ async fn healthz_and_readyz() {
 /// that is loading is no such operation: it joins the load in progress.
 #[tokio::test]
 async fn admin_operations_on_a_model_wait_for_each_other_at_most_the_lock_timeout() {
-    let config = hangar_config::Config::from_value(&json!({
-        "admin_lock_timeout_s": 1,
-        "models": {
+    let s = server()
+        .settings(json!({ "admin_lock_timeout_s": 1 }))
+        .models(json!({
             "slow": { "backend": "stub", "stub": { "load_delay_ms": 2500, "unload_delay_ms": 300 } }
-        }
-    }))
-    .unwrap();
-    let backends = Backends::new().with(Arc::new(StubBackend::new()));
-    let s =
-        HangarService::new(Manager::new(&config, backends), ServerOptions::from_config(&config));
+        }))
+        .build();
     let first = tokio::spawn({
         let s = s.clone();
         async move { post(&s, "/v1/admin/models/slow/load", "").await }

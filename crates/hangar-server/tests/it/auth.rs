@@ -7,16 +7,12 @@
 //! inference routes (the other `/v1/…` routes and `/api/v1/stats`) take an inference key or
 //! the admin key; everything else (health, metrics, the document, KServe metadata) is open.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
-use hangar_config::Secret;
-use hangar_runtime::{Backends, Manager};
-use hangar_server::{HangarService, ServerOptions};
-use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
+use hangar_server::HangarService;
+use http::Method;
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
+
+use crate::support::{request, server};
 
 const ADMIN: &str = "admin-key";
 const INFERENCE: [&str; 2] = ["inference-1", "inference-2"];
@@ -55,24 +51,20 @@ fn class_of(path: &str) -> Class {
 }
 
 fn service(admin: Option<&str>, inference: &[&str]) -> HangarService {
-    let config = hangar_config::Config::from_value(&json!({
-        "models": { "chat": { "backend": "stub", "stub": { "reply": "hi" } } }
-    }))
-    .unwrap();
-    let backends = Backends::new().with(Arc::new(StubBackend::new()));
-    let mut options = ServerOptions::from_config(&config);
-    options.admin_api_key = admin.map(Secret::new);
-    options.inference_api_keys = inference.iter().map(|k| Secret::new(*k)).collect();
-    HangarService::new(Manager::new(&config, backends), options)
+    server()
+        .models(json!({ "chat": { "backend": "stub", "stub": { "reply": "hi" } } }))
+        .admin_key(admin)
+        .inference_keys(inference)
+        .build()
 }
 
 async fn call(s: &HangarService, method: &Method, path: &str, key: Option<&str>) -> (u16, Value) {
-    let mut req = Request::builder().method(method.clone()).uri(path);
-    if let Some(key) = key {
-        req = req.header("authorization", format!("Bearer {key}"));
-    }
     let body = if method == Method::POST { "{}" } else { "" };
-    let resp = s.handle(req.body(Full::new(Bytes::from(body))).unwrap()).await;
+    let mut call = request(method.clone(), path).body(body);
+    if let Some(key) = key {
+        call = call.bearer(key);
+    }
+    let resp = call.respond(s).await;
     let status = resp.status().as_u16();
     if resp.headers().get("content-type").is_some_and(|t| t == "text/event-stream") {
         // An event stream stays open: the status is the answer.

@@ -12,52 +12,37 @@
 //! - a non-2xx answer carries the route group's error envelope with a known `ErrorCode`
 //!   (the v2 routes: `{"error": "<message>"}`).
 
-use std::sync::Arc;
-
 use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
-use hangar_runtime::{Backends, LoadOptions, Manager};
-use hangar_server::{ErrorBody, HangarService, ServerOptions, V2ErrorBody};
-use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
+use hangar_server::{ErrorBody, HangarService, V2ErrorBody};
+use http::Method;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-/// Configured model names, also offered as values of `model` fields.
+use crate::support::{get, request, server};
+
 const MODELS: [&str; 5] = ["chat", "thinker", "embed", "rerank", "cold"];
 
 fn service(runtime: &tokio::runtime::Runtime) -> HangarService {
-    let config = hangar_config::Config::from_value(&json!({
-        "max_loaded_models": { "llm": 4, "embedding": 2, "reranking": 2 },
-        "models": {
+    let service = server()
+        .settings(json!({ "max_loaded_models": { "llm": 4, "embedding": 2, "reranking": 2 } }))
+        .models(json!({
             "chat": { "backend": "stub", "replica_max": 2, "stub": { "reply": "fixed words" } },
             "thinker": { "backend": "stub", "stub": { "thinking": true, "reply": "deep" } },
             "embed": { "backend": "stub", "type": "embedding" },
             "rerank": { "backend": "stub", "type": "reranking" },
             "cold": { "backend": "stub", "stub": { "reply": "cold" } },
-        }
-    }))
-    .expect("valid config");
-    let manager = Manager::new(&config, Backends::new().with(Arc::new(StubBackend::new())));
-    runtime.block_on(async {
-        for name in ["chat", "thinker", "embed", "rerank"] {
-            manager.load(name, LoadOptions::default()).await.expect("loads");
-        }
-    });
-    HangarService::new(manager, ServerOptions::default())
+        }))
+        .loaded(["chat", "thinker", "embed", "rerank"]);
+    runtime.block_on(service.start())
 }
 
 async fn call(service: &HangarService, path: &str, body: String) -> (u16, Bytes) {
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri(path)
+    let answer = request(Method::POST, path)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .expect("request");
-    let response = service.handle(request).await;
-    let status = response.status().as_u16();
-    let body = response.into_body().collect().await.expect("body").to_bytes();
-    (status, body)
+        .body(body)
+        .send(service)
+        .await;
+    (answer.status, answer.raw)
 }
 
 /// Every POST route with a JSON body and the names of its top-level fields.
@@ -65,11 +50,7 @@ fn body_routes(
     runtime: &tokio::runtime::Runtime,
     service: &HangarService,
 ) -> Vec<(String, Vec<String>)> {
-    let doc: Value = runtime.block_on(async {
-        let request = Request::get("/openapi.json").body(Full::new(Bytes::new())).unwrap();
-        let body = service.handle(request).await.into_body().collect().await.unwrap().to_bytes();
-        serde_json::from_slice(&body).expect("the document")
-    });
+    let (_, doc) = runtime.block_on(get(service, "/openapi.json"));
     let mut routes = Vec::new();
     for (path, item) in doc["paths"].as_object().expect("paths") {
         let Some(op) = item.get("post") else { continue };

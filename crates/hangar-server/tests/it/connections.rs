@@ -7,18 +7,17 @@
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
-use std::sync::Arc;
 use std::time::Duration;
 
-use hangar_backend::stub::StubBackend;
-use hangar_config::{Config, ConnectionLimits};
-use hangar_runtime::{Backends, LoadOptions, Manager};
+use hangar_config::ConnectionLimits;
+use hangar_server::HangarService;
 use hangar_server::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
 use hangar_server::grpc::proto::{RepositoryModelLoadRequest, ServerLiveRequest};
-use hangar_server::{HangarService, ServerOptions};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::support::server;
 
 /// How long a test waits for the server to do what it must; not a performance claim.
 const LIVENESS: Duration = Duration::from_secs(10);
@@ -33,19 +32,18 @@ fn limits(max: u32, header_s: u64, body_s: u64, idle_s: u64) -> ConnectionLimits
 }
 
 async fn service(connections: ConnectionLimits) -> HangarService {
-    let config = Config::from_value(&json!({
-        "models": {
+    server()
+        .models(json!({
             "slow": {
                 "backend": "stub",
                 "stub": { "token_latency_ms": 400, "reply": "one two three four five six" }
             },
             "slow_load": { "backend": "stub", "stub": { "load_delay_ms": 2500 } }
-        }
-    }))
-    .unwrap();
-    let manager = Manager::new(&config, Backends::new().with(Arc::new(StubBackend::new())));
-    manager.load("slow", LoadOptions::default()).await.unwrap();
-    HangarService::new(manager, ServerOptions { connections, ..ServerOptions::default() })
+        }))
+        .options(move |o| o.connections = connections)
+        .loaded(["slow"])
+        .start()
+        .await
 }
 
 /// `serve` on a loopback port under `connections`.

@@ -1,29 +1,20 @@
 //! Pause and continue, weight-update refusals and SGLang's root paths in-process, on the
 //! stub engine (deterministic words at a fixed pace). The real engine's weight updates and
-//! checksums are in `bins/hangard/tests/llama_http.rs`.
+//! checksums are in `bins/hangard/tests/it/llama_http/`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
-use hangar_runtime::{Backends, Manager};
-use hangar_server::{HangarService, ResponseBody, ServerOptions};
-use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
+use hangar_server::HangarService;
+use http::Method;
 use serde_json::{Value, json};
+
+use crate::support::{Sse, call, load, post, request, row, server};
 
 /// Words of a stub answer arrive 20 ms apart.
 const PACE_MS: u64 = 20;
 
 fn service_of(models: Value) -> HangarService {
-    let config = hangar_config::Config::from_value(&json!({
-        "max_loaded_models": { "llm": 4 },
-        "models": models,
-    }))
-    .unwrap();
-    let backends = Backends::new().with(Arc::new(StubBackend::new()));
-    HangarService::new(Manager::new(&config, backends), ServerOptions::from_config(&config))
+    server().settings(json!({ "max_loaded_models": { "llm": 4 } })).models(models).build()
 }
 
 fn service() -> HangarService {
@@ -31,31 +22,6 @@ fn service() -> HangarService {
         "chat": { "backend": "stub", "target_inflight": 1, "stub": { "token_latency_ms": PACE_MS } },
         "other": { "backend": "stub" }
     }))
-}
-
-async fn call(s: &HangarService, method: Method, path: &str, body: Value) -> (u16, Value) {
-    let req = Request::builder().method(method).uri(path);
-    let body = if body.is_null() { Bytes::new() } else { Bytes::from(body.to_string()) };
-    let resp = s.handle(req.body(Full::new(body)).unwrap()).await;
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-}
-
-async fn post(s: &HangarService, path: &str, body: Value) -> (u16, Value) {
-    call(s, Method::POST, path, body).await
-}
-
-async fn row(s: &HangarService, model: &str) -> Value {
-    let (status, row) =
-        call(s, Method::GET, &format!("/v1/admin/models/{model}"), Value::Null).await;
-    assert_eq!(status, 200);
-    row
-}
-
-async fn load(s: &HangarService, model: &str) {
-    let (status, row) = post(s, &format!("/v1/admin/models/{model}/load"), json!({})).await;
-    assert_eq!((status, row["runtime_state"].as_str()), (200, Some("loaded")), "{row}");
 }
 
 /// Polls the row until `done` holds (5 s at most).
@@ -81,8 +47,7 @@ fn chat(max_tokens: u32, stream: bool) -> Value {
 
 /// A streamed chat completion, read chunk by chunk.
 struct Stream {
-    body: ResponseBody,
-    buf: String,
+    sse: Sse,
     text: String,
     usage: Option<Value>,
     finish: Option<String>,
@@ -92,13 +57,9 @@ struct Stream {
 
 impl Stream {
     async fn open(s: &HangarService, body: Value) -> Self {
-        let req = Request::builder().method(Method::POST).uri("/v1/chat/completions");
-        let resp = s.handle(req.body(Full::new(Bytes::from(body.to_string()))).unwrap()).await;
-        assert_eq!(resp.status(), 200);
-        let body = resp.into_body();
+        let response = request(Method::POST, "/v1/chat/completions").body(body).respond(s).await;
         Self {
-            body,
-            buf: String::new(),
+            sse: Sse::of(response),
             text: String::new(),
             usage: None,
             finish: None,
@@ -122,39 +83,26 @@ impl Stream {
 
     /// Handles one event; false at the end.
     async fn step(&mut self) -> bool {
-        loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let Some(data) = block.strip_prefix("data: ") else { continue };
-                let data = data.trim_end();
-                if data == "[DONE]" {
-                    return false;
-                }
-                let event: Value = serde_json::from_str(data).unwrap();
-                if event.get("error").is_some() {
-                    self.error = Some(event["error"].clone());
-                } else if let Some(choice) = event["choices"].get(0) {
-                    if let Some(piece) = choice["delta"]["content"].as_str() {
-                        self.text.push_str(piece);
-                        self.chunks += 1;
-                    }
-                    if let Some(reason) = choice["finish_reason"].as_str() {
-                        self.finish = Some(reason.to_owned());
-                    }
-                }
-                if !event["usage"].is_null() {
-                    self.usage = Some(event["usage"].clone());
-                }
-                return true;
+        let Some(event) = self.sse.next().await else { return false };
+        if event.data == "[DONE]" {
+            return false;
+        }
+        let event = event.json();
+        if event.get("error").is_some() {
+            self.error = Some(event["error"].clone());
+        } else if let Some(choice) = event["choices"].get(0) {
+            if let Some(piece) = choice["delta"]["content"].as_str() {
+                self.text.push_str(piece);
+                self.chunks += 1;
             }
-            let frame = tokio::time::timeout(Duration::from_secs(10), self.body.frame())
-                .await
-                .expect("a chunk within 10 s");
-            let Some(frame) = frame else { return false };
-            if let Ok(data) = frame.unwrap().into_data() {
-                self.buf.push_str(std::str::from_utf8(&data).unwrap());
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                self.finish = Some(reason.to_owned());
             }
         }
+        if !event["usage"].is_null() {
+            self.usage = Some(event["usage"].clone());
+        }
+        true
     }
 }
 

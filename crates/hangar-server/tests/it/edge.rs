@@ -3,41 +3,25 @@
 //! preflights are answered only for allowed origins, `HEAD` answers `GET` routes, and the
 //! open routes show no paths, engine URLs or error texts to callers without a key.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
 use hangar_config::Secret;
-use hangar_runtime::{Backends, Manager};
 use hangar_server::{HangarService, ServerOptions};
-use http::Request;
-use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 
-fn service_with(settings: Value, edit: impl FnOnce(&mut ServerOptions)) -> HangarService {
-    let mut config = json!({
-        "models": {
+use crate::support::{Answer, request, server, state};
+
+fn service_with(settings: Value, edit: impl FnOnce(&mut ServerOptions) + 'static) -> HangarService {
+    server()
+        .models(json!({
             "chat": { "backend": "stub", "model_path": "/models/secret/chat.gguf", "stub": { "reply": "hi" } },
             "broken": { "backend": "stub", "stub": { "fail_load": "cannot open /models/secret/broken.gguf" } }
-        }
-    });
-    config.as_object_mut().unwrap().extend(settings.as_object().unwrap().clone());
-    let config = hangar_config::Config::from_value(&config).unwrap();
-    let backends = Backends::new().with(Arc::new(StubBackend::new()));
-    let mut options = ServerOptions::from_config(&config);
-    edit(&mut options);
-    HangarService::new(Manager::new(&config, backends), options)
+        }))
+        .settings(settings)
+        .options(edit)
+        .build()
 }
 
 fn service() -> HangarService {
     service_with(json!({}), |_| {})
-}
-
-struct Answer {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Value,
-    raw: Bytes,
 }
 
 async fn send(
@@ -47,24 +31,7 @@ async fn send(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Answer {
-    let mut req = Request::builder().method(method).uri(path);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = s.handle(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap()).await;
-    let (parts, body) = resp.into_parts();
-    let raw = body.collect().await.unwrap().to_bytes();
-    Answer {
-        status: parts.status.as_u16(),
-        headers: parts.headers,
-        body: serde_json::from_slice(&raw).unwrap_or(Value::Null),
-        raw,
-    }
-}
-
-async fn state(s: &HangarService, model: &str) -> String {
-    let row = s.manager().model(model).unwrap();
-    row.runtime_state.to_string()
+    request(method, path).headers(headers).body(body).send(s).await
 }
 
 async fn loaded(s: &HangarService) {
@@ -94,7 +61,7 @@ async fn a_cross_site_form_post_cannot_unload_a_model() {
             (403, Some("origin_not_allowed")),
             "{headers:?}"
         );
-        assert_eq!(state(&s, "chat").await, "loaded", "{headers:?} changed nothing");
+        assert_eq!(state(&s, "chat"), "loaded", "{headers:?} changed nothing");
     }
     // The server's own page (same origin) and a script without Origin still work.
     let own = [HOST, ("origin", "http://localhost:8080"), ("content-type", "application/json")];
@@ -117,7 +84,7 @@ async fn a_rebinding_host_is_refused_on_loopback_and_allowed_hosts_pass() {
             (403, Some("host_not_allowed")),
             "{host}"
         );
-        assert_eq!(state(&s, "chat").await, "loaded");
+        assert_eq!(state(&s, "chat"), "loaded");
     }
     // The KServe v2 routes refuse in their own envelope.
     let a = send(&s, "GET", "/v2/health/ready", &[("host", "rebind.evil.example")], "").await;

@@ -2,77 +2,41 @@
 //! as numbered server-sent events, resumed with `Last-Event-ID` without a loss or a repeat,
 //! and a resync notice when the asked-for events are gone.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
-use hangar_runtime::{Backends, Manager};
-use hangar_server::{HangarService, ServerOptions};
+use hangar_server::HangarService;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 
+use crate::support::{Sse, call, request, server};
+
 fn service() -> HangarService {
-    let config = hangar_config::Config::from_value(&json!({
-        "max_loaded_models": { "llm": 1 },
-        "models": {
+    server()
+        .settings(json!({ "max_loaded_models": { "llm": 1 } }))
+        .models(json!({
             "a": { "backend": "stub", "stub": { "load_delay_ms": 20 } },
             "b": { "backend": "stub" },
             "fragile": { "type": "embedding", "backend": "stub", "stub": { "crash_after_requests": 1 } }
-        }
-    }))
-    .unwrap();
-    let backends = Backends::new().with(Arc::new(StubBackend::new()));
-    HangarService::new(Manager::new(&config, backends), ServerOptions::from_config(&config))
-}
-
-async fn call(s: &HangarService, method: Method, path: &str, body: Value) -> (u16, Value) {
-    let req = Request::builder().method(method).uri(path);
-    let resp = s.handle(req.body(Full::new(Bytes::from(body.to_string()))).unwrap()).await;
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+        }))
+        .build()
 }
 
 /// An open event stream, read event by event.
-struct Events {
-    body: hangar_server::ResponseBody,
-    buf: String,
-}
+struct Events(Sse);
 
 impl Events {
     async fn open(s: &HangarService, last_event_id: Option<&str>) -> Self {
-        let mut req = Request::builder().uri("/v1/admin/events");
+        let mut call = request(Method::GET, "/v1/admin/events");
         if let Some(id) = last_event_id {
-            req = req.header("last-event-id", id);
+            call = call.header("last-event-id", id);
         }
-        let resp = s.handle(req.body(Full::new(Bytes::new())).unwrap()).await;
-        assert_eq!(resp.status(), 200);
-        assert_eq!(resp.headers()["content-type"], "text/event-stream");
-        Self { body: resp.into_body(), buf: String::new() }
+        Self(Sse::of(call.respond(s).await))
     }
 
     /// The next event: its id (if any) and its data.
     async fn next(&mut self) -> (Option<String>, Value) {
-        loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let field = |name: &str| {
-                    block.lines().find_map(|l| l.strip_prefix(name)).map(str::to_owned)
-                };
-                let Some(data) = field("data: ") else { continue }; // a comment
-                return (field("id: "), serde_json::from_str(&data).unwrap());
-            }
-            let frame = tokio::time::timeout(Duration::from_secs(5), self.body.frame())
-                .await
-                .expect("an event within 5 s")
-                .expect("the stream is open")
-                .unwrap();
-            if let Ok(data) = frame.into_data() {
-                self.buf.push_str(std::str::from_utf8(&data).unwrap());
-            }
-        }
+        let event = self.0.next().await.expect("the stream is open");
+        (event.id.clone(), event.json())
     }
 
     /// Events up to and including the first for which `last` holds.
@@ -152,8 +116,7 @@ async fn a_client_that_reconnects_with_its_last_id_misses_and_repeats_nothing() 
 
     // The query parameter does the same (for clients that cannot set headers).
     let path = format!("/v1/admin/events?last_event_id={last_id}");
-    let req = Request::builder().uri(path).body(Full::new(Bytes::new())).unwrap();
-    let mut by_query = Events { body: s.handle(req).await.into_body(), buf: String::new() };
+    let mut by_query = Events(Sse::of(request(Method::GET, &path).respond(&s).await));
     assert!(is_state(&by_query.next().await.1, "b", "unloading"));
 }
 

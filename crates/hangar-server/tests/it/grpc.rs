@@ -4,61 +4,40 @@
 //! states, messages, and the status each error maps to.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
-use hangar_config::{BackendKind, Config, Secret};
-use hangar_runtime::{Backends, Manager};
+use hangar_config::BackendKind;
+use hangar_server::HangarService;
 use hangar_server::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
 use hangar_server::grpc::proto::model_repository_parameter::ParameterChoice;
 use hangar_server::grpc::proto::*;
-use hangar_server::{HangarService, ServerOptions};
-use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
+use http::Method;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
+use crate::support::{call, server};
+
 type Client = GrpcInferenceServiceClient<Channel>;
 
-fn config() -> Config {
-    Config::from_value(&json!({
-        "max_loaded_models": { "llm": 8 },
-        "models": {
+/// The HTTP service and a gRPC client of the same service on a loopback port.
+async fn start(admin_key: Option<&str>) -> (HangarService, Client) {
+    let service = server()
+        .settings(json!({ "max_loaded_models": { "llm": 8 } }))
+        .models(json!({
             "chat": { "backend": "stub", "enabled": true },
             "gguf": { "backend": "llama_cpp", "model_path": "/models/q.gguf", "replica_max": 2 },
             "spare": { "backend": "stub" },
             "broken": { "backend": "stub", "stub": { "fail_load": "boom" } },
             "slow": { "backend": "stub", "stub": { "load_delay_ms": 1500 } },
-        }
-    }))
-    .unwrap()
-}
-
-/// The HTTP service and a gRPC client of the same service on a loopback port.
-async fn start(admin_key: Option<&str>) -> (HangarService, Client) {
-    let config = config();
-    let backends = Backends::new()
-        .with(Arc::new(StubBackend::new()))
-        .with(Arc::new(StubBackend::with_kind(BackendKind::LlamaCpp)));
-    let mut options = ServerOptions::from_config(&config);
-    options.admin_api_key = admin_key.map(Secret::new);
-    let service = HangarService::new(Manager::new(&config, backends), options);
+        }))
+        .stub_kinds([BackendKind::LlamaCpp])
+        .admin_key(admin_key)
+        .build();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(hangar_server::grpc::serve(listener, service.clone(), std::future::pending()));
     let client = GrpcInferenceServiceClient::connect(format!("http://{addr}")).await.unwrap();
     (service, client)
-}
-
-/// The HTTP answer to the same question: status and JSON body.
-async fn http(s: &HangarService, method: Method, path: &str, body: &str) -> (u16, Value) {
-    let req = Request::builder().method(method).uri(path);
-    let resp = s.handle(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap()).await;
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
 fn string(s: &str) -> ModelRepositoryParameter {
@@ -93,7 +72,7 @@ async fn index(client: &mut Client, ready: bool) -> Vec<(String, String, String)
 
 async fn http_index(s: &HangarService, ready: bool) -> Vec<(String, String, String)> {
     let (status, body) =
-        http(s, Method::POST, "/v2/repository/index", &json!({ "ready": ready }).to_string()).await;
+        call(s, Method::POST, "/v2/repository/index", json!({ "ready": ready })).await;
     assert_eq!(status, 200);
     let text = |v: &Value| v.as_str().unwrap().to_owned();
     body.as_array()
@@ -112,7 +91,7 @@ async fn health_and_metadata_answer_as_the_http_routes() {
         "chat is enabled, not loaded"
     );
     let meta = c.server_metadata(ServerMetadataRequest {}).await.unwrap().into_inner();
-    let (_, http_meta) = http(&s, Method::GET, "/v2", "").await;
+    let (_, http_meta) = call(&s, Method::GET, "/v2", "").await;
     assert_eq!(
         (meta.name.as_str(), meta.version.as_str()),
         (http_meta["name"].as_str().unwrap(), http_meta["version"].as_str().unwrap())
@@ -134,12 +113,12 @@ async fn health_and_metadata_answer_as_the_http_routes() {
         (gguf.name.as_str(), gguf.versions.as_slice(), gguf.platform.as_str()),
         ("gguf", &["1".to_owned()][..], "llama_cpp")
     );
-    let (status, http_gguf) = http(&s, Method::GET, "/v2/models/gguf", "").await;
+    let (status, http_gguf) = call(&s, Method::GET, "/v2/models/gguf", "").await;
     assert_eq!((status, http_gguf["platform"].as_str()), (200, Some("llama_cpp")));
 
     // Unknown models and versions: NOT_FOUND with the HTTP message.
     let err = c.model_metadata(metadata("nope")).await.unwrap_err();
-    let (_, http_err) = http(&s, Method::GET, "/v2/models/nope", "").await;
+    let (_, http_err) = call(&s, Method::GET, "/v2/models/nope", "").await;
     assert_eq!(parts(&err), (Code::NotFound, http_err["error"].as_str().unwrap(), "unknown_model"));
     let err = c.model_ready(ready("chat", "2")).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
@@ -151,7 +130,7 @@ async fn the_repository_index_load_and_unload_match_http() {
     let (s, mut c) = start(None).await;
     // A failed load: INTERNAL (as Triton answers), the HTTP message, the model failed.
     let err = c.repository_model_load(load("broken", &[])).await.unwrap_err();
-    let (_, http_err) = http(&s, Method::POST, "/v2/repository/models/broken/load", "").await;
+    let (_, http_err) = call(&s, Method::POST, "/v2/repository/models/broken/load", "").await;
     assert_eq!(parts(&err), (Code::Internal, http_err["error"].as_str().unwrap(), "load_failed"));
     c.repository_model_load(load("spare", &[])).await.unwrap();
 
@@ -172,7 +151,7 @@ async fn the_repository_index_load_and_unload_match_http() {
     ))
     .await
     .unwrap();
-    let (_, row) = http(&s, Method::GET, "/v1/admin/models/gguf", "").await;
+    let (_, row) = call(&s, Method::GET, "/v1/admin/models/gguf", "").await;
     assert_eq!(
         (row["runtime_state"].as_str(), row["loaded_replicas"].as_u64()),
         (Some("loaded"), Some(2))
@@ -192,7 +171,7 @@ async fn the_repository_index_load_and_unload_match_http() {
     let err =
         c.repository_model_load(load("gguf", &[("config", string("not json"))])).await.unwrap_err();
     let body = json!({ "parameters": { "config": "not json" } }).to_string();
-    let (status, http_err) = http(&s, Method::POST, "/v2/repository/models/gguf/load", &body).await;
+    let (status, http_err) = call(&s, Method::POST, "/v2/repository/models/gguf/load", &body).await;
     assert_eq!(status, 400);
     assert_eq!(
         parts(&err),

@@ -2,55 +2,29 @@
 //! (never evicted: a load that would need it gone fails with `slots_pinned`), and what
 //! unloads a model nobody uses.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
-use hangar_runtime::{Backends, Manager};
-use hangar_server::{HangarService, ServerOptions};
-use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
+use hangar_server::HangarService;
+use http::Method;
 use serde_json::{Value, json};
 
+use crate::support::{call, post, row, server};
+
 fn service(extra: Value) -> HangarService {
-    let mut settings = json!({
-        "max_loaded_models": { "llm": 1 },
-        "models": {
+    server()
+        .settings(json!({ "max_loaded_models": { "llm": 1 } }))
+        .models(json!({
             "a": { "backend": "stub" },
             "b": { "backend": "stub" },
             "keep": { "backend": "stub", "pinned": true },
             "brief": { "backend": "stub", "idle_unload_seconds": 1 },
-        }
-    });
-    for (key, value) in extra.as_object().unwrap() {
-        settings[key] = value.clone();
-    }
-    let config = hangar_config::Config::from_value(&settings).unwrap();
-    let backends = Backends::new().with(Arc::new(StubBackend::new()));
-    HangarService::new(Manager::new(&config, backends), ServerOptions::from_config(&config))
-}
-
-async fn call(s: &HangarService, method: Method, path: &str, body: Value) -> (u16, Value) {
-    let req = Request::builder().method(method).uri(path);
-    let body = if body.is_null() { Bytes::new() } else { Bytes::from(body.to_string()) };
-    let resp = s.handle(req.body(Full::new(body)).unwrap()).await;
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-}
-
-async fn post(s: &HangarService, path: &str, body: Value) -> (u16, Value) {
-    call(s, Method::POST, path, body).await
+        }))
+        .settings(extra)
+        .build()
 }
 
 async fn state(s: &HangarService, model: &str) -> String {
-    let (_, row) = call(s, Method::GET, &format!("/v1/admin/models/{model}"), Value::Null).await;
-    row["runtime_state"].as_str().unwrap().to_owned()
-}
-
-async fn row(s: &HangarService, model: &str) -> Value {
-    call(s, Method::GET, &format!("/v1/admin/models/{model}"), Value::Null).await.1
+    row(s, model).await["runtime_state"].as_str().unwrap().to_owned()
 }
 
 #[tokio::test]

@@ -14,13 +14,13 @@ use hangar_backend::{
     GenerateEvent, GenerateRequest, GenerateSummary, LoadError, LoadRequest, RerankRequest,
     Rerankings, Runtime, RuntimeError, ThinkingMode,
 };
-use hangar_config::{BackendKind, Config, ModelConfig};
-use hangar_runtime::{Backends, LoadOptions, Manager};
-use hangar_server::{HangarService, ServerOptions};
-use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use hangar_config::{BackendKind, ModelConfig};
+use hangar_server::HangarService;
+use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+
+use crate::support::{post, request, server};
 
 /// An engine that serves the OpenAI API itself, as `openai_remote` does: it counts the
 /// requests forwarded to it and answers each with `{"forwarded": true}`.
@@ -105,10 +105,15 @@ struct Setup {
 /// A service with `limits`: `chat`, `embed`, `rerank` and `remote` (forwarding) loaded, the
 /// `cold-*` models unloaded with auto-load on.
 async fn setup(limits: Value) -> Setup {
-    let config = Config::from_value(&json!({
-        "max_loaded_models": { "llm": 8, "embedding": 4, "reranking": 4 },
-        "limits": limits,
-        "models": {
+    let stub = Arc::new(StubBackend::new());
+    let forwarder = Forwarder::default();
+    let forwarded = Arc::clone(&forwarder.0);
+    let service = server()
+        .settings(json!({
+            "max_loaded_models": { "llm": 8, "embedding": 4, "reranking": 4 },
+            "limits": limits,
+        }))
+        .models(json!({
             "chat": { "backend": "stub", "stub": { "reply": "fine thanks" } },
             "slow": { "backend": "stub", "target_inflight": 1, "stub": { "token_latency_ms": 100 } },
             "embed": { "backend": "stub", "type": "embedding" },
@@ -119,27 +124,13 @@ async fn setup(limits: Value) -> Setup {
             "cold-chat": { "backend": "stub", "auto_load": true },
             "cold-embed": { "backend": "stub", "type": "embedding", "auto_load": true },
             "cold-rerank": { "backend": "stub", "type": "reranking", "auto_load": true }
-        }
-    }))
-    .unwrap();
-    let stub = Arc::new(StubBackend::new());
-    let forwarder = Forwarder::default();
-    let forwarded = Arc::clone(&forwarder.0);
-    let backends = Backends::new().with(stub.clone()).with(Arc::new(forwarder));
-    let manager = Manager::new(&config, backends);
-    for name in ["chat", "slow", "embed", "rerank", "remote", "remote-embed", "remote-rerank"] {
-        manager.load(name, LoadOptions::default()).await.unwrap();
-    }
-    let service = HangarService::new(manager, ServerOptions::from_config(&config));
+        }))
+        .stub(stub.clone())
+        .backend(Arc::new(forwarder))
+        .loaded(["chat", "slow", "embed", "rerank", "remote", "remote-embed", "remote-rerank"])
+        .start()
+        .await;
     Setup { service, stub, forwarded }
-}
-
-async fn post(s: &HangarService, path: &str, body: &Value) -> (StatusCode, Value) {
-    let req = Request::builder().method(Method::POST).uri(path);
-    let resp = s.handle(req.body(Full::new(Bytes::from(body.to_string()))).unwrap()).await;
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or_else(|_| json!(bytes.to_vec())))
 }
 
 /// `n` elements made by `f` from their index.
@@ -242,7 +233,7 @@ fn small() -> Value {
     })
 }
 
-fn assert_limit_exceeded(got: &(StatusCode, Value), field: &str, size: &str, key: &str) {
+fn assert_limit_exceeded(got: &(u16, Value), field: &str, size: &str, key: &str) {
     assert_eq!(got.0, StatusCode::BAD_REQUEST, "{}", got.1);
     let error = &got.1["error"];
     assert_eq!(
@@ -287,7 +278,7 @@ async fn forwarded_bodies_are_capped_before_they_are_forwarded() {
     for case in CASES {
         let remote = case.models.2;
         let at = post(&s, case.path, &(case.body)(remote, case.cap)).await;
-        assert_eq!((at.0, &at.1), (StatusCode::OK, &json!({ "forwarded": true })), "{}", case.path);
+        assert_eq!((at.0, &at.1), (200, &json!({ "forwarded": true })), "{}", case.path);
         let sent = forwarded.load(Ordering::SeqCst);
         let over = post(&s, case.path, &(case.body)(remote, case.cap + 1)).await;
         let size = format!("has {} items; the limit is {}", case.cap + 1, case.cap);
@@ -308,7 +299,7 @@ async fn what_openai_itself_accepts_passes_the_default_limits() {
     let texts = list(2_048, |i| json!(format!("text {i}")));
     let (status, body) =
         post(&s, "/v1/embeddings", &json!({ "model": "embed", "input": texts })).await;
-    assert_eq!((status, body["data"].as_array().map(Vec::len)), (StatusCode::OK, Some(2_048)));
+    assert_eq!((status, body["data"].as_array().map(Vec::len)), (200, Some(2_048)));
     let tools =
         list(128, |i| json!({ "type": "function", "function": { "name": format!("f{i}") } }));
     let stop = json!(["\n\n", "###", "User:", "</s>"]);
@@ -335,11 +326,9 @@ async fn a_request_past_its_deadline_answers_504_and_a_started_stream_ends_with_
 
     let mut streamed = long.clone();
     streamed["stream"] = json!(true);
-    let req = Request::builder().method(Method::POST).uri("/v1/chat/completions");
-    let resp = s.handle(req.body(Full::new(Bytes::from(streamed.to_string()))).unwrap()).await;
-    assert_eq!(resp.status(), StatusCode::OK, "the stream started before the deadline");
-    let text =
-        String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    let answer = request(Method::POST, "/v1/chat/completions").body(streamed).send(&s).await;
+    assert_eq!(answer.status, 200, "the stream started before the deadline");
+    let text = answer.text();
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
     assert!(events.len() > 3, "some tokens came first: {text}");
     assert_eq!(events[events.len() - 1], "data: [DONE]");

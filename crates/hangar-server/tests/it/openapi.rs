@@ -1,14 +1,12 @@
 //! `GET /openapi.json` and `GET /metrics`, in process through `HangarService::handle`.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
-use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
-use hangar_server::{HangarService, ServerOptions};
-use http::{Method, Request, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use hangar_server::HangarService;
+use http::{Method, StatusCode, header};
 use serde_json::{Value, json};
+
+use crate::support::{request, server};
 
 /// Every route of the service, written out independently of the route table.
 const ROUTES: &[(&str, &str)] = &[
@@ -72,44 +70,31 @@ fn service() -> HangarService {
 }
 
 fn service_with_key(admin_api_key: Option<&str>) -> HangarService {
-    let config = hangar_config::Config::from_value(&json!({
-        "models": {
+    server()
+        .models(json!({
             "chat": { "backend": "stub" },
             "bge": { "backend": "stub", "labels": ["embedding"] }
-        }
-    }))
-    .expect("valid config");
-    let backends = hangar_runtime::Backends::new().with(Arc::new(StubBackend::new()));
-    let manager = hangar_runtime::Manager::new(&config, backends);
-    let options = ServerOptions {
-        admin_api_key: admin_api_key.map(|k| hangar_config::Secret::new(k.to_owned())),
-        ..ServerOptions::default()
-    };
-    HangarService::new(manager, options)
+        }))
+        .admin_key(admin_api_key)
+        .build()
 }
 
+/// Status, content type and body text.
 async fn call(
     service: &HangarService,
     method: Method,
     path: &str,
     body: &str,
 ) -> (StatusCode, String, String) {
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_owned())))
-        .expect("request");
-    let resp = service.handle(req).await;
-    let status = resp.status();
-    let content_type = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    (status, content_type, String::from_utf8(bytes.to_vec()).expect("UTF-8 body"))
+    let answer = request(method, path)
+        .header(header::CONTENT_TYPE.as_str(), "application/json")
+        .body(body)
+        .send(service)
+        .await;
+    let content_type = answer.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let content_type = content_type.unwrap_or_default().to_owned();
+    let status = StatusCode::from_u16(answer.status).unwrap();
+    (status, content_type, String::from_utf8(answer.raw.to_vec()).expect("UTF-8 body"))
 }
 
 async fn document() -> Value {

@@ -3,34 +3,32 @@
 //! shows the failures and the quarantine, the backoff doubles while it keeps failing, and an
 //! explicit load lifts it.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
-use hangar_runtime::{Backends, EventKind, Manager};
-use hangar_server::{HangarService, ServerOptions};
-use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
+use hangar_runtime::{EventKind, Manager};
+use hangar_server::HangarService;
+use http::Method;
 use serde_json::{Value, json};
+
+use crate::support::{metrics, request, row, server};
 
 /// Two failures within a minute quarantine a model for 1 s, then 2 s.
 fn service(auto_load: bool) -> (HangarService, Manager) {
-    let settings = json!({
-        "auto_load": auto_load,
-        "max_loaded_models": { "llm": 1 },
-        "quarantine": { "failures": 2, "window_seconds": 60, "backoff_seconds": 1, "max_backoff_seconds": 2 },
-        "models": {
+    let s = server()
+        .settings(json!({
+            "auto_load": auto_load,
+            "max_loaded_models": { "llm": 1 },
+            "quarantine": { "failures": 2, "window_seconds": 60, "backoff_seconds": 1, "max_backoff_seconds": 2 },
+        }))
+        .models(json!({
             "crashy": { "backend": "stub", "stub": { "crash_after_requests": 1 } },
             "broken": { "backend": "stub", "stub": { "fail_load": "corrupt weights" } },
             "a": { "backend": "stub" },
             "b": { "backend": "stub" },
-        }
-    });
-    let config = hangar_config::Config::from_value(&settings).unwrap();
-    let backends = Backends::new().with(Arc::new(StubBackend::new()));
-    let manager = Manager::new(&config, backends);
-    (HangarService::new(manager.clone(), ServerOptions::from_config(&config)), manager)
+        }))
+        .build();
+    let manager = s.manager().clone();
+    (s, manager)
 }
 
 /// Status, `Retry-After` header and JSON body.
@@ -40,29 +38,14 @@ async fn call(
     path: &str,
     body: Value,
 ) -> (u16, Option<String>, Value) {
-    let req = Request::builder().method(method).uri(path);
-    let body = if body.is_null() { Bytes::new() } else { Bytes::from(body.to_string()) };
-    let resp = s.handle(req.body(Full::new(body)).unwrap()).await;
-    let status = resp.status().as_u16();
-    let retry_after =
-        resp.headers().get(http::header::RETRY_AFTER).map(|v| v.to_str().unwrap().to_owned());
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, retry_after, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-}
-
-async fn metrics(s: &HangarService) -> String {
-    let req = Request::builder().uri("/metrics").body(Full::new(Bytes::new())).unwrap();
-    let bytes = s.handle(req).await.into_body().collect().await.unwrap().to_bytes();
-    String::from_utf8(bytes.to_vec()).unwrap()
+    let answer = request(method, path).body(body).send(s).await;
+    let retry_after = answer.headers.get(http::header::RETRY_AFTER);
+    (answer.status, retry_after.map(|v| v.to_str().unwrap().to_owned()), answer.body)
 }
 
 async fn chat(s: &HangarService, model: &str) -> (u16, Option<String>, Value) {
     let body = json!({ "model": model, "messages": [{ "role": "user", "content": "hi" }] });
     call(s, Method::POST, "/v1/chat/completions", body).await
-}
-
-async fn row(s: &HangarService, model: &str) -> Value {
-    call(s, Method::GET, &format!("/v1/admin/models/{model}"), Value::Null).await.2
 }
 
 fn code(body: &Value) -> Option<&str> {

@@ -3,35 +3,29 @@
 //! log streams with a last `shutdown` event while generations in flight run on. Paused
 //! time: the timeouts pass without waiting.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
-use hangar_runtime::{Backends, Manager};
-use hangar_server::{HangarService, ResponseBody, ServerOptions};
-use http::Request;
-use http_body_util::{BodyExt, Full};
+use hangar_server::{HangarService, ResponseBody};
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
+use crate::support::{load, request, server};
+
 fn service() -> HangarService {
-    let config = hangar_config::Config::from_value(&json!({
-        "http": { "stream_write_timeout_s": 5 },
-        "max_loaded_models": { "llm": 2 },
-        "models": {
+    server()
+        .settings(json!({
+            "http": { "stream_write_timeout_s": 5 },
+            "max_loaded_models": { "llm": 2 },
+        }))
+        .models(json!({
             "chat": { "backend": "stub", "target_inflight": 1 },
             "slow": { "backend": "stub", "stub": { "token_latency_ms": 50 } }
-        }
-    }))
-    .unwrap();
-    let backends = Backends::new().with(Arc::new(StubBackend::new()));
-    HangarService::new(Manager::new(&config, backends), ServerOptions::from_config(&config))
+        }))
+        .build()
 }
 
 async fn open(s: &HangarService, method: &str, path: &str, body: Value) -> (u16, ResponseBody) {
-    let body = if body.is_null() { Bytes::new() } else { Bytes::from(body.to_string()) };
-    let req = Request::builder().method(method).uri(path).body(Full::new(body)).unwrap();
-    let resp = s.handle(req).await;
+    let resp = request(method, path).body(body).respond(s).await;
     (resp.status().as_u16(), resp.into_body())
 }
 
@@ -40,11 +34,6 @@ async fn read_all(body: ResponseBody) -> String {
     let collected = tokio::time::timeout(Duration::from_secs(600), body.collect()).await;
     let bytes = collected.expect("the stream ended").unwrap().to_bytes();
     String::from_utf8_lossy(&bytes).into_owned()
-}
-
-async fn load(s: &HangarService, model: &str) {
-    let (status, _) = open(s, "POST", &format!("/v1/admin/models/{model}/load"), json!({})).await;
-    assert_eq!(status, 200);
 }
 
 fn in_flight(s: &HangarService, model: &str) -> u32 {

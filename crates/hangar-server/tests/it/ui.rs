@@ -3,34 +3,20 @@
 //! security policy, and nothing fetched from anywhere but this server. The page itself is
 //! driven in a real Chromium by `xtask/e2e/workbench.py`.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
-use hangar_config::Secret;
-use hangar_runtime::{Backends, Manager};
-use hangar_server::{HangarService, ServerOptions};
-use http::Request;
-use http_body_util::{BodyExt, Full};
+use hangar_server::HangarService;
+use http::Method;
 use serde_json::json;
 
+use crate::support::{request, server};
+
 fn service() -> HangarService {
-    let config = hangar_config::Config::from_value(&json!({
-        "models": { "chat": { "backend": "stub" } }
-    }))
-    .unwrap();
-    let mut options = ServerOptions::from_config(&config);
-    options.admin_api_key = Some(Secret::new("admin-key"));
-    let backends = Backends::new().with(Arc::new(StubBackend::new()));
-    HangarService::new(Manager::new(&config, backends), options)
+    server().models(json!({ "chat": { "backend": "stub" } })).admin_key("admin-key").build()
 }
 
 async fn get(s: &HangarService, path: &str) -> (u16, http::HeaderMap, String) {
-    let req = Request::get(path).body(Full::new(Bytes::new())).unwrap();
-    let resp = s.handle(req).await;
-    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, headers, String::from_utf8(body.to_vec()).unwrap())
+    let answer = request(Method::GET, path).send(s).await;
+    let text = String::from_utf8(answer.raw.to_vec()).expect("UTF-8");
+    (answer.status, answer.headers, text)
 }
 
 #[tokio::test]
