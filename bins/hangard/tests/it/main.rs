@@ -17,5 +17,6 @@ mod llama_server;
 mod remote_tls;
 mod serve;
 mod soak;
+mod start_up;
 mod support;
 mod trained;

@@ -8,5 +8,6 @@ mod gpu;
 mod lifecycle;
 mod multi_model;
 mod properties;
+mod start_up;
 mod support;
 mod vram_properties;

@@ -16,6 +16,7 @@ mod limits;
 mod openai;
 mod openapi;
 mod quarantine;
+mod readiness;
 mod repository;
 mod streams;
 mod support;

@@ -24,6 +24,9 @@ pub(crate) fn server() -> Builder {
     Builder::default()
 }
 
+/// A change to the options the config gives.
+type OptionsEdit = Box<dyn FnOnce(&mut ServerOptions)>;
+
 /// The config, engines and options of a service; [`Builder::build`] or [`Builder::start`]
 /// makes it.
 #[derive(Default)]
@@ -33,7 +36,7 @@ pub(crate) struct Builder {
     backends: Vec<Arc<dyn Backend>>,
     stub: Option<Arc<StubBackend>>,
     probe: Option<Arc<dyn GpuProbe>>,
-    edits: Vec<Box<dyn FnOnce(&mut ServerOptions)>>,
+    edits: Vec<OptionsEdit>,
     loaded: Vec<String>,
 }
 

@@ -2,11 +2,10 @@
 //! it has slots, none evicting another; every enabled model that is not serving is named
 //! with its reason.
 
-mod common;
-
-use common::*;
 use hangar_runtime::{LoadOptions, Manager, NotServingReason as R, StartUp};
 use serde_json::json;
+
+use crate::support::*;
 
 fn chat(enabled: bool) -> serde_json::Value {
     json!({ "backend": "stub", "enabled": enabled, "stub": { "load_delay_ms": 100 } })

@@ -2,12 +2,11 @@
 //! models that will not all fit, `serve` loads them in config order without evicting one
 //! for another, logs what happened to each, and `/readyz` names the one left out.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{Server, hangard, temp_dir};
+
+use crate::support::{Server, hangard, temp_dir};
 
 /// Two enabled llms for the default one llm slot, and an embedding model.
 fn settings() -> Value {
