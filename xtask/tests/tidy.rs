@@ -1,5 +1,6 @@
 //! Tidy checks over the workspace: the layering of the design holds, every crate says what
-//! it owns, and library sources stay small enough to read in one sitting.
+//! it owns, every Rust file stays small enough to read in one sitting, and each package's
+//! integration tests link as one binary.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -151,17 +152,17 @@ fn every_library_crate_starts_with_a_doc_saying_what_it_owns() {
     assert!(seen >= 5, "found only {seen} crates");
 }
 
-/// The most lines a library source file may have.
+/// The most lines a Rust source file may have.
 const MAX_LINES: usize = 600;
 
 #[test]
-fn library_source_files_are_readable_in_one_sitting() {
+fn every_rust_file_is_readable_in_one_sitting() {
     let root = root();
     let mut files = Vec::new();
-    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
-        rust_files(&entry.unwrap().path().join("src"), &mut files);
+    for dir in ["crates", "bins", "xtask", "fuzz"] {
+        rust_files(&root.join(dir), &mut files);
     }
-    assert!(!files.is_empty(), "no library sources found under crates/*/src");
+    assert!(files.len() > 50, "found only {} Rust files", files.len());
     files.sort();
     let mut long = Vec::new();
     for file in &files {
@@ -175,16 +176,44 @@ fn library_source_files_are_readable_in_one_sitting() {
     }
     assert!(
         long.is_empty(),
-        "library sources over {MAX_LINES} lines (split them by concern):\n  {}",
+        "Rust files over {MAX_LINES} lines (split them by concern into modules):\n  {}",
         long.join("\n  ")
     );
 }
 
-/// Every `.rs` file under `dir`, recursively.
+#[test]
+fn every_package_links_its_integration_tests_as_one_binary() {
+    let meta = metadata();
+    let mut problems = Vec::new();
+    for package in meta["packages"].as_array().unwrap() {
+        let tests: Vec<&str> = package["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["kind"].as_array().unwrap().iter().any(|k| k == "test"))
+            .map(|t| t["src_path"].as_str().unwrap())
+            .collect();
+        if tests.len() > 1 {
+            problems.push(format!("{}: {}", package["name"].as_str().unwrap(), tests.join(", ")));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "packages with more than one integration-test binary (each links the crate and its \
+         dependencies again): make each file a module of tests/it/main.rs, helpers in \
+         tests/it/support, instead of a file directly under tests/:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+/// Every `.rs` file under `dir`, recursively, build outputs (`target`) left out.
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries {
         let path = entry.unwrap().path();
+        if path.file_name().is_some_and(|n| n == "target" || n == "node_modules") {
+            continue;
+        }
         if path.is_dir() {
             rust_files(&path, out);
         } else if path.extension().is_some_and(|e| e == "rs") {

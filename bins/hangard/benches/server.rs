@@ -21,7 +21,7 @@
 //!
 //! Every request must answer 2xx: a route that answers anything else fails the bench.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

@@ -1,0 +1,9 @@
+//! The integration tests of `hangar-backend-process`, one binary for the crate (one link in
+//! CI): command lines, supervision, least-privilege children and answer limits, against the
+//! fake `vllm serve` of `tests/fake-vllm/`.
+
+mod answers;
+mod children;
+mod launch;
+mod supervise;
+mod support;

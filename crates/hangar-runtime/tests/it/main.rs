@@ -1,0 +1,13 @@
+//! The integration tests of `hangar-runtime`, one binary for the crate (one link in CI): the
+//! manager and its control plane on the stub engine, scenario by scenario and as random
+//! interleavings. `support` holds the configs and managers they share.
+
+mod control;
+mod decisions;
+mod gpu;
+mod lifecycle;
+mod multi_model;
+mod properties;
+mod start_up;
+mod support;
+mod vram_properties;
