@@ -246,3 +246,29 @@ fn the_server_reaches_engines_and_the_lifecycle_only_through_the_runtime() {
         problems.join("\n  ")
     );
 }
+
+#[test]
+fn lemonade_arguments_are_mapped_onto_model_fields_in_one_place() {
+    // hangar-config's `LemonadeArgs::map` is the mapping; `hangard serve`'s flags and
+    // `POST /api/v1/load` both call it. The fields it sets, named outside it (tests aside),
+    // would be a second mapping.
+    let fields =
+        ["context_size_field(", "\"llama_server_extra_args\"", "\"llama_server_binary_path\""];
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/hangar-server/src"), &mut files);
+    rust_files(&root().join("bins/hangard/src"), &mut files);
+    let mut problems = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for field in fields.iter().filter(|f| code.contains(**f)) {
+            let shown = file.strip_prefix(root()).unwrap_or(file);
+            problems.push(format!("{}: {field}", shown.display()));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "map Lemonade's arguments with hangar_config::LemonadeArgs::map:\n  {}",
+        problems.join("\n  ")
+    );
+}

@@ -8,7 +8,7 @@ use std::num::NonZeroU32;
 use anyhow::Result;
 use clap::Args;
 use hangar_config::{
-    BackendSettings, Config, LLAMA_SERVER_MANAGED_ARGS, ModelConfig, ModelName, context_size_field,
+    BackendSettings, Config, LLAMA_SERVER_MANAGED_ARGS, LemonadeArgs, ModelConfig, ModelName,
 };
 
 /// Lemonade's model-wide `serve` flags. Each sets a field of every model it concerns, over
@@ -35,25 +35,23 @@ pub(crate) struct ModelFlags {
 /// patched and parsed again, so every config rule holds for the result. Returns the
 /// `llama_server` models that `--llamacpp` left on their own binary.
 pub(crate) fn apply_model_flags(config: &mut Config, flags: &ModelFlags) -> Result<Vec<ModelName>> {
-    let extra_args = flags.llamacpp_args.as_deref().map(llamacpp_args).transpose()?;
+    let lemonade = LemonadeArgs {
+        ctx_size: flags.ctx_size,
+        llamacpp_args: flags.llamacpp_args.as_deref().map(llamacpp_args).transpose()?,
+        llamacpp_backend: flags.llamacpp.clone(),
+    };
     let kept = match &flags.llamacpp {
         Some(build) => models_without_build(&config.models, build)?,
         None => Vec::new(),
     };
     for model in &mut config.models {
-        let mut patch = serde_json::Map::new();
-        if let (Some(n), Some(field)) = (flags.ctx_size, context_size_field(model.backend)) {
-            patch.insert(field.to_owned(), n.get().into());
-        }
-        if let BackendSettings::LlamaServer(server) = &model.settings {
-            if let Some(args) = &extra_args {
-                patch.insert("llama_server_extra_args".into(), args.clone().into());
-            }
-            let builds = server.llama_server_backends.as_ref();
-            if let Some(path) = flags.llamacpp.as_ref().and_then(|b| builds?.get(b)) {
-                patch.insert("llama_server_binary_path".into(), path.clone().into());
-            }
-        }
+        // A flag applies to every model that can take it; the others keep their own.
+        let patch: serde_json::Map<String, serde_json::Value> = lemonade
+            .map(model)
+            .into_iter()
+            .filter_map(|m| m.field.ok())
+            .map(|(field, value)| (field.to_owned(), value))
+            .collect();
         if patch.is_empty() {
             continue;
         }

@@ -3,7 +3,7 @@
 //! themselves are declared with the fields, in `hangar-config` ([`load_constraints`]).
 //!
 //! The serialized JSON (keys, key order, values) is part of the admin API: the UI builds
-//! its live-load controls from it. `tests/spec_payloads.rs` pins it against the spec text.
+//! its live-load controls from it. `tests/it/spec_payloads.rs` pins it against the spec text.
 
 use std::borrow::Cow;
 

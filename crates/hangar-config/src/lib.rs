@@ -14,6 +14,8 @@
 //!   fields that belong to another backend;
 //! - the JSON Schema of the whole config ([`config_schema`]);
 //! - the caps on what one request may ask and on leases per model ([`Limits`]);
+//! - Lemonade's model-wide arguments mapped onto a model's own fields ([`LemonadeArgs`]),
+//!   one mapping for `hangard serve`'s flags and `POST /api/v1/load`;
 //! - the start-up plan: which enabled models load, in what order, and which their type's
 //!   slots leave out ([`Config::start_up_plan`], [`Config::slot_warnings`]);
 //! - the live-load fields a load request may override, each declared once with its UI
@@ -41,6 +43,7 @@ mod connections;
 mod constraint;
 mod http;
 mod kinds;
+mod lemonade;
 mod limits;
 mod load_fields;
 mod merge;
@@ -71,6 +74,7 @@ pub use http::{
     split_port,
 };
 pub use kinds::{BackendKind, Device, GgmlType, ModelType, PromptFormat, SpecType, Switch};
+pub use lemonade::{LemonadeArg, LemonadeArgs, Mapped};
 pub use limits::{
     DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_EMBEDDING_INPUTS, DEFAULT_MAX_LEASES_PER_MODEL,
     DEFAULT_MAX_MESSAGES, DEFAULT_MAX_RERANK_DOCUMENTS, DEFAULT_MAX_STOP_SEQUENCE_BYTES,

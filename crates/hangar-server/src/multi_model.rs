@@ -12,13 +12,13 @@
 
 use std::num::NonZeroU32;
 
-use hangar_config::{BackendKind, BackendSettings, Device, ModelType, context_size_field};
+use hangar_config::{BackendKind, Device, LemonadeArg, LemonadeArgs, Mapped, ModelType};
 use hangar_runtime::ModelState;
 use hangar_runtime::{LoadOptions, ManagerCounters, ModelSnapshot};
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Map;
 
 use crate::body::{Response, json_response, parse_json};
 use crate::error::{ApiError, ErrorCode};
@@ -254,67 +254,32 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
     let backend = model.resolved_backend;
     let llama_server = backend == BackendKind::LlamaServer;
 
-    let mut engine_fields = Map::new();
     let args = body.llamacpp_args.map(LlamacppArgs::into_args).unwrap_or_default();
-    if !args.is_empty() {
-        if !llama_server {
-            return Err(invalid_load(
-                "llamacpp_args",
-                format!(
-                    "llamacpp_args applies only to llama_server models; model '{name}' uses \
-                     backend {backend}"
-                ),
-            ));
-        }
+    if llama_server && !args.is_empty() {
         // From a request: only flags that touch neither files, the network nor the
         // engine's auth, and no paths in values.
         hangar_config::check_request_args(&args)
             .map_err(|why| invalid_load("llamacpp_args", why))?;
-        engine_fields.insert("llama_server_extra_args".to_owned(), Value::from(args));
     }
-    if let Some(build) = body.llamacpp_backend.as_deref().filter(|b| !b.trim().is_empty()) {
-        if !llama_server {
-            return Err(invalid_load(
-                "llamacpp_backend",
-                format!(
-                    "llamacpp_backend applies only to llama_server models; model '{name}' uses \
-                     backend {backend}"
-                ),
-            ));
-        }
-        let builds = match &model.config.settings {
-            BackendSettings::LlamaServer(s) => s.llama_server_backends.as_ref(),
-            _ => None,
-        };
-        let Some(path) = builds.and_then(|b| b.get(build)).map(|p| Value::from(p.as_str())) else {
-            let known: Vec<&str> =
-                builds.map(|b| b.keys().map(String::as_str).collect()).unwrap_or_default();
-            return Err(invalid_load(
-                "llamacpp_backend",
-                format!(
-                    "llamacpp_backend `{build}` is not one of model '{name}''s llama_server_backends \
-                     ({})",
-                    if known.is_empty() { "none configured".to_owned() } else { known.join(", ") }
-                ),
-            ));
-        };
-        engine_fields.insert("llama_server_binary_path".to_owned(), path);
-    }
-
-    let mut overrides = Map::new();
-    let ctx_target = match body.ctx_size {
-        None => None,
-        Some(size) => {
-            let Some(field) = context_size_field(backend) else {
-                return Err(invalid_load(
-                    "ctx_size",
-                    format!("ctx_size is not supported for backend {backend}"),
-                ));
-            };
-            overrides.insert(field.to_owned(), size.get().into());
-            Some(field)
-        }
+    let lemonade = LemonadeArgs {
+        ctx_size: body.ctx_size,
+        llamacpp_args: (!args.is_empty()).then_some(args),
+        llamacpp_backend: body.llamacpp_backend,
     };
+    let (mut overrides, mut engine_fields, mut ctx_target) = (Map::new(), Map::new(), None);
+    for Mapped { arg, field } in lemonade.map(&model.config) {
+        let (field, value) = field.map_err(|why| invalid_load(arg.into(), why))?;
+        match arg {
+            // The context size is a live-load field like the admin API's overrides.
+            LemonadeArg::CtxSize => {
+                ctx_target = Some(field);
+                overrides.insert(field.to_owned(), value);
+            }
+            LemonadeArg::LlamacppArgs | LemonadeArg::LlamacppBackend => {
+                engine_fields.insert(field.to_owned(), value);
+            }
+        }
+    }
     let options = LoadOptions { replicas: body.replicas, overrides, engine_fields };
     let snapshot = manager.ensure_loaded(name, options).await.map_err(|e| {
         let mut api = ApiError::from(e);
