@@ -253,7 +253,6 @@ impl From<OverrideError> for ManagerError {
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
-#[non_exhaustive]
 pub enum ErrorCode {
     /// No such model in config.
     UnknownModel,

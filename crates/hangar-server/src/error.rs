@@ -26,7 +26,6 @@ use crate::body::{Response, json_response};
     JsonSchema,
     strum::IntoStaticStr,
     strum::EnumIter,
-    strum::EnumString,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
@@ -181,8 +180,42 @@ impl ErrorCode {
 
 impl From<hangar_runtime::ErrorCode> for ErrorCode {
     fn from(code: hangar_runtime::ErrorCode) -> Self {
-        // Both enums spell codes the same; a test checks every runtime code has its twin.
-        code.as_str().parse().unwrap_or(Self::RuntimeError)
+        // Exhaustive: a runtime code without its answer here does not compile.
+        use hangar_runtime::ErrorCode as R;
+        match code {
+            R::UnknownModel => Self::UnknownModel,
+            R::ModelNotLoaded => Self::ModelNotLoaded,
+            R::ModelLoading => Self::ModelLoading,
+            R::ModelUnloading => Self::ModelUnloading,
+            R::ModelFailed => Self::ModelFailed,
+            R::QueueFull => Self::QueueFull,
+            R::StateConflict => Self::StateConflict,
+            R::ThinkingUnsupported => Self::ThinkingUnsupported,
+            R::ModelTypeMismatch => Self::ModelTypeMismatch,
+            R::InvalidRequestBody => Self::InvalidRequestBody,
+            R::InvalidLoadRequest => Self::InvalidLoadRequest,
+            R::LoadFailed => Self::LoadFailed,
+            R::BackendCrashed => Self::BackendCrashed,
+            R::Cancelled => Self::Cancelled,
+            R::InvalidRequest => Self::InvalidRequest,
+            R::Unsupported => Self::Unsupported,
+            R::RuntimeError => Self::RuntimeError,
+            R::UpstreamError => Self::UpstreamError,
+            R::UpstreamAnswerTooLarge => Self::UpstreamAnswerTooLarge,
+            R::BackendUnavailable => Self::BackendUnavailable,
+            R::AdminBusy => Self::AdminBusy,
+            R::GenerationAborted => Self::GenerationAborted,
+            R::RequestsActive => Self::RequestsActive,
+            R::WeightsUnreadable => Self::WeightsUnreadable,
+            R::NotImplemented => Self::NotImplemented,
+            R::LeaseNotFound => Self::LeaseNotFound,
+            R::SlotsPinned => Self::SlotsPinned,
+            R::ModelQuarantined => Self::ModelQuarantined,
+            R::InsufficientVram => Self::InsufficientVram,
+            R::WouldPause => Self::WouldPause,
+            R::TooManyLeases => Self::TooManyLeases,
+            R::DeadlineExceeded => Self::DeadlineExceeded,
+        }
     }
 }
 
