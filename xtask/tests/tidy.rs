@@ -52,7 +52,7 @@ enum May {
 
 /// Every crate of the design's layering (design.md, "Layers") and what it may depend on.
 /// Crates that do not exist yet are listed too, so they are checked from their first commit.
-const LAYERS: [(&str, May); 14] = [
+const LAYERS: [(&str, May); 15] = [
     ("hangar-config", May::Use(&[])),
     ("hangar-eviction", May::Use(&["hangar-config"])),
     ("hangar-lifecycle", May::Use(&["hangar-config"])),
@@ -63,12 +63,11 @@ const LAYERS: [(&str, May); 14] = [
     ("hangar-weights", May::Use(&[])),
     // Adapters: the backend contract and the config, nothing above them.
     ("hangar-backend-llamacpp", May::Use(&["hangar-backend", "hangar-config"])),
-    ("hangar-backend-process", May::Use(&["hangar-backend", "hangar-config"])),
-    // The bridge's workers run under the one process supervisor, hangar-backend-process's.
-    (
-        "hangar-backend-bridge",
-        May::Use(&["hangar-backend", "hangar-config", "hangar-backend-process"]),
-    ),
+    // Every child process runs under the one supervisor, which knows nothing of HTTP.
+    ("hangar-supervisor", May::Use(&["hangar-backend", "hangar-config"])),
+    ("hangar-backend-process", May::Use(&["hangar-backend", "hangar-config", "hangar-supervisor"])),
+    // The bridge's workers run under the supervisor too; the bridge pulls in no HTTP stack.
+    ("hangar-backend-bridge", May::Use(&["hangar-backend", "hangar-config", "hangar-supervisor"])),
     (
         "hangar-runtime",
         May::Use(&[

@@ -4,7 +4,7 @@
 //! `exllamav3` (ExLlamaV3) and in-process `vllm` — and the protocol Hangar speaks with them:
 //!
 //! - [`BridgeBackend`]: one worker process per replica, started under the subprocess
-//!   supervisor of `hangar-backend-process` (own process group, output into the model's log,
+//!   supervisor of `hangar-supervisor` (own process group, output into the model's log,
 //!   SIGKILL when Hangar dies) with `bridge_python`, connected over a private Unix socket;
 //!   a preflight that names a missing Python package before anything is evicted;
 //! - the versioned JSON-lines protocol ([`protocol`], `PROTOCOL.md`): `hello`, `load`,
@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use hangar_backend::{Backend, Capabilities, LoadError, LoadRequest, Runtime, ThinkingMode};
-use hangar_backend_process::{STOP_GRACE, Spawner};
 use hangar_config::{BackendKind, BackendSettings, ModelConfig, PromptFormat};
+use hangar_supervisor::{STOP_GRACE, Spawner};
 use serde_json::{Map, Value};
 use tokio::net::UnixListener;
 

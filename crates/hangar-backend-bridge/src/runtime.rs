@@ -11,8 +11,8 @@ use hangar_backend::{
     GenerateRequest, GenerateSummary, Prompt, RerankRequest, Rerankings, Runtime, RuntimeDetails,
     RuntimeError,
 };
-use hangar_backend_process::{Child, Spawner};
 use hangar_config::PromptFormat;
+use hangar_supervisor::{Child, Spawner};
 use tokio::sync::{mpsc, watch};
 
 use crate::protocol::{GenerateOp, Message, Op, Params, Reply};

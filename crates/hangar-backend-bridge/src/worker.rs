@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hangar_backend::LoadError;
-use hangar_backend_process::launch::{Launch, find_program};
+use hangar_supervisor::{Launch, find_program};
 
 /// The reference worker's files (`worker/hangar_bridge/`), compiled in so `hangard` is one
 /// binary: (file name, source).

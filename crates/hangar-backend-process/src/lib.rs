@@ -16,7 +16,7 @@
 //!   task that forwards a request): request bodies pass through as
 //!   sent, answers come back chunk by chunk, a client that goes away cancels the upstream
 //!   request, engine errors keep their message;
-//! - [`Spawner`] / [`Child`]: the supervisor, also used by the Python bridge's workers;
+//! - every child under the one supervisor of `hangar-supervisor` ([`Spawner`], [`Child`]);
 //! - [`DISPATCH_AHEAD`]: these engines queue requests themselves, so the scheduler hands
 //!   each replica two requests beyond its in-flight target.
 
@@ -24,8 +24,6 @@ pub mod launch;
 mod owner;
 mod pool;
 mod runtime;
-mod spawn;
-pub mod supervisor;
 mod upstream;
 
 use std::net::TcpListener;
@@ -43,8 +41,8 @@ use serde_json::Value;
 
 use crate::launch::Launch;
 use crate::runtime::{Engine, ForwardingRuntime, NotReady, wait_ready};
-pub use crate::supervisor::{Child, Spawner};
 use crate::upstream::Upstream;
+pub use hangar_supervisor::{Child, STOP_GRACE, Spawner};
 
 /// Requests Hangar hands one replica beyond its `target_inflight`: these engines queue
 /// requests themselves, so a request waiting there starts the moment a slot frees instead
@@ -54,9 +52,6 @@ use crate::upstream::Upstream;
 /// pauses, unloads and the admin API see them. Shown as `dispatch_ahead` in the runtime
 /// details.
 pub const DISPATCH_AHEAD: u32 = 2;
-
-/// How long a child may take to exit after SIGTERM before it gets SIGKILL.
-pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// The engine of `llama_server` or `vllm_serve` models: one supervised child per replica.
 pub struct ProcessBackend {

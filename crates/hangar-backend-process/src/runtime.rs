@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::owner::Owner;
-use crate::supervisor::{Child, Spawner};
 use crate::upstream::{Explain, Upstream};
+use hangar_supervisor::{Child, Spawner};
 
 /// How long a request whose connection broke waits for the engine's exit before it is told
 /// "unavailable" instead of "crashed".
@@ -101,7 +101,7 @@ pub(crate) async fn wait_ready(
             )));
         }
         tokio::select! {
-            () = child.ready_hint.notified() => pause = POLL_FIRST,
+            () = child.says_it_listens() => pause = POLL_FIRST,
             () = tokio::time::sleep(pause.min(deadline - now)) => pause = (pause * 2).min(POLL_MAX),
             _ = child.wait() => {}
         }

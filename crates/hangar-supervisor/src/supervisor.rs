@@ -22,7 +22,7 @@ use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::Pid;
 use tokio::sync::{Notify, oneshot, watch};
 
-use crate::launch::Launch;
+use crate::command::Launch;
 use crate::spawn::{Plan, Spawned};
 
 /// Lines of output a crash or failed load quotes.
@@ -246,12 +246,18 @@ pub struct Child {
     group: Arc<Group>,
     exit: watch::Receiver<Option<String>>,
     /// Notified when the child prints a line that says it listens.
-    pub(crate) ready_hint: Arc<Notify>,
+    ready_hint: Arc<Notify>,
     logs: ModelLogs,
     replica: u32,
 }
 
 impl Child {
+    /// Resolves when the child prints a line that says it listens (a hint to check its
+    /// health route now rather than at the next poll).
+    pub fn says_it_listens(&self) -> tokio::sync::futures::Notified<'_> {
+        self.ready_hint.notified()
+    }
+
     /// How the child ended, once it has.
     pub fn exited(&self) -> Option<String> {
         self.exit.borrow().clone()
@@ -321,7 +327,7 @@ impl Drop for Child {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::Launch;
+    use crate::command::Launch;
 
     fn shell(script: &str) -> Launch {
         Launch {
