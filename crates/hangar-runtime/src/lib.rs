@@ -91,7 +91,7 @@ pub use manager::{Backends, LoadOptions, Manager};
 pub use pause::{PauseCause, PauseInfo, PauseMode};
 pub use quarantine::{Failure, FailureKind, QuarantineInfo, RECENT_FAILURES};
 pub use snapshot::{ModelFilter, ModelSnapshot, ModelStatus, VramEstimateSource};
-pub use start_up::{NotServing, NotServingReason, StartUp};
+pub use start_up::{NotServing, NotServingInfo, NotServingReason, StartUp};
 pub use state::VRAM_STATE_FILE;
 pub use vram::{ProcessTreeFigure, VramDetail, VramMethod};
 pub use weights::{WeightUpdate, WeightsAction, WeightsReport};

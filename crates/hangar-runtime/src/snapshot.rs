@@ -114,6 +114,8 @@ pub struct ModelSnapshot {
     pub failures: Vec<crate::Failure>,
     /// The quarantine in effect, if any.
     pub quarantine: Option<crate::QuarantineInfo>,
+    /// For an enabled model that is not serving: why, and whether it holds readiness back.
+    pub not_serving: Option<crate::NotServingInfo>,
 }
 
 impl ModelSnapshot {
@@ -155,6 +157,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
     let position = entry.position;
     let config = &entry.config;
     let state = slot.lifecycle.state();
+    let quarantine = slot.failures.active();
     let stats = slot.phase.scheduler().map(Scheduler::stats);
     let (runtime_inflight, queue_depth) =
         stats.as_ref().map_or((0, 0), |s| (s.runtime_inflight, s.queue_depth as u32));
@@ -219,6 +222,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         leases: slot.live_leases().cloned().collect(),
         idle_unload_seconds: entry.idle_timeout.map(NonZeroU32::get),
         failures: slot.failures.recent(),
-        quarantine: slot.failures.active(),
+        quarantine,
+        not_serving: crate::start_up::gap(entry, state, quarantine.is_some()),
     }
 }

@@ -64,6 +64,29 @@ pub struct NotServing {
     pub holds_readiness: bool,
 }
 
+/// Why an enabled model is not serving, as its snapshot says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotServingInfo {
+    /// Why.
+    pub reason: NotServingReason,
+    /// Whether the server is not ready while this lasts (see [`NotServing`]).
+    pub holds_readiness: bool,
+}
+
+/// Why `entry` (in `slot`'s state, quarantined or not) is not serving; `None` when it
+/// serves or is not enabled.
+pub(crate) fn gap(
+    entry: &crate::entry::ModelEntry,
+    state: ModelState,
+    quarantined: bool,
+) -> Option<NotServingInfo> {
+    if !entry.config.enabled {
+        return None;
+    }
+    let reason = reason(state, entry.start_up.get(), quarantined)?;
+    Some(NotServingInfo { reason, holds_readiness: entry.start_up.in_start_up_set() })
+}
+
 /// Start-up's mark on a model: what it decided, until the model loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -197,18 +220,17 @@ impl Manager {
         self.inner
             .order
             .iter()
-            .filter(|e| e.config.enabled)
             .filter_map(|e| {
                 let slot = e.lock();
-                let quarantine = slot.failures.active();
-                let why = reason(slot.lifecycle.state(), e.start_up.get(), quarantine.is_some())?;
+                let quarantined = slot.failures.active().is_some();
+                let NotServingInfo { reason: why, holds_readiness } =
+                    gap(e, slot.lifecycle.state(), quarantined)?;
                 let message = match why {
                     NotServingReason::LoadFailed
                     | NotServingReason::Quarantined
                     | NotServingReason::NoRoom => slot.lifecycle.last_error().map(str::to_owned),
                     _ => None,
                 };
-                let holds_readiness = e.start_up.in_start_up_set();
                 Some(NotServing {
                     model: e.config.name.clone(),
                     reason: why,

@@ -53,7 +53,7 @@ pub(crate) struct NotServing {
 /// Why an enabled model is not serving.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum NotServingReason {
+pub enum NotServingReason {
     /// Start-up has not reached it yet.
     StartUpPending,
     /// A load is in progress.
@@ -87,6 +87,23 @@ impl From<hangar_runtime::NotServingReason> for NotServingReason {
             R::NoRoom => Self::NoRoom,
             R::Unloaded => Self::Unloaded,
         }
+    }
+}
+
+/// In an enabled model's admin row while it is not serving: why, and whether the server is
+/// not ready while this lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NotServingInfo {
+    /// Why.
+    pub reason: NotServingReason,
+    /// Whether `/readyz` answers 503 while this lasts (false for the models start-up left
+    /// out by rule: `no_slot`, `no_room`).
+    pub holds_readiness: bool,
+}
+
+impl From<hangar_runtime::NotServingInfo> for NotServingInfo {
+    fn from(n: hangar_runtime::NotServingInfo) -> Self {
+        Self { reason: n.reason.into(), holds_readiness: n.holds_readiness }
     }
 }
 

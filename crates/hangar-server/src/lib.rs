@@ -61,6 +61,7 @@ use hyper::body::Body;
 pub use admin::{GpuInfo, GpuMemoryResponse, ModelRow, ModelVram, ModelsResponse};
 pub use body::{Response, ResponseBody};
 pub use error::{ApiError, ErrorBody, ErrorCode, ErrorObject, V2ErrorBody};
+pub use health::{NotServingInfo, NotServingReason};
 pub use listen::serve;
 pub use state::ServerOptions;
 

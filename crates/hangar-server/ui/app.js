@@ -28,7 +28,6 @@ const page = {
   order: [], // names in config order
   pending: new Set(), // names whose row is to be re-read
   refreshing: null,
-  notServing: new Map(), // enabled model not serving → { reason, message, holds_readiness } (GET /readyz)
 };
 
 // ---------------------------------------------------------------------------------------
@@ -147,19 +146,16 @@ async function loadAll() {
   readiness();
 }
 
-/** Reads `GET /readyz`: the readiness line, and a mark on each enabled model not serving. */
-async function readiness() {
-  const { status, body } = await api("/readyz");
-  if (!body || !Array.isArray(body.not_serving)) return;
-  const before = new Set(page.notServing.keys());
-  page.notServing = new Map(body.not_serving.map((n) => [n.model, n]));
+/** The readiness line, from the rows' `not_serving` (the reasons `GET /readyz` gives). */
+function readiness() {
+  const idle = page.order.map((name) => page.rows.get(name)).filter((row) => row && row.not_serving);
+  const ready = !idle.some((row) => row.not_serving.holds_readiness);
+  const listed = idle.map((row) => `${row.name} (${row.not_serving.reason.replaceAll("_", " ")}${row.not_serving.holds_readiness ? "" : ", not counted"})`);
   const line = $("#readiness");
-  line.dataset.ready = String(status === 200);
-  const listed = body.not_serving.map((n) => `${n.model} (${n.reason.replaceAll("_", " ")}${n.holds_readiness ? "" : ", not counted"})`);
-  line.textContent = status === 200
+  line.dataset.ready = String(ready);
+  line.textContent = ready
     ? `Ready${listed.length ? `; enabled but not serving: ${listed.join(", ")}` : ": every enabled model is serving"}`
     : `Not ready: ${listed.join(", ")}`;
-  for (const name of new Set([...before, ...page.notServing.keys()])) if (page.rows.has(name)) updateRow(name);
 }
 
 /** Re-reads the rows named in `page.pending`, at most one batch at a time. */
@@ -226,8 +222,8 @@ function marks(row) {
   }
   if (row.pause) out.push(el("span", { class: "mark", title: `paused (${row.pause.cause})`, text: `paused: ${row.pause.mode}` }));
   if (row.quarantine) out.push(el("span", { class: "mark", title: `retry after ${row.quarantine.retry_after_s} s`, text: "quarantined" }));
-  const idle = page.notServing.get(row.name);
-  if (idle) out.push(el("span", { class: "mark", "data-reason": idle.reason, title: idle.message || (idle.holds_readiness ? "holds readiness back" : "does not hold readiness back"), text: idle.reason.replaceAll("_", " ") }));
+  const idle = row.not_serving;
+  if (idle) out.push(el("span", { class: "mark", "data-reason": idle.reason, title: idle.holds_readiness ? "not serving: the server is not ready" : "not serving, left out by start-up: the server is ready", text: idle.reason.replaceAll("_", " ") }));
   return out;
 }
 

@@ -119,6 +119,10 @@ pub struct ModelRow {
     /// `failures`, `strike`); `null` when none. Requests and auto-loads are refused with
     /// 503 `model_quarantined` until it ends; an explicit load lifts it.
     pub quarantine: Option<QuarantineInfo>,
+    /// For an enabled model that is not serving: why (`reason`, as `/readyz` names it) and
+    /// whether the server is not ready while this lasts (`holds_readiness`); `null` when it
+    /// serves or is not enabled.
+    pub not_serving: Option<crate::NotServingInfo>,
 }
 
 /// The static fields of a row before `load_constraints`, in [`ModelRow`]'s order.
@@ -296,6 +300,7 @@ fn write_row(out: &mut Vec<u8>, parts: &StaticParts, s: &ModelSnapshot) {
     value(out, b",\"idle_unload_seconds\":", &s.idle_unload_seconds);
     value(out, b",\"failures\":", &s.failures);
     value(out, b",\"quarantine\":", &s.quarantine);
+    value(out, b",\"not_serving\":", &s.not_serving.map(crate::NotServingInfo::from));
     out.push(b'}');
 }
 
@@ -354,6 +359,7 @@ impl ModelRow {
             idle_unload_seconds: s.idle_unload_seconds,
             failures: s.failures.clone(),
             quarantine: s.quarantine,
+            not_serving: s.not_serving.map(Into::into),
         }
     }
 

@@ -83,6 +83,21 @@ async fn models_left_out_by_rule_leave_the_server_ready() {
     assert_eq!((&body["ready"], &body["not_loaded"]), (&json!(true), &json!([])));
     assert_eq!(reasons(&body), [r("b", "no_slot", false)]);
     assert_eq!(get(&s, "/v2/health/ready").await.0, 200);
+    // Each admin row says the same, so a UI needs no second call.
+    let (_, rows) = get(&s, "/v1/admin/models").await;
+    let row = |name: &str| {
+        rows["models"].as_array().unwrap().iter().find(|m| m["name"] == name).unwrap().clone()
+    };
+    assert_eq!(row("a")["not_serving"], Value::Null);
+    assert_eq!(row("b")["not_serving"], json!({ "reason": "no_slot", "holds_readiness": false }));
+    let (_, b) = get(&s, "/v1/admin/models/b").await;
+    assert_eq!(b["not_serving"], row("b")["not_serving"]);
+    // Once loaded on demand it serves; unloaded again it is named, still not counted.
+    s.manager().load("b", Default::default()).await.unwrap();
+    let (_, b) = get(&s, "/v1/admin/models/b").await;
+    assert_eq!(b["not_serving"], Value::Null);
+    let (_, a) = get(&s, "/v1/admin/models/a").await;
+    assert_eq!(a["not_serving"], json!({ "reason": "unloaded", "holds_readiness": true }));
 }
 
 #[tokio::test]
