@@ -98,9 +98,8 @@ pub(crate) struct Inner {
     pub(crate) vram_budget: Option<hangar_config::VramBudget>,
     /// Where measured figures persist (`state_dir`).
     pub(crate) state: Option<crate::state::StateFile>,
-    /// The enabled models in start-up's order (model positions), with what the config's
-    /// plan says of each.
-    pub(crate) start_up: Vec<(usize, hangar_config::StartUpChoice)>,
+    /// The enabled models in start-up's order (model positions).
+    pub(crate) start_up: Vec<usize>,
     /// Loaded-model slots per type (start-up loads as many of each).
     pub(crate) slots: hangar_config::MaxLoadedModels,
 }

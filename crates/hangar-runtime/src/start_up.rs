@@ -54,14 +54,10 @@ pub enum NotServingReason {
 pub struct NotServing {
     /// The model.
     pub model: ModelName,
-    /// Why.
-    pub reason: NotServingReason,
+    /// Why, as its snapshot says.
+    pub info: NotServingInfo,
     /// The detail, when there is one (the last error, the refusal).
     pub message: Option<String>,
-    /// Whether the server is not ready while this lasts: true for every model of
-    /// start-up's set; false for the ones it left out by rule (`no_slot`, `no_room`), which
-    /// a restart would not change, even after they were loaded on demand since.
-    pub holds_readiness: bool,
 }
 
 /// Why an enabled model is not serving, as its snapshot says.
@@ -69,7 +65,9 @@ pub struct NotServing {
 pub struct NotServingInfo {
     /// Why.
     pub reason: NotServingReason,
-    /// Whether the server is not ready while this lasts (see [`NotServing`]).
+    /// Whether the server is not ready while this lasts: true for every model of
+    /// start-up's set; false for the ones it left out by rule (`no_slot`, `no_room`), which
+    /// a restart would not change, even after they were loaded on demand since.
     pub holds_readiness: bool,
 }
 
@@ -156,12 +154,12 @@ pub(crate) fn reason(state: ModelState, mark: Mark, quarantined: bool) -> Option
     })
 }
 
-/// Marks the models start-up will take (pending) and leave out (no slot), and answers its
-/// plan by model position.
+/// Marks the models start-up will take (pending) and leave out (no slot), and answers the
+/// enabled models' positions in start-up's order.
 pub(crate) fn mark(
     config: &hangar_config::Config,
     models: &dashmap::DashMap<ModelName, std::sync::Arc<crate::entry::ModelEntry>>,
-) -> Vec<(usize, StartUpChoice)> {
+) -> Vec<usize> {
     let mut plan = Vec::new();
     for (name, choice) in config.start_up_plan() {
         let Some(entry) = models.get(&name) else { continue };
@@ -169,7 +167,7 @@ pub(crate) fn mark(
             StartUpChoice::Load => Mark::Pending,
             StartUpChoice::NoSlot => Mark::NoSlot,
         });
-        plan.push((entry.position, choice));
+        plan.push(entry.position);
     }
     plan
 }
@@ -184,7 +182,7 @@ impl Manager {
     pub async fn load_enabled(&self) -> Vec<(ModelName, StartUp)> {
         let mut done = Vec::with_capacity(self.inner.start_up.len());
         let mut loaded = [0u32; ModelType::ALL.len()];
-        for &(position, _) in &self.inner.start_up {
+        for &position in &self.inner.start_up {
             let entry = &self.inner.order[position];
             let (name, ty) = (entry.config.name.clone(), entry.config.model_type);
             if loaded[ty as usize] >= self.inner.slots.get(ty).get() {
@@ -223,20 +221,14 @@ impl Manager {
             .filter_map(|e| {
                 let slot = e.lock();
                 let quarantined = slot.failures.active().is_some();
-                let NotServingInfo { reason: why, holds_readiness } =
-                    gap(e, slot.lifecycle.state(), quarantined)?;
-                let message = match why {
+                let info = gap(e, slot.lifecycle.state(), quarantined)?;
+                let message = match info.reason {
                     NotServingReason::LoadFailed
                     | NotServingReason::Quarantined
                     | NotServingReason::NoRoom => slot.lifecycle.last_error().map(str::to_owned),
                     _ => None,
                 };
-                Some(NotServing {
-                    model: e.config.name.clone(),
-                    reason: why,
-                    message,
-                    holds_readiness,
-                })
+                Some(NotServing { model: e.config.name.clone(), info, message })
             })
             .collect()
     }
@@ -244,7 +236,7 @@ impl Manager {
     /// Names of the enabled models that hold readiness back (see
     /// [`NotServing::holds_readiness`]), in config order: empty when the server is ready.
     pub fn not_ready(&self) -> Vec<ModelName> {
-        self.not_serving().into_iter().filter(|n| n.holds_readiness).map(|n| n.model).collect()
+        self.not_serving().into_iter().filter(|n| n.info.holds_readiness).map(|n| n.model).collect()
     }
 }
 

@@ -111,9 +111,9 @@ impl From<hangar_runtime::NotServing> for NotServing {
     fn from(n: hangar_runtime::NotServing) -> Self {
         Self {
             model: n.model.to_string(),
-            reason: n.reason.into(),
+            reason: n.info.reason.into(),
             message: n.message,
-            holds_readiness: n.holds_readiness,
+            holds_readiness: n.info.holds_readiness,
         }
     }
 }

@@ -15,7 +15,7 @@ fn chat(enabled: bool) -> serde_json::Value {
 fn not_serving(m: &Manager) -> Vec<(String, R, bool)> {
     m.not_serving()
         .into_iter()
-        .map(|n| (n.model.to_string(), n.reason, n.holds_readiness))
+        .map(|n| (n.model.to_string(), n.info.reason, n.info.holds_readiness))
         .collect()
 }
 
