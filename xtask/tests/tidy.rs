@@ -52,22 +52,36 @@ enum May {
 
 /// Every crate of the design's layering (design.md, "Layers") and what it may depend on.
 /// Crates that do not exist yet are listed too, so they are checked from their first commit.
-const LAYERS: [(&str, May); 15] = [
+const LAYERS: [(&str, May); 18] = [
     ("hangar-config", May::Use(&[])),
     ("hangar-eviction", May::Use(&["hangar-config"])),
     ("hangar-lifecycle", May::Use(&["hangar-config"])),
+    // The engine contract only: traits, their request and answer types, the error taxonomy.
     ("hangar-backend", May::Use(&["hangar-config"])),
+    // Prompt formats render the contract's chat messages; no engine uses another's.
+    ("hangar-prompt", May::Use(&["hangar-backend", "hangar-config"])),
+    // The stub engine is a test double: no crate uses it but the composition roots (and
+    // tests, as a dev-dependency).
+    ("hangar-stub", May::Use(&["hangar-backend", "hangar-config"])),
+    // A future adapter for HTTP tasks: a leaf.
+    ("hangar-coalesce", May::Use(&[])),
     // GPU telemetry knows nothing of models; at most of the config vocabulary.
     ("hangar-gpu", May::Use(&["hangar-config"])),
     // Weight-file digests know nothing of models or engines: a leaf.
     ("hangar-weights", May::Use(&[])),
     // Adapters: the backend contract and the config, nothing above them.
-    ("hangar-backend-llamacpp", May::Use(&["hangar-backend", "hangar-config"])),
+    ("hangar-backend-llamacpp", May::Use(&["hangar-backend", "hangar-config", "hangar-prompt"])),
     // Every child process runs under the one supervisor, which knows nothing of HTTP.
     ("hangar-supervisor", May::Use(&["hangar-backend", "hangar-config"])),
-    ("hangar-backend-process", May::Use(&["hangar-backend", "hangar-config", "hangar-supervisor"])),
+    (
+        "hangar-backend-process",
+        May::Use(&["hangar-backend", "hangar-config", "hangar-supervisor", "hangar-coalesce"]),
+    ),
     // The bridge's workers run under the supervisor too; the bridge pulls in no HTTP stack.
-    ("hangar-backend-bridge", May::Use(&["hangar-backend", "hangar-config", "hangar-supervisor"])),
+    (
+        "hangar-backend-bridge",
+        May::Use(&["hangar-backend", "hangar-config", "hangar-supervisor", "hangar-prompt"]),
+    ),
     (
         "hangar-runtime",
         May::Use(&[
@@ -77,6 +91,7 @@ const LAYERS: [(&str, May); 15] = [
             "hangar-backend",
             "hangar-gpu",
             "hangar-weights",
+            "hangar-coalesce",
         ]),
     ),
     // One wire boundary: the server reaches engines, the lifecycle and GPUs only through
@@ -230,8 +245,7 @@ fn the_server_reaches_engines_and_the_lifecycle_only_through_the_runtime() {
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
         for (i, line) in text.lines().enumerate() {
-            // The stub engine is a test double, for the crate's own tests and doc examples.
-            let reaches = |c: &str| line.contains(c) && !line.contains("hangar_backend::stub");
+            let reaches = |c: &str| line.contains(c);
             if ["hangar_lifecycle::", "hangar_backend::", "hangar_gpu::"].into_iter().any(reaches) {
                 let shown = file.strip_prefix(root()).unwrap_or(file);
                 problems.push(format!("{}:{}: {}", shown.display(), i + 1, line.trim()));
@@ -270,4 +284,39 @@ fn lemonade_arguments_are_mapped_onto_model_fields_in_one_place() {
         "map Lemonade's arguments with hangar_config::LemonadeArgs::map:\n  {}",
         problems.join("\n  ")
     );
+}
+
+#[test]
+fn the_engine_contract_crate_holds_the_contract_only() {
+    // Prompt formats (a template engine), the stub engine, override validation and the HTTP
+    // wake-up helper each live in a crate named for them; `hangar-backend` is what every
+    // engine implements and nothing else.
+    let deps = dependencies();
+    let contract = &deps["hangar-backend"];
+    for other in ["minijinja", "minijinja-contrib", "hyper", "hyper-util", "http"] {
+        assert!(!contract.contains(other), "hangar-backend must not use {other}");
+    }
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/hangar-backend/src"), &mut files);
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for marker in
+            ["impl Backend for", "fn validate_load_override", "fn render(", "impl Future for"]
+        {
+            assert!(
+                !text.contains(marker),
+                "{}: `{marker}` belongs in the crate named for it, not the engine contract",
+                file.display()
+            );
+        }
+    }
+    // Only the composition roots use the stub engine outside tests.
+    for (krate, deps) in &deps {
+        if deps.contains("hangar-stub") {
+            assert!(
+                ["hangard", "hangar-fuzz", "xtask"].contains(&krate.as_str()),
+                "{krate} must not depend on the stub engine (a dev-dependency is fine)"
+            );
+        }
+    }
 }

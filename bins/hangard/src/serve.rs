@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use hangar_backend::stub::StubBackend;
 use hangar_backend_bridge::BridgeBackend;
 use hangar_backend_process::{ProcessBackend, RemoteBackend};
 use hangar_config::{BackendKind, ChildEnv, Config, MaxLoadedModels, ModelName, Secret};
 use hangar_runtime::{Backends, Manager};
 use hangar_server::{HangarService, ServerOptions};
+use hangar_stub::StubBackend;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing_subscriber::EnvFilter;

@@ -16,7 +16,7 @@
 //! - the reference worker (`worker/hangar_bridge/`, compiled in and written out to a
 //!   private directory on first use), with one adapter per engine.
 //!
-//! Prompts are rendered here, by [`hangar_backend::prompt`], for every format but `auto`
+//! Prompts are rendered here, by [`hangar_prompt`], for every format but `auto`
 //! (the engine applies the model's own chat template for that one).
 
 pub mod protocol;
@@ -365,10 +365,8 @@ pub fn capabilities(model: &ModelConfig) -> Capabilities {
         }
         _ => false,
     };
-    let mut caps = Capabilities {
-        multi_turn: hangar_backend::prompt::multi_turn(format),
-        ..Capabilities::default()
-    };
+    let mut caps =
+        Capabilities { multi_turn: hangar_prompt::multi_turn(format), ..Capabilities::default() };
     if let BackendSettings::Ct2 { ct2, .. } = &model.settings {
         // One generation per inter-op thread; more queue inside CTranslate2.
         caps.max_parallel_sequences = std::num::NonZeroU32::new(ct2.ct2_inter_threads.unwrap_or(1));

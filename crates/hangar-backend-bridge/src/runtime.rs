@@ -5,13 +5,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use hangar_backend::prompt::{self, RenderRequest};
 use hangar_backend::{
     Capabilities, CrashSink, EmbedRequest, Embeddings, FinishReason, GenerateEvent,
     GenerateRequest, GenerateSummary, Prompt, RerankRequest, Rerankings, Runtime, RuntimeDetails,
     RuntimeError,
 };
 use hangar_config::PromptFormat;
+use hangar_prompt::{self as prompt, RenderRequest};
 use hangar_supervisor::{Child, Spawner};
 use tokio::sync::{mpsc, watch};
 

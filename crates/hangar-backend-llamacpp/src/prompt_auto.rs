@@ -8,8 +8,8 @@
 //! layouts by their markers and ignores everything else in the template); the admin row says
 //! which one a replica uses ([`AutoTemplate::details`]).
 
-use hangar_backend::prompt::{ChatTemplate, with_tools};
 use hangar_backend::{ChatMessage, RuntimeError, ToolDefinition};
+use hangar_prompt::{ChatTemplate, with_tools};
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 
 /// How `auto` renders a chat for one loaded GGUF.

@@ -157,7 +157,7 @@ impl Upstream {
         }
         let (tx, rx) = mpsc::channel(CHUNKS);
         // This task drives the connection and its body, which wake each other.
-        tokio::spawn(hangar_backend::Coalesced::new(async move {
+        tokio::spawn(hangar_coalesce::Coalesced::new(async move {
             loop {
                 let chunk = tokio::select! {
                     chunk = body.next_chunk() => chunk,

@@ -8,30 +8,20 @@
 //! - [`Capabilities`] as data (modalities, multi-turn, thinking modes, parallel sequences);
 //! - the error taxonomy: [`LoadError`] (not-found vs other load failures, which drive
 //!   different eviction rules) and [`RuntimeError`] (crash vs bad request vs cancelled);
-//! - [`load_constraints`] and [`load_recommendations`] for every backend kind, exactly as the
-//!   runtime admin spec lists them, and [`validate_load_override`], which checks a load
-//!   request's override patch against them;
 //! - [`ForwardRequest`] / [`ForwardResponse`]: pass-through of OpenAI-compatible requests to
 //!   engines that serve that API themselves, and [`ModelLogs`], the followable log of a
-//!   model's engine;
-//! - [`Coalesced`], the future adapter forwarding paths run their tasks in (a task's own
-//!   wake-ups while it runs become another poll, not a reschedule that wakes a thread);
-//! - [`prompt`]: the prompt formats (chat messages → the text a model was tuned on), shared by
-//!   every engine that takes rendered text;
-//! - the [`stub`] backend: deterministic text, simulated load and token latency, injected
-//!   failures and crashes, all from a model's `stub` config section.
+//!   model's engine, which every load hands its engine ([`LoadRequest::logs`]).
+//!
+//! What engines share beyond the contract lives in crates named for it: the prompt formats in
+//! `hangar-prompt`, the stub engine and its pretend GPU in `hangar-stub`, what a load may
+//! override and the presets for it in `hangar-config`, and the wake-up coalescing future of
+//! HTTP tasks in `hangar-coalesce`.
 //!
 //! It knows nothing of HTTP, scheduling or eviction.
 
-mod coalesce;
-mod constraints;
 mod error;
 mod forward;
 mod logs;
-mod overrides;
-pub mod prompt;
-pub mod stub;
-mod stub_gpu;
 mod types;
 
 use std::sync::Arc;
@@ -40,13 +30,9 @@ use async_trait::async_trait;
 use hangar_config::{BackendKind, ModelConfig};
 use tokio::sync::mpsc;
 
-pub use coalesce::Coalesced;
-pub use constraints::{LoadRecommendations, load_recommendations};
 pub use error::{LoadError, LoadErrorCode, RuntimeError, RuntimeErrorCode};
 pub use forward::{ForwardRequest, ForwardResponse, ForwardRoute};
-pub use hangar_config::{ConstraintKind, LoadConstraint, LoadConstraints, load_constraints};
 pub use logs::{LOG_CAPACITY, LogLine, LogStream, ModelLogs};
-pub use overrides::{LoadOverride, OverrideError, validate_load_override};
 pub use types::*;
 
 /// Engine-specific facts about a loaded replica, by name ([`Runtime::details`]).

@@ -19,7 +19,9 @@
 //! - the start-up plan: which enabled models load, in what order, and which their type's
 //!   slots leave out ([`Config::start_up_plan`], [`Config::slot_warnings`]);
 //! - the live-load fields a load request may override, each declared once with its UI
-//!   constraint ([`LOAD_FIELDS`], [`load_constraints`]).
+//!   constraint ([`LOAD_FIELDS`], [`load_constraints`]), the service's presets for them
+//!   ([`load_recommendations`]), and the check of a load request's override patch against
+//!   them ([`validate_load_override`]).
 //!
 //! It knows nothing of tokio, HTTP or engines.
 //!
@@ -49,6 +51,8 @@ mod load_fields;
 mod merge;
 mod model;
 mod name;
+mod overrides;
+mod recommendations;
 mod request_args;
 mod schema;
 mod secret;
@@ -87,6 +91,8 @@ pub use load_fields::{
 pub use merge::{LOCAL_FILE, SETTINGS_FILE, merge, merged, read_json, read_merged};
 pub use model::{BackendSettings, DEFAULT_LOAD_TIMEOUT_S, ModelConfig};
 pub use name::{MAX_MODEL_NAME_LEN, ModelName, ModelNameError};
+pub use overrides::{LoadOverride, OverrideError, validate_load_override};
+pub use recommendations::{LoadRecommendations, load_recommendations};
 pub use request_args::{LLAMA_SERVER_REQUEST_ARGS, check_request_args};
 pub use schema::config_schema;
 pub use secret::{REDACTED, Secret};

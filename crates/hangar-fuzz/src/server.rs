@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
 use hangar_runtime::{Backends, LoadOptions, Manager};
 use hangar_server::{ErrorBody, HangarService, ServerOptions, V2ErrorBody};
+use hangar_stub::StubBackend;
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use hangar_backend::stub::StubBackend;
 use hangar_backend::{
     Backend, GenerateRequest, LoadRequest, Prompt, Runtime, SamplingParams, ThinkingMode,
 };
 use hangar_config::Config;
 use hangar_runtime::{Backends, LoadOptions, Manager};
+use hangar_stub::StubBackend;
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
 

@@ -4,7 +4,8 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
-use hangar_backend::{Capabilities, LoadOverride, ModelLogs};
+use hangar_backend::{Capabilities, ModelLogs};
+use hangar_config::LoadOverride;
 use hangar_config::ModelConfig;
 use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState};
 use tokio::time::Instant;

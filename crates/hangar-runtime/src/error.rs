@@ -1,7 +1,8 @@
 //! The manager's error type and the one list of machine-readable error codes.
 
-use hangar_backend::{OverrideError, RuntimeError, ThinkingMode};
+use hangar_backend::{RuntimeError, ThinkingMode};
 use hangar_config::ModelType;
+use hangar_config::OverrideError;
 use hangar_lifecycle::{AdmissionError, ModelState};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

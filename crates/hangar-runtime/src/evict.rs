@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use hangar_backend::{LoadError, LoadOverride, Runtime};
+use hangar_backend::{LoadError, Runtime};
+use hangar_config::LoadOverride;
 use hangar_config::{ModelConfig, ModelName};
 use hangar_eviction::{EvictionPlan, Incoming, LoadedModel};
 use hangar_lifecycle::ModelState;

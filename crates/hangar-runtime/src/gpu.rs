@@ -5,7 +5,8 @@
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use hangar_backend::{LoadOverride, Runtime};
+use hangar_backend::Runtime;
+use hangar_config::LoadOverride;
 use hangar_config::{Device, ModelConfig};
 use hangar_eviction::Memory;
 use hangar_gpu::{GpuProbe, GpuReading, Unavailable};

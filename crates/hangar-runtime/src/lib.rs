@@ -42,7 +42,7 @@
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! use std::sync::Arc;
-//! use hangar_backend::stub::StubBackend;
+//! use hangar_stub::StubBackend;
 //! use hangar_runtime::{Backends, LoadOptions, Manager};
 //!
 //! let config = hangar_config::Config::from_value(&serde_json::json!({
@@ -101,10 +101,13 @@ pub use weights::{WeightUpdate, WeightsAction, WeightsReport};
 /// engine contract so a server or an embedder depends on the runtime alone.
 pub mod engine {
     pub use hangar_backend::{
-        Capabilities, ChatMessage, Coalesced, EmbedRequest, FinishReason, ForwardRequest,
-        ForwardRoute, GenerateEvent, GenerateRequest, GenerateSummary, LOG_CAPACITY,
-        LoadConstraints, LoadRecommendations, LogLine, OutputFormat, Prompt, RerankRequest, Role,
-        RuntimeError, SamplingParams, ThinkingMode, ToolCall, ToolChoice, ToolDefinition, ToolUse,
-        Translation, load_constraints, load_recommendations,
+        Capabilities, ChatMessage, EmbedRequest, FinishReason, ForwardRequest, ForwardRoute,
+        GenerateEvent, GenerateRequest, GenerateSummary, LOG_CAPACITY, LogLine, OutputFormat,
+        Prompt, RerankRequest, Role, RuntimeError, SamplingParams, ThinkingMode, ToolCall,
+        ToolChoice, ToolDefinition, ToolUse, Translation,
+    };
+    pub use hangar_coalesce::Coalesced;
+    pub use hangar_config::{
+        LoadConstraints, LoadRecommendations, load_constraints, load_recommendations,
     };
 }

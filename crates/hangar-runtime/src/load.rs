@@ -10,10 +10,9 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
-use hangar_backend::{
-    CrashSink, LoadError, LoadOverride, LoadRequest, ProgressSink, Runtime, validate_load_override,
-};
+use hangar_backend::{CrashSink, LoadError, LoadRequest, ProgressSink, Runtime};
 use hangar_config::ModelConfig;
+use hangar_config::{LoadOverride, validate_load_override};
 use hangar_lifecycle::{AdmissionError, ModelState, Scheduler, effective_target};
 
 use crate::control::{Apply, Change, GrantAsk, Handoff};

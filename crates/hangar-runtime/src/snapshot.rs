@@ -4,7 +4,8 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
-use hangar_backend::{Capabilities, LoadOverride, RuntimeDetails};
+use hangar_backend::{Capabilities, RuntimeDetails};
+use hangar_config::LoadOverride;
 use hangar_config::{BackendKind, Device, ModelConfig, ModelType};
 use hangar_lifecycle::{ModelState, Scheduler, effective_target};
 use schemars::JsonSchema;

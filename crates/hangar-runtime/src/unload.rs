@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use hangar_backend::LoadOverride;
+use hangar_config::LoadOverride;
 use hangar_lifecycle::{AdmissionError, ModelState};
 
 use crate::control::{Apply, Change, Handoff};

@@ -7,7 +7,7 @@
 //! cache types (`gguf_estimate`), the model files' size (`model_artifact_size`). Measured
 //! figures are kept per replica count and load override, and persist in the state file.
 
-use hangar_backend::LoadOverride;
+use hangar_config::LoadOverride;
 use hangar_config::{Device, ModelConfig};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

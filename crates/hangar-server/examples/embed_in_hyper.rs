@@ -51,8 +51,7 @@ async fn main() -> std::io::Result<()> {
         "models": { "chat": { "backend": "stub", "enabled": true } }
     }))
     .map_err(std::io::Error::other)?;
-    let backends =
-        hangar_runtime::Backends::new().with(Arc::new(hangar_backend::stub::StubBackend::new()));
+    let backends = hangar_runtime::Backends::new().with(Arc::new(hangar_stub::StubBackend::new()));
     let manager = hangar_runtime::Manager::new(&config, backends);
     manager.load_enabled().await;
     let hangar = HangarService::new(manager, ServerOptions::from_config(&config));

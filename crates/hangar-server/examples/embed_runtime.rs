@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use hangar_backend::stub::StubBackend;
 use hangar_backend::{GenerateEvent, GenerateRequest, Prompt, SamplingParams, ThinkingMode};
 use hangar_runtime::{Backends, LoadOptions, Manager};
+use hangar_stub::StubBackend;
 use tokio::sync::mpsc;
 
 #[tokio::main]

@@ -19,7 +19,7 @@
 //!
 //! let config = hangar_config::Config::load(std::path::Path::new("fixtures/demo")).unwrap();
 //! let backends = hangar_runtime::Backends::new()
-//!     .with(Arc::new(hangar_backend::stub::StubBackend::new()));
+//!     .with(Arc::new(hangar_stub::StubBackend::new()));
 //! let manager = hangar_runtime::Manager::new(&config, backends);
 //! let service = HangarService::new(manager, ServerOptions::from_config(&config));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;

@@ -1,5 +1,8 @@
 //! The integration tests of `hangar-config`, one binary for the crate (one link in CI): the
-//! `definition` projection and the shipped fixtures.
+//! `definition` projection, the shipped fixtures, load override validation and the spec's
+//! `load_constraints` / `load_recommendations` payloads.
 
 mod definition;
 mod fixtures;
+mod overrides;
+mod spec_payloads;

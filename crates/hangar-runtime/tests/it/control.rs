@@ -39,7 +39,7 @@ fn evictions_for(m: &Manager, incoming: &str) -> Vec<String> {
 
 /// A budget of 6,600 MiB with 1,000 used by something else; `m` takes `m_mib`, `other`
 /// 2,500.
-async fn small_gpu(m_mib: u64) -> (Manager, std::sync::Arc<hangar_backend::stub::StubGpu>) {
+async fn small_gpu(m_mib: u64) -> (Manager, std::sync::Arc<hangar_stub::StubGpu>) {
     let gpu_model = json!({ "backend": "stub", "device": "gpu" });
     let (m, _, gpu) = manager_on_gpu(
         json!({

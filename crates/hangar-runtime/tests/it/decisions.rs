@@ -6,13 +6,13 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use hangar_backend::stub::StubBackend;
 use hangar_backend::{
     Backend, Capabilities, EmbedRequest, GenerateRequest, LoadError, LoadRequest, Runtime,
     ThinkingMode,
 };
 use hangar_config::{BackendKind, ModelConfig};
 use hangar_runtime::{Backends, ErrorCode, LoadOptions, Manager, ManagerError, Work};
+use hangar_stub::StubBackend;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 

@@ -14,12 +14,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hangar_backend::stub::{StubBackend, StubGpu};
 use hangar_lifecycle::ModelState;
 use hangar_runtime::{
     Backends, GpuProbe, GpuReading, GpuUnavailable, LoadOptions, Manager, ManagerError,
     RELEASE_WAIT, VramEstimateSource, VramMethod,
 };
+use hangar_stub::{StubBackend, StubGpu};
 use serde_json::{Value, json};
 
 use crate::support::PretendGpu as Probe;

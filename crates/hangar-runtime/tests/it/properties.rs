@@ -37,10 +37,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait_shim::*;
-use hangar_backend::stub::StubBackend;
 use hangar_config::{Device, ModelType};
 use hangar_lifecycle::{ModelState, TRANSITIONS};
 use hangar_runtime::{Backends, EventKind, LeaseChange, LoadOptions, Manager, PauseMode};
+use hangar_stub::StubBackend;
 use proptest::prelude::*;
 use serde_json::json;
 

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hangar_backend::stub::StubBackend;
 use hangar_backend::{GenerateRequest, Prompt, SamplingParams, ThinkingMode};
 use hangar_config::{BackendKind, Config};
 use hangar_runtime::{Backends, Manager, ManagerError};
+use hangar_stub::StubBackend;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -85,7 +85,7 @@ pub(crate) fn loaded(m: &Manager) -> Vec<String> {
 }
 
 /// The stub engine's pretend GPU as NVML would show it: one 80 GiB GPU.
-pub(crate) struct PretendGpu(pub(crate) Arc<hangar_backend::stub::StubGpu>);
+pub(crate) struct PretendGpu(pub(crate) Arc<hangar_stub::StubGpu>);
 
 impl hangar_runtime::GpuProbe for PretendGpu {
     fn read(&self) -> Result<Vec<hangar_runtime::GpuReading>, hangar_runtime::GpuUnavailable> {
@@ -104,8 +104,8 @@ impl hangar_runtime::GpuProbe for PretendGpu {
 pub(crate) fn manager_on_gpu(
     value: Value,
     base_mib: u64,
-) -> (Manager, Arc<StubBackend>, Arc<hangar_backend::stub::StubGpu>) {
-    let gpu = hangar_backend::stub::StubGpu::new(base_mib);
+) -> (Manager, Arc<StubBackend>, Arc<hangar_stub::StubGpu>) {
+    let gpu = hangar_stub::StubGpu::new(base_mib);
     let stub = Arc::new(StubBackend::new().with_gpu(Arc::clone(&gpu)));
     let m = Manager::new(&config(value), Backends::new().with(stub.clone()));
     m.set_gpu_probe(Arc::new(PretendGpu(Arc::clone(&gpu))));

@@ -17,8 +17,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hangar_backend::stub::{StubBackend, StubGpu};
 use hangar_runtime::{Backends, EventKind, LeaseChange, LoadOptions, Manager, ManagerError};
+use hangar_stub::{StubBackend, StubGpu};
 use proptest::prelude::*;
 use serde_json::json;
 

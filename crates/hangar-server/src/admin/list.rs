@@ -118,7 +118,7 @@ mod tests {
             })
             .collect();
         let config = hangar_config::Config::from_value(&json!({ "models": models })).unwrap();
-        let stub = std::sync::Arc::new(hangar_backend::stub::StubBackend::new());
+        let stub = std::sync::Arc::new(hangar_stub::StubBackend::new());
         let manager =
             hangar_runtime::Manager::new(&config, hangar_runtime::Backends::new().with(stub));
         if n > 1 {

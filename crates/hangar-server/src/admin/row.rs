@@ -385,8 +385,8 @@ mod tests {
             }
         }))
         .unwrap();
-        let stub = Arc::new(hangar_backend::stub::StubBackend::new());
-        let llama = Arc::new(hangar_backend::stub::StubBackend::with_kind(BackendKind::LlamaCpp));
+        let stub = Arc::new(hangar_stub::StubBackend::new());
+        let llama = Arc::new(hangar_stub::StubBackend::with_kind(BackendKind::LlamaCpp));
         let manager = Manager::new(&config, Backends::new().with(stub).with(llama));
         let rows = StaticRows::new(&manager.models());
         manager.load("chat", LoadOptions::default()).await.unwrap();

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use hangar_backend::stub::StubBackend;
 use hangar_backend::{
     Backend, Capabilities, EmbedRequest, Embeddings, ForwardRequest, ForwardResponse,
     GenerateEvent, GenerateRequest, GenerateSummary, LoadError, LoadRequest, RerankRequest,
@@ -16,6 +15,7 @@ use hangar_backend::{
 };
 use hangar_config::{BackendKind, ModelConfig};
 use hangar_server::HangarService;
+use hangar_stub::StubBackend;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;

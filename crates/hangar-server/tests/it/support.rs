@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hangar_backend::Backend;
-use hangar_backend::stub::StubBackend;
 use hangar_config::{BackendKind, Config, Secret};
 use hangar_runtime::{Backends, GpuProbe, LoadOptions, Manager};
 use hangar_server::{HangarService, Response, ResponseBody, ServerOptions};
+use hangar_stub::StubBackend;
 use http::{HeaderMap, Method, Request};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Map, Value, json};

@@ -10,9 +10,9 @@ mod vectors;
 
 use std::time::Duration;
 
-use hangar_backend::stub::EMBEDDING_DIM;
 use hangar_runtime::LoadOptions;
 use hangar_server::{HangarService, Response};
+use hangar_stub::EMBEDDING_DIM;
 use http::{Method, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};

@@ -1,10 +1,10 @@
-//! Prompt formats: how chat messages become the exact text a model was fine-tuned on.
+//! Hangar's prompt formats: how chat messages become the exact text a model was fine-tuned on.
 //!
 //! [`render`] turns a [`Prompt`] into text for every [`PromptFormat`] except `auto` (the
 //! engine applies the model's own chat template for that one: llama.cpp the GGUF's, a Python
 //! engine its tokenizer's). The renderers are pure Rust, shared by every engine that takes
 //! rendered text (in-process llama.cpp, the Python bridge), and tested byte for byte against
-//! golden files (`tests/prompt_golden.rs`, `tests/golden/*.txt`).
+//! golden files (`tests/it/prompt_golden.rs`, `tests/golden/*.txt`).
 //!
 //! # Contract with the engine
 //!
@@ -55,7 +55,7 @@ mod qwen3;
 mod tools;
 mod translategemma;
 
-use crate::{ChatMessage, Prompt, Role, ThinkingMode, Translation};
+use hangar_backend::{ChatMessage, Prompt, Role, ThinkingMode, Translation};
 use hangar_config::PromptFormat;
 
 pub use self::jinja::ChatTemplate;

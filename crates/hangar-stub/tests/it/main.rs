@@ -4,13 +4,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hangar_backend::stub::StubBackend;
 use hangar_backend::{
     Backend, ChatMessage, EmbedRequest, FinishReason, GenerateEvent, GenerateRequest,
     GenerateSummary, LoadError, LoadRequest, ProgressSink, Prompt, RerankRequest, Role, Runtime,
-    RuntimeError, SamplingParams, ThinkingMode, validate_load_override,
+    RuntimeError, SamplingParams, ThinkingMode,
 };
+use hangar_config::validate_load_override;
 use hangar_config::{BackendKind, ModelConfig, ModelName};
+use hangar_stub::StubBackend;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -247,7 +248,7 @@ async fn embeddings_are_unit_vectors_derived_from_the_input() {
     assert_eq!(out.vectors.len(), 3);
     assert_eq!(out.prompt_tokens, 7);
     for v in &out.vectors {
-        assert_eq!(v.len(), hangar_backend::stub::EMBEDDING_DIM);
+        assert_eq!(v.len(), hangar_stub::EMBEDDING_DIM);
         let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-5, "norm {norm}");
     }

@@ -1,8 +1,8 @@
 //! Load override validation, table-driven from the runtime admin spec's "Validation
 //! behavior" list, "Supported load override fields" and example load bodies.
 
-use hangar_backend::{LoadOverride, OverrideError, validate_load_override};
 use hangar_config::{BackendKind, BackendSettings, ModelConfig, ModelName};
+use hangar_config::{LoadOverride, OverrideError, validate_load_override};
 use serde_json::{Map, Value, json};
 
 fn model(config: Value) -> ModelConfig {

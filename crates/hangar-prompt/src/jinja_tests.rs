@@ -2,7 +2,7 @@
 //! a Qwen 2.5-style one that reads `tools` and tool calls, and templates that refuse or loop.
 
 use super::*;
-use crate::ToolCall;
+use hangar_backend::ToolCall;
 
 /// SmolLM2-135M-Instruct's template, as its GGUF carries it.
 const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";

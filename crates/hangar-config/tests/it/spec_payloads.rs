@@ -3,8 +3,8 @@
 //! `shared/specs/runtime-admin-api.md`, and the serialized values must match them key for key,
 //! in the same key order.
 
-use hangar_backend::{load_constraints, load_recommendations};
 use hangar_config::BackendKind;
+use hangar_config::{load_constraints, load_recommendations};
 use serde_json::Value;
 
 /// Spec, "Current load_constraints Shapes" / presets: llama_cpp GGUF.

@@ -22,7 +22,7 @@ use minijinja::{Environment, Error, ErrorKind, Value, context};
 use serde::Serialize;
 
 use super::tools::PythonFormatter;
-use crate::{ChatMessage, Role, ToolDefinition};
+use hangar_backend::{ChatMessage, Role, ToolDefinition};
 
 /// The most minijinja instructions one render may execute: far above what a long chat needs
 /// with any published template (a 100-message chat through Qwen3's template takes well under

@@ -7,7 +7,7 @@
 //! [`OverrideError::Invalid`]), and last the effective model — config with the patch merged
 //! over it — must pass config validation again.
 
-use hangar_config::{
+use crate::{
     LoadConstraint, LoadField, LoadValueType, ModelConfig, load_constraints, load_field, merge,
     parse_cache_quant,
 };
@@ -44,7 +44,7 @@ impl LoadOverride {
     }
 
     /// The effective model: `model.raw()` with this patch merged over it
-    /// ([`hangar_config::merge`]; `null` sets `null`), re-parsed and re-checked by
+    /// ([`crate::merge`]; `null` sets `null`), re-parsed and re-checked by
     /// [`ModelConfig::parse`].
     ///
     /// An `exllama_cache_quant` in the patch also clears configured
@@ -227,16 +227,16 @@ fn check_type(field: &LoadField, value: &Value) -> Result<(), OverrideError> {
         }
         (LoadValueType::PositiveInt { .. }, other) => Err(OverrideError::schema(
             name,
-            format!("expected an integer or null, got {}", hangar_config::json_kind(other)),
+            format!("expected an integer or null, got {}", crate::json_kind(other)),
         )),
         (LoadValueType::Float, Value::Number(_)) | (LoadValueType::Str, Value::String(_)) => Ok(()),
         (LoadValueType::Float, other) => Err(OverrideError::schema(
             name,
-            format!("expected a number or null, got {}", hangar_config::json_kind(other)),
+            format!("expected a number or null, got {}", crate::json_kind(other)),
         )),
         (LoadValueType::Str, other) => Err(OverrideError::schema(
             name,
-            format!("expected a string or null, got {}", hangar_config::json_kind(other)),
+            format!("expected a string or null, got {}", crate::json_kind(other)),
         )),
     }
 }

@@ -9,7 +9,7 @@
 //! are written back in that same form. JSON is written as Python's `json.dumps` does
 //! (`", "` and `": "` separators, keys in the request's order), as the template's `tojson`.
 
-use crate::{ChatMessage, Role, ToolCall, ToolDefinition};
+use hangar_backend::{ChatMessage, Role, ToolCall, ToolDefinition};
 use serde::Serialize;
 
 /// Opens a tool call in the model's output.

@@ -5,7 +5,7 @@
 //! message, content trimmed, an empty content leaving just `Role:`, ending with the bare
 //! `Assistant:` cue). Tool results are `Tool: …` lines.
 
-use crate::{ChatMessage, Role};
+use hangar_backend::{ChatMessage, Role};
 
 /// Renders `messages` (not empty) as the transcript.
 pub(super) fn render(messages: &[ChatMessage]) -> String {

@@ -18,7 +18,7 @@
 //! follow E2B/E4B, so a 26B/31B model with thinking off may still emit an empty thought
 //! channel, which the engine's output handling should tolerate.
 
-use crate::{ChatMessage, Role, ThinkingMode};
+use hangar_backend::{ChatMessage, Role, ThinkingMode};
 use hangar_config::PromptFormat;
 
 use super::{PromptError, reject_tools, role_name, split_system};

@@ -15,7 +15,7 @@
 //! conversation keeps a (possibly empty) think block, as the template does. Tool results
 //! become `<tool_response>` blocks inside one user turn.
 
-use crate::{ChatMessage, Role, ThinkingMode};
+use hangar_backend::{ChatMessage, Role, ThinkingMode};
 
 use super::{role_name, split_system};
 

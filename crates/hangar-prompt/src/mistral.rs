@@ -15,7 +15,7 @@
 //! SentencePiece tokenizers (Mistral 7B v0.1–v0.3, Mixtral, Nemo) use different spacing and
 //! fold the system prompt into the last `[INST]`; configure those with `auto`.
 
-use crate::{ChatMessage, Role};
+use hangar_backend::{ChatMessage, Role};
 use hangar_config::PromptFormat;
 
 use super::{PromptError, format_name, reject_tools, split_system};

@@ -30,7 +30,7 @@
 //! language of each segment. System messages, more than one message, a missing target and
 //! unknown codes are errors.
 
-use crate::{ChatMessage, Role, Translation};
+use hangar_backend::{ChatMessage, Role, Translation};
 use hangar_config::PromptFormat;
 
 use super::{Language, PromptError, format_name, language};
@@ -126,10 +126,10 @@ pub(super) fn render(
 
 #[cfg(test)]
 mod tests {
-    use crate::{Prompt, ThinkingMode};
+    use hangar_backend::{Prompt, ThinkingMode};
 
     use super::*;
-    use crate::prompt::{self, RenderRequest};
+    use crate::{self as prompt, RenderRequest};
 
     fn msg(role: Role, content: &str) -> ChatMessage {
         ChatMessage::new(role, content)

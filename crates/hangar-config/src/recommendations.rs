@@ -7,9 +7,9 @@
 
 use std::borrow::Cow;
 
-use hangar_config::BackendKind;
+use crate::BackendKind;
 #[cfg(test)]
-use hangar_config::{LoadConstraints, load_constraints};
+use crate::{LoadConstraints, load_constraints};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::Serialize;
 use serde_json::{Map, Value, json};

@@ -1,20 +1,21 @@
 //! Golden tests of the rendered prompts: every prompt format renders each conversation exactly
-//! as the official template requires (see the module docs of `prompt` for the sources).
+//! as the official template requires (see the crate docs of `hangar-prompt` for the sources).
 //!
 //! The expected texts live in `tests/golden/<case>.txt`, byte for byte (no trailing newline is
-//! added). The tests never rewrite them; `HANGAR_BLESS=1 cargo test -p hangar-backend
-//! --test prompt_golden` does, after which each changed file must be read against the official
+//! added). The tests never rewrite them; `HANGAR_BLESS=1 cargo test -p hangar-prompt
+//! prompt_golden` does, after which each changed file must be read against the official
 //! template before it is committed.
 
 use std::path::PathBuf;
 
-use hangar_backend::prompt::{
-    self, PromptError, RenderRequest, expects_bos, multi_turn, render, thinking_modes, with_tools,
-};
 use hangar_backend::{
     ChatMessage, Prompt, Role, ThinkingMode, ToolCall, ToolDefinition, Translation,
 };
 use hangar_config::PromptFormat;
+use hangar_prompt::{
+    self as prompt, PromptError, RenderRequest, expects_bos, multi_turn, render, thinking_modes,
+    with_tools,
+};
 
 struct Case {
     name: &'static str,

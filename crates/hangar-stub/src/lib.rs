@@ -1,4 +1,4 @@
-//! The stub backend: a deterministic engine for tests and demos.
+//! Hangar's stub engine and its pretend GPU: a deterministic engine for tests and demos.
 //!
 //! Everything it does comes from the model's `stub` config section ([`StubSettings`]):
 //! simulated load, unload and per-token latency (through `tokio::time`, so tests run on
@@ -9,7 +9,7 @@
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 //! use std::sync::Arc;
-//! use hangar_backend::stub::StubBackend;
+//! use hangar_stub::StubBackend;
 //! use hangar_backend::{Backend, GenerateRequest, LoadRequest, Prompt, SamplingParams};
 //! use hangar_config::{ModelConfig, ModelName};
 //!
@@ -48,13 +48,15 @@ use async_trait::async_trait;
 use hangar_config::{BackendKind, BackendSettings, ModelConfig, ModelType, StubSettings};
 use tokio::sync::mpsc;
 
-use crate::{
+use hangar_backend::{
     Backend, Capabilities, EmbedRequest, Embeddings, FinishReason, GenerateEvent, GenerateRequest,
     GenerateSummary, LoadError, LoadRequest, Modality, Prompt, RerankRequest, Rerankings, Runtime,
     RuntimeError, ThinkingMode,
 };
 
-pub use crate::stub_gpu::StubGpu;
+mod gpu;
+
+pub use gpu::StubGpu;
 
 /// Tokens generated when a request sets no `max_tokens`.
 pub const DEFAULT_MAX_TOKENS: u32 = 16;
