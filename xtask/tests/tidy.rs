@@ -320,3 +320,75 @@ fn the_engine_contract_crate_holds_the_contract_only() {
         }
     }
 }
+
+/// The variant names of `pub enum {name}` in `text`.
+fn variants(text: &str, name: &str) -> Vec<String> {
+    let start = text.find(&format!("pub enum {name} {{")).unwrap_or_else(|| panic!("no {name}"));
+    let body = &text[start..];
+    let body = &body[body.find('{').unwrap() + 1..body.find("\n}").unwrap()];
+    body.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("//") && !l.starts_with('#'))
+        .filter_map(|l| l.strip_suffix(','))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn error_codes_are_one_enum_in_the_runtime_plus_the_http_layers_own() {
+    // The runtime's `ErrorCode` is the one vocabulary; the server joins it with `HttpCode`,
+    // the codes only HTTP produces. Any other `…Code` enum is a second vocabulary that needs
+    // a mapping (the string parse this rule replaced).
+    let allowed = [
+        ("crates/hangar-runtime/src/error.rs", "ErrorCode"),
+        ("crates/hangar-server/src/codes.rs", "ErrorCode"),
+        ("crates/hangar-server/src/codes.rs", "HttpCode"),
+    ];
+    let mut files = Vec::new();
+    for dir in ["crates", "bins", "xtask/src"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let mut problems = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let shown = file.strip_prefix(root()).unwrap_or(file).to_string_lossy().into_owned();
+        for line in text.lines().map(str::trim_start) {
+            let Some(rest) = line.strip_prefix("pub enum ").or(line.strip_prefix("enum ")) else {
+                continue;
+            };
+            let name: String =
+                rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            if name.ends_with("Code") && !allowed.contains(&(shown.as_str(), name.as_str())) {
+                problems.push(format!("{shown}: enum {name}"));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "a second error-code enum: map the error's variants onto hangar_runtime::ErrorCode \
+         instead (or, for a code only HTTP produces, add it to the server's HttpCode):\n  {}",
+        problems.join("\n  ")
+    );
+    let runtime = std::fs::read_to_string(root().join(allowed[0].0)).unwrap();
+    let server = std::fs::read_to_string(root().join(allowed[2].0)).unwrap();
+    let runtime_codes = variants(&runtime, "ErrorCode");
+    assert!(runtime_codes.len() > 20, "parsed {runtime_codes:?}");
+    for code in variants(&server, "HttpCode") {
+        assert!(!runtime_codes.contains(&code), "HttpCode::{code} repeats the runtime's code");
+    }
+}
+
+#[test]
+fn only_the_server_and_the_config_describe_wire_schemas() {
+    // The server owns every wire type and its schema; the config owns the config file's.
+    // Runtime, lifecycle, engine and weights types carry none: the server mirrors them.
+    for (krate, deps) in dependencies() {
+        if deps.contains("schemars") {
+            assert!(
+                ["hangar-server", "hangar-config"].contains(&krate.as_str()),
+                "{krate} must not derive JSON schemas: give the type a wire twin in \
+                 hangar-server's `wire` module, converted with From"
+            );
+        }
+    }
+}

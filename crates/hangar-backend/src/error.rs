@@ -1,7 +1,5 @@
 //! The error taxonomy of backends.
 
-use serde::Serialize;
-
 /// Why a load failed. The split matters: a not-found failure evicts nothing, any other
 /// failure triggers "evict everything and retry once".
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,31 +36,7 @@ pub enum LoadError {
     },
 }
 
-/// The fieldless code of a [`LoadError`], for JSON and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LoadErrorCode {
-    /// [`LoadError::NotFound`].
-    NotFound,
-    /// [`LoadError::Failed`].
-    LoadFailed,
-    /// [`LoadError::PortTaken`].
-    PortTaken,
-    /// [`LoadError::BackendUnavailable`].
-    BackendUnavailable,
-}
-
 impl LoadError {
-    /// This error's code.
-    pub fn code(&self) -> LoadErrorCode {
-        match self {
-            Self::NotFound { .. } => LoadErrorCode::NotFound,
-            Self::Failed { .. } => LoadErrorCode::LoadFailed,
-            Self::PortTaken { .. } => LoadErrorCode::PortTaken,
-            Self::BackendUnavailable { .. } => LoadErrorCode::BackendUnavailable,
-        }
-    }
-
     /// Whether this failure is "the artifact does not exist", which evicts nothing.
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::NotFound { .. })
@@ -77,7 +51,6 @@ impl LoadError {
 
 /// Why a request on a loaded runtime failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
 pub enum RuntimeError {
     /// The engine died; the model must be marked failed with this reason.
     #[error("backend crashed: {reason}")]
@@ -129,42 +102,4 @@ pub enum RuntimeError {
         /// Details.
         message: String,
     },
-}
-
-/// The fieldless code of a [`RuntimeError`], for JSON and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RuntimeErrorCode {
-    /// [`RuntimeError::Crashed`].
-    BackendCrashed,
-    /// [`RuntimeError::Cancelled`].
-    Cancelled,
-    /// [`RuntimeError::InvalidRequest`].
-    InvalidRequest,
-    /// [`RuntimeError::Unsupported`].
-    Unsupported,
-    /// [`RuntimeError::Failed`].
-    RuntimeError,
-    /// [`RuntimeError::Upstream`].
-    UpstreamError,
-    /// [`RuntimeError::AnswerTooLarge`].
-    UpstreamAnswerTooLarge,
-    /// [`RuntimeError::Unavailable`].
-    BackendUnavailable,
-}
-
-impl RuntimeError {
-    /// This error's code.
-    pub fn code(&self) -> RuntimeErrorCode {
-        match self {
-            Self::Crashed { .. } => RuntimeErrorCode::BackendCrashed,
-            Self::Cancelled => RuntimeErrorCode::Cancelled,
-            Self::InvalidRequest { .. } => RuntimeErrorCode::InvalidRequest,
-            Self::Unsupported { .. } => RuntimeErrorCode::Unsupported,
-            Self::Failed { .. } => RuntimeErrorCode::RuntimeError,
-            Self::Upstream { .. } => RuntimeErrorCode::UpstreamError,
-            Self::AnswerTooLarge { .. } => RuntimeErrorCode::UpstreamAnswerTooLarge,
-            Self::Unavailable { .. } => RuntimeErrorCode::BackendUnavailable,
-        }
-    }
 }

@@ -30,7 +30,7 @@ use async_trait::async_trait;
 use hangar_config::{BackendKind, ModelConfig};
 use tokio::sync::mpsc;
 
-pub use error::{LoadError, LoadErrorCode, RuntimeError, RuntimeErrorCode};
+pub use error::{LoadError, RuntimeError};
 pub use forward::{ForwardRequest, ForwardResponse, ForwardRoute};
 pub use logs::{LOG_CAPACITY, LogLine, LogStream, ModelLogs};
 pub use types::*;

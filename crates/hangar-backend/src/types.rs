@@ -3,11 +3,10 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// An input modality a model accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Modality {
     /// Text.
@@ -27,7 +26,6 @@ pub enum Modality {
     Default,
     Serialize,
     Deserialize,
-    JsonSchema,
     strum::IntoStaticStr,
     strum::Display,
 )]
@@ -51,7 +49,7 @@ impl ThinkingMode {
 }
 
 /// What a model supports, as the admin API reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capabilities {
     /// Input modalities accepted.
     pub modalities: Vec<Modality>,
@@ -90,18 +88,7 @@ impl Default for Capabilities {
 }
 
 /// Who said a chat message.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    JsonSchema,
-    strum::IntoStaticStr,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum Role {
@@ -123,7 +110,7 @@ impl Role {
 }
 
 /// One chat message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// Who said it.
     pub role: Role,
@@ -142,7 +129,7 @@ impl ChatMessage {
 }
 
 /// A function the model may call (OpenAI's `tools[].function`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolDefinition {
     /// The function's name.
     pub name: String,
@@ -174,7 +161,7 @@ pub struct ToolUse {
 }
 
 /// One tool call the model made.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCall {
     /// The called function's name.
     pub name: String,
@@ -275,7 +262,7 @@ pub enum GenerateEvent {
 }
 
 /// Why a generation stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// End of sequence or a stop sequence.

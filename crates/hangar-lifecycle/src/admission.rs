@@ -1,13 +1,9 @@
 //! Admission: whether a request may reach a model, and the machine-readable reason when not.
 
-use schemars::JsonSchema;
-use serde::Serialize;
-
 use crate::state::ModelState;
 
 /// Why a request was not admitted to a model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
 pub enum AdmissionError {
     /// No model of that name is configured.
     #[error("unknown model `{model}`")]
@@ -45,60 +41,6 @@ pub enum AdmissionError {
     },
 }
 
-/// The fieldless code of an [`AdmissionError`]: the JSON `code` and the metrics label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema, strum::IntoStaticStr)]
-#[serde(rename_all = "snake_case")]
-#[strum(serialize_all = "snake_case")]
-pub enum AdmissionCode {
-    /// No such model in config.
-    UnknownModel,
-    /// The model is unloaded.
-    ModelNotLoaded,
-    /// The model is loading.
-    ModelLoading,
-    /// The model is unloading.
-    ModelUnloading,
-    /// The model is failed.
-    ModelFailed,
-    /// The model's queue is full.
-    QueueFull,
-    /// An operator aborted the request.
-    GenerationAborted,
-}
-
-impl AdmissionCode {
-    /// Every code.
-    pub const ALL: [AdmissionCode; 7] = [
-        Self::UnknownModel,
-        Self::ModelNotLoaded,
-        Self::ModelLoading,
-        Self::ModelUnloading,
-        Self::ModelFailed,
-        Self::QueueFull,
-        Self::GenerationAborted,
-    ];
-
-    /// The snake_case code.
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
-impl AdmissionError {
-    /// This error's code.
-    pub fn code(&self) -> AdmissionCode {
-        match self {
-            Self::UnknownModel { .. } => AdmissionCode::UnknownModel,
-            Self::ModelNotLoaded => AdmissionCode::ModelNotLoaded,
-            Self::ModelLoading => AdmissionCode::ModelLoading,
-            Self::ModelUnloading => AdmissionCode::ModelUnloading,
-            Self::ModelFailed { .. } => AdmissionCode::ModelFailed,
-            Self::QueueFull { .. } => AdmissionCode::QueueFull,
-            Self::GenerationAborted { .. } => AdmissionCode::GenerationAborted,
-        }
-    }
-}
-
 /// Whether a model in `state` admits inference requests (only `loaded` does).
 ///
 /// # Errors
@@ -123,13 +65,13 @@ mod tests {
     fn only_loaded_models_admit_requests() {
         let cases = [
             (ModelState::Loaded, None),
-            (ModelState::Unloaded, Some(AdmissionCode::ModelNotLoaded)),
-            (ModelState::Loading, Some(AdmissionCode::ModelLoading)),
-            (ModelState::Unloading, Some(AdmissionCode::ModelUnloading)),
-            (ModelState::Failed, Some(AdmissionCode::ModelFailed)),
+            (ModelState::Unloaded, Some(AdmissionError::ModelNotLoaded)),
+            (ModelState::Loading, Some(AdmissionError::ModelLoading)),
+            (ModelState::Unloading, Some(AdmissionError::ModelUnloading)),
+            (ModelState::Failed, Some(AdmissionError::ModelFailed { last_error: "boom".into() })),
         ];
         for (state, want) in cases {
-            assert_eq!(admit(state, Some("boom")).err().map(|e| e.code()), want, "{state}");
+            assert_eq!(admit(state, Some("boom")).err(), want, "{state}");
         }
     }
 
@@ -138,26 +80,5 @@ mod tests {
         let err = admit(ModelState::Failed, Some("CUDA out of memory")).unwrap_err();
         assert_eq!(err, AdmissionError::ModelFailed { last_error: "CUDA out of memory".into() });
         assert_eq!(err.to_string(), "model failed: CUDA out of memory");
-    }
-
-    #[test]
-    fn codes_serialize_as_the_spec_spells_them() {
-        let spelled: Vec<_> =
-            AdmissionCode::ALL.iter().map(|c| serde_json::to_value(c).unwrap()).collect();
-        assert_eq!(
-            spelled,
-            [
-                "unknown_model",
-                "model_not_loaded",
-                "model_loading",
-                "model_unloading",
-                "model_failed",
-                "queue_full",
-                "generation_aborted"
-            ]
-        );
-        for c in AdmissionCode::ALL {
-            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
-        }
     }
 }

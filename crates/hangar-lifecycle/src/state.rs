@@ -1,6 +1,5 @@
 //! The per-model state machine, with its transition table as data.
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The live runtime state of a configured model.
@@ -13,7 +12,6 @@ use serde::{Deserialize, Serialize};
     Hash,
     Serialize,
     Deserialize,
-    JsonSchema,
     strum::IntoStaticStr,
     strum::Display,
 )]
@@ -68,7 +66,7 @@ impl ModelState {
 }
 
 /// What happens to a model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LifecycleEvent {
     /// A load was accepted.

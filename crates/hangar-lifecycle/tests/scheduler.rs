@@ -4,7 +4,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hangar_lifecycle::{AdmissionCode, AdmissionError, Permit, Scheduler, effective_target};
+use hangar_lifecycle::{AdmissionError, Permit, Scheduler, effective_target};
 use proptest::prelude::*;
 use tokio::task::JoinHandle;
 
@@ -54,7 +54,6 @@ async fn full_replicas_queue_in_fifo_order_and_full_queue_refuses() {
     assert_eq!(s.stats().queue_depth, 2);
     let refused = s.acquire().await.unwrap_err();
     assert_eq!(refused, AdmissionError::QueueFull { depth: 2 });
-    assert_eq!(refused.code(), AdmissionCode::QueueFull);
     drop(first);
     let (order, permit) = a.await.unwrap().unwrap();
     assert_eq!(order, 1, "the oldest waiter goes first");
@@ -306,7 +305,6 @@ async fn cancel_queued_ends_waiters_but_keeps_admitting() {
     let reason = AdmissionError::GenerationAborted { reason: "paused with mode abort".into() };
     s.cancel_queued(&reason);
     assert_eq!(waiter.await.unwrap().unwrap_err(), reason);
-    assert_eq!(reason.code(), AdmissionCode::GenerationAborted);
     drop(running);
     assert!(s.acquire().await.is_ok(), "not closed: later requests still run");
     assert!(!s.stats().closed);

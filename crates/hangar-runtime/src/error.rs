@@ -4,7 +4,6 @@ use hangar_backend::{RuntimeError, ThinkingMode};
 use hangar_config::ModelType;
 use hangar_config::OverrideError;
 use hangar_lifecycle::{AdmissionError, ModelState};
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::snapshot::ModelSnapshot;
@@ -248,7 +247,6 @@ impl From<OverrideError> for ManagerError {
     Hash,
     Serialize,
     Deserialize,
-    JsonSchema,
     strum::IntoStaticStr,
     strum::EnumIter,
 )]
@@ -333,17 +331,19 @@ impl ErrorCode {
 impl ManagerError {
     /// This error's code.
     pub fn code(&self) -> ErrorCode {
-        use hangar_backend::RuntimeErrorCode as R;
-        use hangar_lifecycle::AdmissionCode as A;
+        // Exhaustive over the lower crates' errors too: a new variant there does not compile
+        // until it has its code here, the one code vocabulary.
+        use hangar_backend::RuntimeError as R;
+        use hangar_lifecycle::AdmissionError as A;
         match self {
-            Self::Admission(e) => match e.code() {
-                A::UnknownModel => ErrorCode::UnknownModel,
+            Self::Admission(e) => match e {
+                A::UnknownModel { .. } => ErrorCode::UnknownModel,
                 A::ModelNotLoaded => ErrorCode::ModelNotLoaded,
                 A::ModelLoading => ErrorCode::ModelLoading,
                 A::ModelUnloading => ErrorCode::ModelUnloading,
-                A::ModelFailed => ErrorCode::ModelFailed,
-                A::QueueFull => ErrorCode::QueueFull,
-                A::GenerationAborted => ErrorCode::GenerationAborted,
+                A::ModelFailed { .. } => ErrorCode::ModelFailed,
+                A::QueueFull { .. } => ErrorCode::QueueFull,
+                A::GenerationAborted { .. } => ErrorCode::GenerationAborted,
             },
             Self::Conflict { .. } => ErrorCode::StateConflict,
             Self::ModelTypeMismatch { .. } => ErrorCode::ModelTypeMismatch,
@@ -364,15 +364,15 @@ impl ManagerError {
             Self::InsufficientVram { .. } => ErrorCode::InsufficientVram,
             Self::Quarantined { .. } => ErrorCode::ModelQuarantined,
             Self::WouldPause { .. } => ErrorCode::WouldPause,
-            Self::Runtime(e) => match e.code() {
-                R::BackendCrashed => ErrorCode::BackendCrashed,
+            Self::Runtime(e) => match e {
+                R::Crashed { .. } => ErrorCode::BackendCrashed,
                 R::Cancelled => ErrorCode::Cancelled,
-                R::InvalidRequest => ErrorCode::InvalidRequest,
-                R::Unsupported => ErrorCode::Unsupported,
-                R::RuntimeError => ErrorCode::RuntimeError,
-                R::UpstreamError => ErrorCode::UpstreamError,
-                R::UpstreamAnswerTooLarge => ErrorCode::UpstreamAnswerTooLarge,
-                R::BackendUnavailable => ErrorCode::BackendUnavailable,
+                R::InvalidRequest { .. } => ErrorCode::InvalidRequest,
+                R::Unsupported { .. } => ErrorCode::Unsupported,
+                R::Failed { .. } => ErrorCode::RuntimeError,
+                R::Upstream { .. } => ErrorCode::UpstreamError,
+                R::AnswerTooLarge { .. } => ErrorCode::UpstreamAnswerTooLarge,
+                R::Unavailable { .. } => ErrorCode::BackendUnavailable,
             },
         }
     }

@@ -5,7 +5,6 @@ use std::path::Path;
 
 use hangar_config::{BackendSettings, ModelConfig};
 use hangar_weights::GgufShape;
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// What a model's files say, read once when the manager is built.
@@ -55,7 +54,7 @@ fn size(path: &Path, depth: u32) -> Option<u64> {
 /// A GGUF model's VRAM before it is loaded: its files plus the KV cache for the context and
 /// cache types it would load with, per replica. An upper bound for sliding-window models;
 /// compute buffers are not counted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GgufEstimate {
     /// Weights plus KV cache for `replica_count` replicas, in MiB.
     pub mib: u64,

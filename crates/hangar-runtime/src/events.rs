@@ -4,7 +4,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hangar_config::ModelName;
 use hangar_lifecycle::{LifecycleEvent, ModelState};
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
@@ -22,7 +21,7 @@ pub struct StateChange {
 }
 
 /// Lifetime counters of the manager.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManagerCounters {
     /// Loads that succeeded.
     pub loads: u64,

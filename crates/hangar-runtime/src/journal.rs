@@ -8,7 +8,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use hangar_config::ModelName;
 use hangar_lifecycle::{LifecycleEvent, ModelState};
-use schemars::JsonSchema;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
@@ -28,7 +27,7 @@ const MARKER_ROOM: usize = 48;
 const PROGRESS_STEP: f32 = 0.05;
 
 /// One journaled change.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ManagerEvent {
     /// Position in the journal: 1 for the first event of this process, then +1 each (the
     /// server-sent event's `id`, for `Last-Event-ID`).
@@ -43,7 +42,7 @@ pub struct ManagerEvent {
 }
 
 /// What happened to a model.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventKind {
     /// A lifecycle transition (a crash is one: `loaded` → `failed`, cause `crashed`).

@@ -21,7 +21,6 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use hangar_lifecycle::ModelState;
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -43,7 +42,7 @@ pub const MAX_LEASE_OWNER_BYTES: usize = 256;
 const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(1);
 
 /// A lease on a model, as the admin row lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     /// Its id (for renew and release).
     pub id: String,
@@ -63,7 +62,7 @@ pub(crate) struct Held {
 }
 
 /// What happened to a lease (the journal's `lease` events).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LeaseChange {
     /// Taken.

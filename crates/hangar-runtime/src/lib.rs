@@ -84,7 +84,7 @@ pub use estimate::GgufEstimate;
 pub use events::{ManagerCounters, StateChange};
 pub use gpu::{GpuMemory, RELEASE_WAIT};
 pub use hangar_gpu::{GpuProbe, GpuProcess, GpuReading, Unavailable as GpuUnavailable};
-pub use hangar_lifecycle::{AdmissionError, ModelState};
+pub use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState};
 pub use journal::{EVENT_CAPACITY, EventKind, Follow, MAX_EVENT_TEXT_BYTES, ManagerEvent};
 pub use lease::{Lease, LeaseChange, MAX_LEASE_OWNER_BYTES, MAX_LEASE_SECONDS};
 pub use manager::{Backends, LoadOptions, Manager};
@@ -96,15 +96,20 @@ pub use state::VRAM_STATE_FILE;
 pub use vram::{ProcessTreeFigure, VramDetail, VramMethod};
 pub use weights::{WeightUpdate, WeightsAction, WeightsReport};
 
+/// What the weights checker reports about weight files, re-exported from the digests.
+pub mod digest {
+    pub use hangar_weights::{Comparison, TensorDigest, WeightsDigest, WeightsFormat};
+}
+
 /// What callers of the manager say to and hear from engines (requests, their events and
 /// summaries, tools, capabilities, load constraints, log lines), re-exported from the
 /// engine contract so a server or an embedder depends on the runtime alone.
 pub mod engine {
     pub use hangar_backend::{
         Capabilities, ChatMessage, EmbedRequest, FinishReason, ForwardRequest, ForwardRoute,
-        GenerateEvent, GenerateRequest, GenerateSummary, LOG_CAPACITY, LogLine, OutputFormat,
-        Prompt, RerankRequest, Role, RuntimeError, SamplingParams, ThinkingMode, ToolCall,
-        ToolChoice, ToolDefinition, ToolUse, Translation,
+        GenerateEvent, GenerateRequest, GenerateSummary, LOG_CAPACITY, LogLine, Modality,
+        OutputFormat, Prompt, RerankRequest, Role, RuntimeError, SamplingParams, ThinkingMode,
+        ToolCall, ToolChoice, ToolDefinition, ToolUse, Translation,
     };
     pub use hangar_coalesce::Coalesced;
     pub use hangar_config::{

@@ -20,7 +20,6 @@ use std::time::SystemTime;
 
 use hangar_backend::Runtime;
 use hangar_lifecycle::{AdmissionError, ModelState, Scheduler};
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -33,17 +32,7 @@ use crate::snapshot::{ModelSnapshot, snapshot_of};
 
 /// What a pause does to the requests already admitted.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Default,
-    Serialize,
-    Deserialize,
-    JsonSchema,
-    strum::IntoStaticStr,
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, strum::IntoStaticStr,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
@@ -58,18 +47,7 @@ pub enum PauseMode {
 }
 
 /// Who paused the model.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    JsonSchema,
-    strum::IntoStaticStr,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum PauseCause {
@@ -82,7 +60,7 @@ pub enum PauseCause {
 }
 
 /// A model's pause, as the admin row shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PauseInfo {
     /// What the pause did to admitted requests.
     pub mode: PauseMode,

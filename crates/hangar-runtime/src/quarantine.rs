@@ -16,7 +16,6 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use hangar_config::QuarantinePolicy;
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -27,9 +26,7 @@ use crate::error::ManagerError;
 pub const RECENT_FAILURES: usize = 8;
 
 /// What failed.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, strum::IntoStaticStr,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum FailureKind {
@@ -40,7 +37,7 @@ pub enum FailureKind {
 }
 
 /// One failure of a model, for its row.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Failure {
     /// What failed.
     pub kind: FailureKind,
@@ -51,7 +48,7 @@ pub struct Failure {
 }
 
 /// A quarantine in effect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuarantineInfo {
     /// When it began, Unix milliseconds.
     pub since_unix_ms: u64,

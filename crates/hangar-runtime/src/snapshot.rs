@@ -8,7 +8,6 @@ use hangar_backend::{Capabilities, RuntimeDetails};
 use hangar_config::LoadOverride;
 use hangar_config::{BackendKind, Device, ModelConfig, ModelType};
 use hangar_lifecycle::{ModelState, Scheduler, effective_target};
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::entry::{ModelEntry, Slot};
@@ -18,9 +17,7 @@ use crate::phase::Phase;
 use crate::vram::VramMethod;
 
 /// Where a VRAM estimate comes from.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, strum::IntoStaticStr,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum VramEstimateSource {

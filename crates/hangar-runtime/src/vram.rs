@@ -9,7 +9,6 @@
 
 use hangar_config::LoadOverride;
 use hangar_config::{Device, ModelConfig};
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -17,9 +16,7 @@ use crate::entry::{ModelEntry, Slot};
 use crate::estimate::{GgufEstimate, gguf_estimate};
 
 /// How a VRAM figure was obtained.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, strum::IntoStaticStr,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum VramMethod {
@@ -36,7 +33,7 @@ pub enum VramMethod {
 }
 
 /// A measured process-tree figure.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessTreeFigure {
     /// GPU memory of the engine processes of `replica_count` replicas, in MiB.
     pub mib: u64,
@@ -49,7 +46,7 @@ pub struct ProcessTreeFigure {
 }
 
 /// The VRAM figures beyond the spec's three sources, and the one admission uses.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VramDetail {
     /// What admission counts the model as taking for `replica_count` replicas, in MiB: the
     /// best of the figures below and the spec's estimate.

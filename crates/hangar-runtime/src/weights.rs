@@ -11,7 +11,6 @@ use std::sync::Arc;
 use hangar_backend::Runtime;
 use hangar_lifecycle::ModelState;
 use hangar_weights::{Comparison, WeightsDigest};
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::control::{Apply, Change, Handoff};
@@ -43,7 +42,7 @@ pub struct WeightUpdate {
 }
 
 /// What the weights checker does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WeightsAction {
     /// Digest every tensor of the weights the model runs on.
@@ -57,7 +56,7 @@ pub enum WeightsAction {
 }
 
 /// The weights checker's answer.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WeightsReport {
     /// The action that ran.
     pub action: WeightsAction,

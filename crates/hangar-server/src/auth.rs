@@ -5,7 +5,7 @@ use hangar_config::Secret;
 use http::{HeaderMap, header};
 use subtle::ConstantTimeEq;
 
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, HttpCode};
 use crate::router::Auth;
 use crate::state::ServerOptions;
 
@@ -32,14 +32,14 @@ pub(crate) fn authorize(
     let admin: &[Secret] = if auth == Auth::Admin { &[] } else { options.admin_api_key.as_slice() };
     let Some(given) = bearer(headers) else {
         return Err(ApiError::new(
-            ErrorCode::Unauthorized,
+            HttpCode::Unauthorized,
             format!("{class} routes need `Authorization: Bearer <{class} key>`"),
         ));
     };
     if matches_any(own.iter().chain(admin), given) {
         Ok(())
     } else {
-        Err(ApiError::new(ErrorCode::Forbidden, format!("the key is not valid for {class} routes")))
+        Err(ApiError::new(HttpCode::Forbidden, format!("the key is not valid for {class} routes")))
     }
 }
 

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::body::{Response, empty_response, json_response, parse_json};
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, HttpCode, RuntimeCode};
 use crate::health::not_ready;
 use crate::router::Ctx;
 
@@ -282,7 +282,7 @@ pub(crate) fn check_version(name: &str, version: &str) -> Result<(), ApiError> {
         return Ok(());
     }
     Err(ApiError::new(
-        ErrorCode::UnknownModel,
+        RuntimeCode::UnknownModel,
         format!("model '{name}' has no version '{version}': Hangar models have one version, 1"),
     ))
 }
@@ -370,7 +370,7 @@ pub(crate) async fn ready(ctx: Ctx) -> Result<Response, ApiError> {
         return Ok(empty_response(StatusCode::OK));
     }
     Err(ApiError::new(
-        ErrorCode::ModelNotLoaded,
+        RuntimeCode::ModelNotLoaded,
         format!("not ready: enabled models not loaded: {}", waiting.join(", ")),
     ))
 }
@@ -382,7 +382,7 @@ pub(crate) async fn model_ready(ctx: Ctx) -> Result<Response, ApiError> {
     let disclose = crate::auth::discloses(&ctx.state.options, &ctx.headers);
     match readiness(&ctx.state.manager, ctx.name(), disclose)? {
         Ok(()) => Ok(empty_response(StatusCode::OK)),
-        Err(why) => Err(ApiError::new(ErrorCode::ModelNotReady, why)),
+        Err(why) => Err(ApiError::new(HttpCode::ModelNotReady, why)),
     }
 }
 

@@ -30,6 +30,7 @@
 mod admin;
 mod auth;
 mod body;
+mod codes;
 mod edge;
 mod error;
 pub mod grpc;
@@ -46,6 +47,7 @@ mod sglang;
 mod state;
 mod tools;
 mod ui;
+pub mod wire;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -60,7 +62,8 @@ use hyper::body::Body;
 
 pub use admin::{GpuInfo, GpuMemoryResponse, ModelRow, ModelVram, ModelsResponse};
 pub use body::{Response, ResponseBody};
-pub use error::{ApiError, ErrorBody, ErrorCode, ErrorObject, V2ErrorBody};
+pub use codes::{ErrorCode, HttpCode, RuntimeCode};
+pub use error::{ApiError, ErrorBody, ErrorObject, V2ErrorBody};
 pub use health::{NotServingInfo, NotServingReason};
 pub use listen::serve;
 pub use state::ServerOptions;
@@ -142,10 +145,10 @@ impl HangarService {
                 return response;
             }
             edge::Verdict::BadOrigin(message) => {
-                return refuse(ApiError::new(ErrorCode::OriginNotAllowed, message));
+                return refuse(ApiError::new(HttpCode::OriginNotAllowed, message));
             }
             edge::Verdict::BadHost(message) => {
-                return refuse(ApiError::new(ErrorCode::HostNotAllowed, message));
+                return refuse(ApiError::new(HttpCode::HostNotAllowed, message));
             }
         };
         let head = req.method() == http::Method::HEAD;
@@ -172,14 +175,14 @@ impl HangarService {
                 let message =
                     format!("{} is not allowed on {path}; allowed: {allow}", parts.method);
                 let mut response =
-                    ApiError::new(ErrorCode::MethodNotAllowed, message).into_response();
+                    ApiError::new(HttpCode::MethodNotAllowed, message).into_response();
                 if let Ok(allow) = header::HeaderValue::from_str(&allow) {
                     response.headers_mut().insert(header::ALLOW, allow);
                 }
                 return response;
             }
             Match::NotFound => {
-                return ApiError::new(ErrorCode::NotFound, format!("no route for {path}"))
+                return ApiError::new(HttpCode::NotFound, format!("no route for {path}"))
                     .into_response();
             }
         };
@@ -203,7 +206,7 @@ impl HangarService {
                 return fail(too_large(limit));
             }
             Err(e) if e.is::<listen::BodyTimeout>() => {
-                return fail(ApiError::new(ErrorCode::BodyTimeout, e.to_string()));
+                return fail(ApiError::new(HttpCode::BodyTimeout, e.to_string()));
             }
             Err(e) => {
                 return fail(ApiError::bad_request(format!("cannot read the request body: {e}")));
@@ -266,7 +269,7 @@ where
 }
 
 fn too_large(limit: usize) -> ApiError {
-    ApiError::new(ErrorCode::PayloadTooLarge, format!("request body exceeds {limit} bytes"))
+    ApiError::new(HttpCode::PayloadTooLarge, format!("request body exceeds {limit} bytes"))
 }
 
 impl<B> hyper::service::Service<Request<B>> for HangarService

@@ -14,14 +14,14 @@ use std::num::NonZeroU32;
 
 use hangar_config::{BackendKind, Device, LemonadeArg, LemonadeArgs, Mapped, ModelType};
 use hangar_runtime::ModelState;
-use hangar_runtime::{LoadOptions, ManagerCounters, ModelSnapshot};
+use hangar_runtime::{LoadOptions, ModelSnapshot};
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Map;
 
 use crate::body::{Response, json_response, parse_json};
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, HttpCode, RuntimeCode};
 use crate::metrics::Endpoint;
 use crate::openai::constant;
 use crate::router::Ctx;
@@ -180,7 +180,7 @@ pub(crate) struct StatsResponse {
     /// The most recently loaded model still loaded.
     last_loaded_model: Option<String>,
     /// Lifetime counters.
-    counters: ManagerCounters,
+    counters: crate::wire::ManagerCounters,
 }
 
 /// `POST /api/v1/unload`.
@@ -234,13 +234,13 @@ pub(crate) async fn stats(ctx: Ctx) -> Result<Response, ApiError> {
         finished_unix_ms: last.as_ref().map(|s| s.finished_unix_ms),
         models_loaded,
         last_loaded_model: manager.last_loaded().map(|n| n.to_string()),
-        counters: manager.counters(),
+        counters: manager.counters().into(),
     };
     Ok(json_response(StatusCode::OK, &answer))
 }
 
 fn invalid_load(field: &str, message: String) -> ApiError {
-    ApiError::new(ErrorCode::InvalidLoadRequest, message).with_field(field)
+    ApiError::new(RuntimeCode::InvalidLoadRequest, message).with_field(field)
 }
 
 /// `POST /api/v1/load`: loads `model_name` with Lemonade's arguments mapped onto load
@@ -310,10 +310,10 @@ pub(crate) async fn unload(ctx: Ctx) -> Result<Response, ApiError> {
                 }
                 state => {
                     let mut error = ApiError::new(
-                        ErrorCode::NothingToUnload,
+                        HttpCode::NothingToUnload,
                         format!("model '{name}' is not loaded (it is {state}); nothing to unload"),
                     );
-                    error.runtime_state = Some(state);
+                    error.runtime_state = Some(state.into());
                     return Err(error);
                 }
             }

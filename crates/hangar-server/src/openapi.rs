@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 use strum::IntoEnumIterator;
 
 use crate::body::Response;
-use crate::error::{ApiError, ErrorBody, ErrorCode, V2ErrorBody};
+use crate::error::{ApiError, ErrorBody, ErrorCode, HttpCode, RuntimeCode, V2ErrorBody};
 use crate::health::{OPENMETRICS_TEXT, PROMETHEUS_TEXT};
 use crate::router::{Auth, Ctx, ExampleModels, Group, Route, SchemaFn, Success, routes};
 
@@ -99,7 +99,7 @@ pub(crate) fn build(keys: Keys, examples: &ExampleModels) -> Value {
         let item = paths.entry(route.path).or_insert_with(|| json!({}));
         item[route.method.as_str().to_ascii_lowercase()] = op;
     }
-    let model_state = generator.subschema_for::<ModelState>();
+    let model_state = generator.subschema_for::<crate::wire::ModelState>();
     generator.subschema_for::<ErrorCode>();
     let mut schemas = generator.take_definitions(true);
     for schema in schemas.values_mut() {
@@ -254,15 +254,15 @@ fn operation(
 fn error_statuses(route: &Route, secured: bool) -> BTreeMap<StatusCode, Vec<ErrorCode>> {
     let mut codes: Vec<ErrorCode> = route.errors.to_vec();
     // The browser rules apply before routing, to every route.
-    codes.extend([ErrorCode::OriginNotAllowed, ErrorCode::HostNotAllowed]);
+    codes.extend([HttpCode::OriginNotAllowed, HttpCode::HostNotAllowed].map(ErrorCode::Http));
     if secured {
-        codes.extend([ErrorCode::Unauthorized, ErrorCode::Forbidden]);
+        codes.extend([HttpCode::Unauthorized, HttpCode::Forbidden].map(ErrorCode::Http));
     }
     if route.body.is_some() {
-        codes.extend([
-            ErrorCode::PayloadTooLarge,
-            ErrorCode::InvalidRequestBody,
-            ErrorCode::BodyTimeout,
+        codes.extend::<[ErrorCode; 3]>([
+            HttpCode::PayloadTooLarge.into(),
+            RuntimeCode::InvalidRequestBody.into(),
+            HttpCode::BodyTimeout.into(),
         ]);
     }
     let mut by_status: BTreeMap<StatusCode, Vec<ErrorCode>> = BTreeMap::new();

@@ -5,7 +5,9 @@ use http::{Method, StatusCode};
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::error::ErrorCode::{self, *};
+use crate::error::ErrorCode::{self, Http as H, Runtime as R};
+use crate::error::HttpCode::*;
+use crate::error::RuntimeCode::*;
 use crate::openai::{chat, completions, embeddings, models, rerank, responses};
 use crate::router::Group::{Admin, Inference, MultiModel, Operations, Repository, WeightControl};
 use crate::router::{Route, Success};
@@ -34,73 +36,81 @@ macro_rules! plain {
 
 /// Errors of every route that admits an inference request.
 const INFERENCE: &[ErrorCode] = &[
-    InvalidRequest,
-    UnknownModel,
-    ModelTypeMismatch,
-    ThinkingUnsupported,
-    Unsupported,
-    QueueFull,
-    ModelNotLoaded,
-    ModelLoading,
-    ModelUnloading,
-    ModelFailed,
-    RuntimeError,
-    BackendCrashed,
-    UpstreamError,
+    R(InvalidRequest),
+    R(UnknownModel),
+    R(ModelTypeMismatch),
+    R(ThinkingUnsupported),
+    R(Unsupported),
+    R(QueueFull),
+    R(ModelNotLoaded),
+    R(ModelLoading),
+    R(ModelUnloading),
+    R(ModelFailed),
+    R(RuntimeError),
+    R(BackendCrashed),
+    R(UpstreamError),
     // A forwarding engine's answer over `limits.max_answer_bytes`.
-    UpstreamAnswerTooLarge,
-    BackendUnavailable,
+    R(UpstreamAnswerTooLarge),
+    R(BackendUnavailable),
     // An auto-load waits for the model's admin turn like any load.
-    AdminBusy,
+    R(AdminBusy),
     // An operator paused the model with mode abort.
-    GenerationAborted,
+    R(GenerationAborted),
     // An auto-load that could only proceed by evicting pinned or leased models.
-    SlotsPinned,
+    R(SlotsPinned),
     // The model failed too often; `retry_after` says when a request may load it again.
-    ModelQuarantined,
+    R(ModelQuarantined),
     // An auto-load that does not fit in the VRAM budget.
-    InsufficientVram,
+    R(InsufficientVram),
     // A list longer than `limits` allow (messages, inputs, documents, tools, stop sequences).
-    LimitExceeded,
+    H(LimitExceeded),
     // The request ran past `limits.request_timeout_s`.
-    DeadlineExceeded,
+    R(DeadlineExceeded),
 ];
 
 /// Errors of pause and continue.
-const PAUSE: &[ErrorCode] = &[UnknownModel, StateConflict, AdminBusy];
+const PAUSE: &[ErrorCode] = &[R(UnknownModel), R(StateConflict), R(AdminBusy)];
 
 /// Errors of a weight update.
 const UPDATE: &[ErrorCode] = &[
-    InvalidRequest,
-    UnknownModel,
-    StateConflict,
-    InvalidLoadRequest,
-    RequestsActive,
-    LoadFailed,
-    SlotsPinned,
-    InsufficientVram,
-    AdminBusy,
+    R(InvalidRequest),
+    R(UnknownModel),
+    R(StateConflict),
+    R(InvalidLoadRequest),
+    R(RequestsActive),
+    R(LoadFailed),
+    R(SlotsPinned),
+    R(InsufficientVram),
+    R(AdminBusy),
 ];
 
 /// Errors of the weights checker.
-const CHECKER: &[ErrorCode] = &[UnknownModel, WeightsUnreadable, NotImplemented, AdminBusy];
+const CHECKER: &[ErrorCode] =
+    &[R(UnknownModel), R(WeightsUnreadable), R(NotImplemented), R(AdminBusy)];
 
 /// SGLang's root paths add `invalid_request` (no `model` named, several loaded). Its weight
 /// update shares [`UPDATE`], which has it already (a body naming another model).
-const SGLANG_PAUSE: &[ErrorCode] = &[InvalidRequest, UnknownModel, StateConflict, AdminBusy];
+const SGLANG_PAUSE: &[ErrorCode] =
+    &[R(InvalidRequest), R(UnknownModel), R(StateConflict), R(AdminBusy)];
 const SGLANG_CHECKER: &[ErrorCode] =
-    &[InvalidRequest, UnknownModel, WeightsUnreadable, NotImplemented, AdminBusy];
-const SGLANG_CHECKER_GET: &[ErrorCode] =
-    &[InvalidRequest, UnknownModel, WeightsUnreadable, MethodNotAllowed, WouldPause, AdminBusy];
+    &[R(InvalidRequest), R(UnknownModel), R(WeightsUnreadable), R(NotImplemented), R(AdminBusy)];
+const SGLANG_CHECKER_GET: &[ErrorCode] = &[
+    R(InvalidRequest),
+    R(UnknownModel),
+    R(WeightsUnreadable),
+    H(MethodNotAllowed),
+    R(WouldPause),
+    R(AdminBusy),
+];
 
 const LOAD: &[ErrorCode] = &[
-    UnknownModel,
-    InvalidLoadRequest,
-    LoadFailed,
-    SlotsPinned,
-    InsufficientVram,
-    StateConflict,
-    AdminBusy,
+    R(UnknownModel),
+    R(InvalidLoadRequest),
+    R(LoadFailed),
+    R(SlotsPinned),
+    R(InsufficientVram),
+    R(StateConflict),
+    R(AdminBusy),
 ];
 
 /// Every route of the service.
@@ -116,7 +126,7 @@ pub(crate) fn all() -> Vec<Route> {
             )
             .query::<admin::ModelsQuery>()
             .ok::<admin::ModelsResponse>()
-            .errors(&[InvalidRequest]),
+            .errors(&[R(InvalidRequest)]),
         Route::new(get.clone(), "/v1/admin/models/{name}", Admin, api!(admin::show))
             .admin()
             .doc(
@@ -124,7 +134,7 @@ pub(crate) fn all() -> Vec<Route> {
                 "The same row as in the list, for one model. 404 unknown_model for a name not in config.",
             )
             .ok::<admin::ModelRow>()
-            .errors(&[UnknownModel]),
+            .errors(&[R(UnknownModel)]),
         Route::new(post.clone(), "/v1/admin/models/{name}/load", Admin, api!(admin::load))
             .admin()
             .doc(
@@ -141,7 +151,7 @@ pub(crate) fn all() -> Vec<Route> {
                 "Stops admissions, cancels queued requests with model_unloading, lets running requests finish, releases the runtimes, then answers. 200 when already unloaded or unloading; 409 state_conflict while loading.",
             )
             .ok::<admin::ModelRow>()
-            .errors(&[UnknownModel, StateConflict, AdminBusy]),
+            .errors(&[R(UnknownModel), R(StateConflict), R(AdminBusy)]),
         Route::new(get.clone(), "/v1/admin/models/{name}/logs", Admin, api!(admin::logs))
             .admin()
             .doc(
@@ -150,7 +160,7 @@ pub(crate) fn all() -> Vec<Route> {
             )
             .query::<admin::LogsQuery>()
             .ok_or_events::<admin::LogsResponse, admin::LogLineOut>()
-            .errors(&[UnknownModel, InvalidRequest]),
+            .errors(&[R(UnknownModel), R(InvalidRequest)]),
         Route::new(get.clone(), "/v1/admin/events", Admin, api!(admin::events))
             .admin()
             .doc(
@@ -159,7 +169,7 @@ pub(crate) fn all() -> Vec<Route> {
             )
             .query::<admin::EventsQuery>()
             .events::<admin::EventOut>()
-            .errors(&[InvalidRequest]),
+            .errors(&[R(InvalidRequest)]),
         Route::new(post.clone(), "/v1/admin/models/{name}/pause", Admin, api!(admin::pause))
             .admin()
             .doc(
@@ -176,7 +186,7 @@ pub(crate) fn all() -> Vec<Route> {
                 "Grants slots again, retracted generations first. A model that is not paused is answered as it is.",
             )
             .ok::<admin::ModelRow>()
-            .errors(&[UnknownModel, AdminBusy]),
+            .errors(&[R(UnknownModel), R(AdminBusy)]),
         Route::new(
             post.clone(),
             "/v1/admin/models/{name}/update-weights-from-disk",
@@ -214,15 +224,15 @@ pub(crate) fn all() -> Vec<Route> {
             .body::<admin::LeaseBody>(false)
             .ok::<admin::LeaseResponse>()
             .errors(&[
-                UnknownModel,
-                InvalidLoadRequest,
-                LoadFailed,
-                SlotsPinned,
-                InsufficientVram,
-                StateConflict,
-                AdminBusy,
-                ModelQuarantined,
-                TooManyLeases,
+                R(UnknownModel),
+                R(InvalidLoadRequest),
+                R(LoadFailed),
+                R(SlotsPinned),
+                R(InsufficientVram),
+                R(StateConflict),
+                R(AdminBusy),
+                R(ModelQuarantined),
+                R(TooManyLeases),
             ]),
         Route::new(post.clone(), "/v1/admin/models/{name}/leases/{id}", Admin, api!(admin::renew_lease))
             .admin()
@@ -231,16 +241,16 @@ pub(crate) fn all() -> Vec<Route> {
                 "Starts the lease again for `ttl_seconds` (its own length when absent). 404 lease_not_found once it was released or expired.",
             )
             .body::<admin::RenewBody>(true)
-            .ok::<hangar_runtime::Lease>()
-            .errors(&[UnknownModel, LeaseNotFound, InvalidLoadRequest]),
+            .ok::<crate::wire::Lease>()
+            .errors(&[R(UnknownModel), R(LeaseNotFound), R(InvalidLoadRequest)]),
         Route::new(Method::DELETE, "/v1/admin/models/{name}/leases/{id}", Admin, api!(admin::release_lease))
             .admin()
             .doc(
                 "Release a lease",
                 "Ends the lease; the model stays loaded, evictable and idle-unloadable again unless another lease or `pinned` holds it.",
             )
-            .ok::<hangar_runtime::Lease>()
-            .errors(&[UnknownModel, LeaseNotFound]),
+            .ok::<crate::wire::Lease>()
+            .errors(&[R(UnknownModel), R(LeaseNotFound)]),
         // Weight control at SGLang's paths: admin-control.md
         Route::new(get.clone(), "/model_info", WeightControl, plain!(sglang::model_info_get))
             .admin()
@@ -250,13 +260,13 @@ pub(crate) fn all() -> Vec<Route> {
             )
             .query::<sglang::ModelQuery>()
             .ok::<sglang::ModelInfo>()
-            .errors(&[InvalidRequest, UnknownModel]),
+            .errors(&[R(InvalidRequest), R(UnknownModel)]),
         Route::new(post.clone(), "/model_info", WeightControl, plain!(sglang::model_info_post))
             .admin()
             .doc("Model info (SGLang)", "As GET, the model named in the body.")
             .body::<sglang::ModelBody>(true)
             .ok::<sglang::ModelInfo>()
-            .errors(&[InvalidRequest, UnknownModel]),
+            .errors(&[R(InvalidRequest), R(UnknownModel)]),
         Route::new(post.clone(), "/pause_generation", WeightControl, plain!(sglang::pause_generation))
             .admin()
             .doc(
@@ -276,7 +286,7 @@ pub(crate) fn all() -> Vec<Route> {
         .doc("Continue generation (SGLang)", "`POST /v1/admin/models/{name}/continue` for the model named by `model`, or the one loaded.")
         .body::<sglang::ModelBody>(true)
         .ok::<sglang::ControlResult>()
-        .errors(&[InvalidRequest, UnknownModel, AdminBusy]),
+        .errors(&[R(InvalidRequest), R(UnknownModel), R(AdminBusy)]),
         Route::new(
             post.clone(),
             "/update_weights_from_disk",
@@ -312,19 +322,19 @@ pub(crate) fn all() -> Vec<Route> {
         Route::new(post.clone(), "/update_weights_from_tensor", WeightControl, plain!(sglang::no_tensor_plane))
             .admin()
             .doc("Update weights from tensors (SGLang): 501", "Not served: Hangar has no tensor data plane. Write the weights to disk and call /update_weights_from_disk.")
-            .errors(&[NotImplemented]),
+            .errors(&[R(NotImplemented)]),
         Route::new(post.clone(), "/init_weights_update_group", WeightControl, plain!(sglang::no_tensor_plane))
             .admin()
             .doc("Init a weights update group (SGLang): 501", "Not served: Hangar has no distributed weight-update group.")
-            .errors(&[NotImplemented]),
+            .errors(&[R(NotImplemented)]),
         Route::new(post.clone(), "/destroy_weights_update_group", WeightControl, plain!(sglang::no_tensor_plane))
             .admin()
             .doc("Destroy a weights update group (SGLang): 501", "Not served: Hangar has no distributed weight-update group.")
-            .errors(&[NotImplemented]),
+            .errors(&[R(NotImplemented)]),
         Route::new(post.clone(), "/update_weights_from_distributed", WeightControl, plain!(sglang::no_tensor_plane))
             .admin()
             .doc("Update weights from a distributed group (SGLang): 501", "Not served: Hangar has no tensor data plane.")
-            .errors(&[NotImplemented]),
+            .errors(&[R(NotImplemented)]),
         Route::new(get.clone(), "/v1/admin/gpu-memory", Admin, api!(admin::gpu_memory))
             .admin()
             .doc(
@@ -397,7 +407,7 @@ pub(crate) fn all() -> Vec<Route> {
         Route::new(get.clone(), "/v1/models/{name}", Inference, api!(models::get))
             .doc("One model (OpenAI format)", "One configured model in OpenAI's model format.")
             .ok::<models::ModelObject>()
-            .errors(&[UnknownModel]),
+            .errors(&[R(UnknownModel)]),
         // Multi-model: multi-model.md
         Route::new(get.clone(), "/api/v1/health", MultiModel, api!(multi_model::health))
             .doc(
@@ -426,7 +436,7 @@ pub(crate) fn all() -> Vec<Route> {
             )
             .body::<multi_model::UnloadBody>(true)
             .ok::<multi_model::UnloadResponse>()
-            .errors(&[UnknownModel, NothingToUnload, StateConflict, AdminBusy]),
+            .errors(&[R(UnknownModel), H(NothingToUnload), R(StateConflict), R(AdminBusy)]),
         // Model repository: KServe v2 / Triton
         Route::new(get.clone(), "/v2", Repository, v2!(kserve::server_metadata))
             .doc(
@@ -438,20 +448,20 @@ pub(crate) fn all() -> Vec<Route> {
             .doc("Liveness (KServe v2)", "200 with an empty body while the process is up."),
         Route::new(get.clone(), "/v2/health/ready", Repository, v2!(kserve::ready))
             .doc("Readiness (KServe v2)", "200 when every enabled model is loaded, else 503.")
-            .errors(&[ModelNotLoaded]),
+            .errors(&[R(ModelNotLoaded)]),
         Route::new(get.clone(), "/v2/models/{name}", Repository, v2!(kserve::model_metadata_route))
             .doc(
                 "Model metadata (KServe v2)",
                 "The model's name, its one version (`1`) and its engine as `platform`. `inputs` and `outputs` are empty: Hangar's models take OpenAI-compatible JSON, not tensors. 404 for a model not in config.",
             )
             .ok::<kserve::ModelMetadata>()
-            .errors(&[UnknownModel]),
+            .errors(&[R(UnknownModel)]),
         Route::new(get.clone(), "/v2/models/{name}/ready", Repository, v2!(kserve::model_ready))
             .doc(
                 "Model readiness (KServe v2)",
                 "200 when the model is loaded, else 400 (configured, not ready) or 404 as Triton answers.",
             )
-            .errors(&[UnknownModel, ModelNotReady]),
+            .errors(&[R(UnknownModel), H(ModelNotReady)]),
         Route::new(post.clone(), "/v2/repository/index", Repository, v2!(kserve::index))
             .admin()
             .doc(
@@ -469,14 +479,14 @@ pub(crate) fn all() -> Vec<Route> {
             .body::<kserve::LoadBody>(true)
             .ok::<kserve::Empty>()
             .errors(&[
-                UnknownModel,
-                InvalidRequest,
-                InvalidLoadRequest,
-                LoadFailed,
-                SlotsPinned,
-                InsufficientVram,
-                StateConflict,
-                AdminBusy,
+                R(UnknownModel),
+                R(InvalidRequest),
+                R(InvalidLoadRequest),
+                R(LoadFailed),
+                R(SlotsPinned),
+                R(InsufficientVram),
+                R(StateConflict),
+                R(AdminBusy),
             ]),
         Route::new(
             post.clone(),
@@ -491,7 +501,7 @@ pub(crate) fn all() -> Vec<Route> {
         )
         .body::<kserve::UnloadBody>(true)
         .ok::<kserve::Empty>()
-        .errors(&[UnknownModel, InvalidRequest, StateConflict, AdminBusy]),
+        .errors(&[R(UnknownModel), R(InvalidRequest), R(StateConflict), R(AdminBusy)]),
         // Operations
         Route::new(get.clone(), "/metrics", Operations, api!(health::metrics))
             .metrics()
@@ -515,7 +525,7 @@ pub(crate) fn all() -> Vec<Route> {
         Route::new(get.clone(), "/ui/{name}", Operations, api!(ui::file))
             .doc("The workbench's assets", "`app.js` (an ES module), `app.css` and `favicon.svg`.")
             .success(Success::Text)
-            .errors(&[NotFound]),
+            .errors(&[H(NotFound)]),
         Route::new(get.clone(), "/healthz", Operations, api!(health::healthz))
             .doc("Liveness", "200 while the process is up.")
             .ok::<health::Healthz>(),

@@ -8,14 +8,14 @@
 //! Answers carry SGLang's `success` and `message`; a failure also carries the standard
 //! `error` object, with the status of its code.
 
-use hangar_runtime::{ModelSnapshot, PauseMode, WeightsAction, WeightsReport};
+use hangar_runtime::{ModelSnapshot, WeightsAction};
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::admin::UpdateWeightsBody;
 use crate::body::{Response, json_response, parse_json};
-use crate::error::{ApiError, ErrorBody, ErrorCode};
+use crate::error::{ApiError, ErrorBody, HttpCode, RuntimeCode};
 use crate::router::Ctx;
 
 /// `?model=` of the GET forms.
@@ -44,7 +44,7 @@ pub(crate) struct PauseGenerationBody {
     model: Option<String>,
     /// `abort` (default), `retract` or `in_place`.
     #[serde(default)]
-    mode: Option<PauseMode>,
+    mode: Option<crate::wire::PauseMode>,
 }
 
 /// Body of `POST /weights_checker`.
@@ -55,7 +55,7 @@ pub(crate) struct WeightsCheckerBody {
     #[serde(default)]
     model: Option<String>,
     /// `checksum` (the default of the GET form), `snapshot`, `compare` or `reset_tensors`.
-    action: WeightsAction,
+    action: crate::wire::WeightsAction,
 }
 
 /// `?model=&action=` of `GET /weights_checker`.
@@ -96,7 +96,7 @@ pub(crate) struct ModelInfo {
     /// The weights' version label: what the last update set, `default` before any.
     pub(crate) weight_version: String,
     /// Its live state.
-    pub(crate) runtime_state: hangar_runtime::ModelState,
+    pub(crate) runtime_state: crate::wire::ModelState,
     /// Whether it is paused.
     pub(crate) paused: bool,
 }
@@ -124,7 +124,7 @@ pub(crate) struct CheckerResult {
     pub(crate) model: String,
     /// The digests, and for `compare` the differences.
     #[serde(flatten)]
-    pub(crate) report: WeightsReport,
+    pub(crate) report: crate::wire::WeightsReport,
 }
 
 /// Runs `call`; a failure answers SGLang's `success: false` and `message` next to the
@@ -159,7 +159,7 @@ fn info(s: &ModelSnapshot) -> ModelInfo {
         model_path,
         is_generation: s.model_type == hangar_config::ModelType::Llm,
         weight_version: s.weight_version.clone().unwrap_or_else(|| "default".into()),
-        runtime_state: s.runtime_state,
+        runtime_state: s.runtime_state.into(),
         paused: s.pause.is_some(),
     }
 }
@@ -194,7 +194,7 @@ pub(crate) async fn pause_generation(ctx: Ctx) -> Response {
         let body: PauseGenerationBody = parse_json(&ctx.body, true)?;
         let model = ctx.state.manager.target_model(body.model.as_deref())?;
         let mode = body.mode.unwrap_or_default();
-        let snapshot = ctx.state.manager.pause(model.name(), mode).await?;
+        let snapshot = ctx.state.manager.pause(model.name(), mode.into()).await?;
         let mode: &str = mode.into();
         Ok(ok(format!("model '{}' paused with mode {mode}", snapshot.name()), None))
     })
@@ -230,7 +230,7 @@ pub(crate) async fn update_weights_from_disk(ctx: Ctx) -> Response {
 pub(crate) async fn weights_checker_post(ctx: Ctx) -> Response {
     sglang(async {
         let body: WeightsCheckerBody = parse_json(&ctx.body, false)?;
-        check(&ctx, body.model, body.action, true).await
+        check(&ctx, body.model, body.action.into(), true).await
     })
     .await
 }
@@ -245,7 +245,7 @@ pub(crate) async fn weights_checker_get(ctx: Ctx) -> Response {
         let action = query.action.unwrap_or(WeightsAction::Checksum);
         if matches!(action, WeightsAction::Snapshot | WeightsAction::ResetTensors) {
             return Err(ApiError::new(
-                ErrorCode::MethodNotAllowed,
+                HttpCode::MethodNotAllowed,
                 "GET /weights_checker runs only the read-only actions (checksum, compare); \
                  snapshot and reset_tensors need POST /weights_checker",
             )
@@ -279,13 +279,16 @@ async fn check(
         None => format!("checksum {}", report.digest.checksum),
     };
     let model = model.name().to_owned();
-    Ok(json_response(StatusCode::OK, &CheckerResult { success: true, message, model, report }))
+    Ok(json_response(
+        StatusCode::OK,
+        &CheckerResult { success: true, message, model, report: report.into() },
+    ))
 }
 
 /// The four tensor and distributed update paths: 501.
 pub(crate) async fn no_tensor_plane(_ctx: Ctx) -> Response {
     failure(ApiError::new(
-        ErrorCode::NotImplemented,
+        RuntimeCode::NotImplemented,
         "Hangar has no tensor data plane: tensor and distributed weight updates are not served; write the weights to disk and call /update_weights_from_disk",
     ))
 }

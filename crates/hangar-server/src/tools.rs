@@ -474,7 +474,7 @@ mod tests {
         for (body, expected) in cases {
             let e = chat(body.clone()).expect_err(&body.to_string());
             assert!(e.message.contains(expected), "{body}: {}", e.message);
-            assert_eq!(e.code, crate::error::ErrorCode::InvalidRequest);
+            assert_eq!(e.code, crate::error::RuntimeCode::InvalidRequest);
         }
     }
 

@@ -5,7 +5,7 @@
 use http::{HeaderValue, StatusCode, header};
 
 use crate::body::{Response, text_response};
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, HttpCode};
 use crate::router::Ctx;
 
 const INDEX: &str = include_str!("../ui/index.html");
@@ -37,6 +37,6 @@ pub(crate) async fn file(ctx: Ctx) -> Result<Response, ApiError> {
         "app.js" => Ok(asset("text/javascript; charset=utf-8", APP_JS)),
         "app.css" => Ok(asset("text/css; charset=utf-8", APP_CSS)),
         "favicon.svg" => Ok(asset("image/svg+xml", FAVICON)),
-        other => Err(ApiError::new(ErrorCode::NotFound, format!("no workbench file {other:?}"))),
+        other => Err(ApiError::new(HttpCode::NotFound, format!("no workbench file {other:?}"))),
     }
 }

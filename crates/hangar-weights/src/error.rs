@@ -2,8 +2,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 /// Why weights could not be digested. Every message names the file (or directory) at fault.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -46,31 +44,7 @@ pub enum WeightsError {
     },
 }
 
-/// The fieldless code of a [`WeightsError`], for JSON and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WeightsErrorCode {
-    /// [`WeightsError::Io`].
-    WeightsIo,
-    /// [`WeightsError::Format`].
-    WeightsFormat,
-    /// [`WeightsError::Empty`].
-    WeightsEmpty,
-    /// [`WeightsError::DuplicateTensor`].
-    DuplicateTensor,
-}
-
 impl WeightsError {
-    /// This error's code.
-    pub fn code(&self) -> WeightsErrorCode {
-        match self {
-            Self::Io { .. } => WeightsErrorCode::WeightsIo,
-            Self::Format { .. } => WeightsErrorCode::WeightsFormat,
-            Self::Empty { .. } => WeightsErrorCode::WeightsEmpty,
-            Self::DuplicateTensor { .. } => WeightsErrorCode::DuplicateTensor,
-        }
-    }
-
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
         Self::Io { path: path.to_path_buf(), source }
     }

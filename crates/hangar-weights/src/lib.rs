@@ -56,16 +56,14 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use error::{WeightsError, WeightsErrorCode};
+pub use error::WeightsError;
 pub use gguf_shape::{GgufShape, gguf_shape};
 
 /// The container format of digested weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-#[non_exhaustive]
 pub enum WeightsFormat {
     /// GGUF (llama.cpp), versions 2 and 3.
     Gguf,
@@ -74,7 +72,7 @@ pub enum WeightsFormat {
 }
 
 /// The digest of one tensor.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorDigest {
     /// The tensor name.
     pub name: String,
@@ -90,7 +88,7 @@ pub struct TensorDigest {
 }
 
 /// The digest of a model's weights: one [`TensorDigest`] per tensor and a checksum over them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WeightsDigest {
     /// The container format.
     pub format: WeightsFormat,
@@ -121,7 +119,7 @@ pub struct TensorLocation {
 }
 
 /// What differs between two [`WeightsDigest`]s, by tensor name.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Comparison {
     /// Whether no tensor changed, went missing or was added.
     pub identical: bool,

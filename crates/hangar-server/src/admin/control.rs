@@ -1,7 +1,7 @@
 //! Weight-control routes of one model (`admin-control.md`, under `/v1/admin/models/{name}`):
 //! pause, continue, update weights from disk, the weights checker; and leases.
 
-use hangar_runtime::{Lease, PauseMode, WeightUpdate, WeightsAction, WeightsReport};
+use hangar_runtime::WeightUpdate;
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -10,6 +10,7 @@ use crate::admin::ModelRow;
 use crate::body::{Response, json_response, parse_json};
 use crate::error::ApiError;
 use crate::router::Ctx;
+use crate::wire::{Lease, PauseMode, WeightsAction, WeightsReport};
 
 /// Body of `POST …/pause`.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -86,7 +87,7 @@ pub(crate) struct WeightsCheckerResponse {
 pub(crate) async fn pause(ctx: Ctx) -> Result<Response, ApiError> {
     let body: PauseBody = parse_json(&ctx.body, true)?;
     let mode = body.mode.unwrap_or_default();
-    let snapshot = ctx.state.manager.pause(ctx.name(), mode).await?;
+    let snapshot = ctx.state.manager.pause(ctx.name(), mode.into()).await?;
     Ok(json_response(StatusCode::OK, &ctx.state.rows.row(&snapshot)))
 }
 
@@ -110,8 +111,8 @@ pub(crate) async fn update_weights(ctx: Ctx) -> Result<Response, ApiError> {
 /// `POST /v1/admin/models/{name}/weights-checker`.
 pub(crate) async fn weights_checker(ctx: Ctx) -> Result<Response, ApiError> {
     let body: WeightsCheckerBody = parse_json(&ctx.body, false)?;
-    let report = ctx.state.manager.check_weights(ctx.name(), body.action).await?;
-    let response = WeightsCheckerResponse { model: ctx.name().to_owned(), report };
+    let report = ctx.state.manager.check_weights(ctx.name(), body.action.into()).await?;
+    let response = WeightsCheckerResponse { model: ctx.name().to_owned(), report: report.into() };
     Ok(json_response(StatusCode::OK, &response))
 }
 
@@ -148,20 +149,20 @@ pub(crate) async fn acquire_lease(ctx: Ctx) -> Result<Response, ApiError> {
     let body: LeaseBody = parse_json(&ctx.body, false)?;
     let lease = ctx.state.manager.acquire_lease(ctx.name(), &body.owner, body.ttl_seconds).await?;
     let model = ctx.state.rows.row(&ctx.state.manager.model(ctx.name())?);
-    Ok(json_response(StatusCode::OK, &LeaseResponse { lease, model }))
+    Ok(json_response(StatusCode::OK, &LeaseResponse { lease: lease.into(), model }))
 }
 
 /// `POST /v1/admin/models/{name}/leases/{id}`.
 pub(crate) async fn renew_lease(ctx: Ctx) -> Result<Response, ApiError> {
     let body: RenewBody = parse_json(&ctx.body, true)?;
     let lease = ctx.state.manager.renew_lease(ctx.name(), lease_id(&ctx), body.ttl_seconds).await?;
-    Ok(json_response(StatusCode::OK, &lease))
+    Ok(json_response(StatusCode::OK, &Lease::from(lease)))
 }
 
 /// `DELETE /v1/admin/models/{name}/leases/{id}`.
 pub(crate) async fn release_lease(ctx: Ctx) -> Result<Response, ApiError> {
     let lease = ctx.state.manager.release_lease(ctx.name(), lease_id(&ctx)).await?;
-    Ok(json_response(StatusCode::OK, &lease))
+    Ok(json_response(StatusCode::OK, &Lease::from(lease)))
 }
 
 fn lease_id(ctx: &Ctx) -> &str {

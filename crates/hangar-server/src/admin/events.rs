@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use hangar_runtime::{Follow, Manager, ManagerEvent};
+use hangar_runtime::{Follow, Manager};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
@@ -32,7 +32,7 @@ pub(crate) struct EventsQuery {
 #[serde(untagged)]
 pub(crate) enum EventOut {
     /// A change, with its id.
-    Event(ManagerEvent),
+    Event(crate::wire::ManagerEvent),
     /// Events the client asked for are gone, or the server is shutting down.
     Notice(Notice),
 }
@@ -158,13 +158,19 @@ async fn pump(manager: Manager, mut follow: Follow, sse: &SseSender) {
 
 /// Sends `event` with its id unless the cursor is already past it; false once the client
 /// is gone.
-async fn send(sse: &SseSender, epoch: u64, cursor: &mut u64, event: ManagerEvent) -> bool {
+async fn send(
+    sse: &SseSender,
+    epoch: u64,
+    cursor: &mut u64,
+    event: hangar_runtime::ManagerEvent,
+) -> bool {
     if event.id <= *cursor {
         return true;
     }
     *cursor = event.id;
     let id = event.id;
-    let json = serde_json::to_string(&EventOut::Event(event)).unwrap_or_else(|_| "{}".to_owned());
+    let json =
+        serde_json::to_string(&EventOut::Event(event.into())).unwrap_or_else(|_| "{}".to_owned());
     sse.send(Bytes::from(format!("id: {epoch}-{id}\ndata: {json}\n\n"))).await.is_ok()
 }
 

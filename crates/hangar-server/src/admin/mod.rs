@@ -11,8 +11,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use hangar_config::{LOAD_FIELDS, LoadValueType, ModelType};
-use hangar_runtime::ModelState;
-use hangar_runtime::{LoadOptions, ModelFilter, VramDetail, VramEstimateSource};
+use hangar_runtime::{LoadOptions, ModelFilter};
 use http::StatusCode;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
@@ -31,6 +30,7 @@ pub(crate) use row::StaticRows;
 use crate::body::{Response, integral_floats_to_integers, json_response, parse_json};
 use crate::error::ApiError;
 use crate::router::Ctx;
+use crate::wire::{ModelState, VramDetail, VramEstimateSource};
 
 /// `GET /v1/admin/models`.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -159,7 +159,7 @@ pub struct GpuMemoryResponse {
 /// `GET /v1/admin/models`: every model passing `?state=` and `?type=`.
 pub(crate) async fn list(ctx: Ctx) -> Result<Response, ApiError> {
     let query: ModelsQuery = ctx.query()?;
-    let filter = ModelFilter { state: query.state, model_type: query.model_type };
+    let filter = ModelFilter { state: query.state.map(Into::into), model_type: query.model_type };
     Ok(list::response(Arc::clone(&ctx.state), filter))
 }
 
@@ -224,14 +224,14 @@ pub(crate) async fn gpu_memory(ctx: Ctx) -> Result<Response, ApiError> {
         .into_iter()
         .map(|m| ModelVram {
             name: m.name().to_owned(),
-            runtime_state: m.runtime_state,
+            runtime_state: m.runtime_state.into(),
             is_loaded: m.is_loaded,
             configured_target_inflight: m.configured_target_inflight,
             effective_target_inflight: m.effective_target_inflight,
             vram_estimate_mib: m.vram_estimate_mib,
             vram_estimate_replica_count: m.vram_estimate_replica_count,
-            vram_estimate_source: m.vram_estimate_source,
-            vram_detail: m.vram_detail,
+            vram_estimate_source: m.vram_estimate_source.into(),
+            vram_detail: m.vram_detail.map(Into::into),
         })
         .collect();
     let (gpus, error) = match memory.gpus {

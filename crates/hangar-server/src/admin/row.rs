@@ -13,12 +13,14 @@
 use std::sync::Arc;
 
 use hangar_config::{BackendKind, Device, ModelType};
-use hangar_runtime::ModelState;
+use hangar_runtime::ModelSnapshot;
 use hangar_runtime::engine::{
-    Capabilities, LoadConstraints, LoadRecommendations, load_constraints, load_recommendations,
+    LoadConstraints, LoadRecommendations, load_constraints, load_recommendations,
 };
-use hangar_runtime::{
-    Failure, Lease, ModelSnapshot, PauseInfo, QuarantineInfo, VramDetail, VramEstimateSource,
+
+use crate::wire::{
+    Capabilities, Failure, Lease, ModelState, PauseInfo, QuarantineInfo, VramDetail,
+    VramEstimateSource,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -92,7 +94,7 @@ pub struct ModelRow {
     /// The runtime-only override of the current (or last) load; `{}` when none.
     pub load_override: Map<String, Value>,
     /// What the model supports.
-    pub capabilities: Arc<Capabilities>,
+    pub capabilities: Capabilities,
     /// What the engine made of the settings, one object per loaded replica in replica order
     /// (llama.cpp: `n_threads`, `n_threads_batch`, `threads_from`, `cores_available`,
     /// `n_seq_max`, `n_ctx`, `n_ctx_seq`, `n_batch`, `n_ctx_train`; a child process:
@@ -270,7 +272,7 @@ fn write_row(out: &mut Vec<u8>, parts: &StaticParts, s: &ModelSnapshot) {
     out.extend_from_slice(parts.recommendations.get().as_bytes());
     out.extend_from_slice(b",\"definition\":");
     out.extend_from_slice(parts.definition.get().as_bytes());
-    name(out, b",\"runtime_state\":", s.runtime_state.as_str());
+    name(out, b",\"runtime_state\":", ModelState::from(s.runtime_state).into());
     out.extend_from_slice(if s.is_loaded {
         b",\"is_loaded\":true"
     } else {
@@ -287,19 +289,25 @@ fn write_row(out: &mut Vec<u8>, parts: &StaticParts, s: &ModelSnapshot) {
     value(out, b",\"last_use_unix_ms\":", &s.last_use_unix_ms);
     value(out, b",\"vram_estimate_mib\":", &s.vram_estimate_mib);
     value(out, b",\"vram_estimate_replica_count\":", &s.vram_estimate_replica_count);
-    name(out, b",\"vram_estimate_source\":", s.vram_estimate_source.into());
-    value(out, b",\"vram_detail\":", &s.vram_detail);
+    name(
+        out,
+        b",\"vram_estimate_source\":",
+        VramEstimateSource::from(s.vram_estimate_source).into(),
+    );
+    value(out, b",\"vram_detail\":", &s.vram_detail.clone().map(VramDetail::from));
     value(out, b",\"load_override\":", s.load_override.fields());
-    value(out, b",\"capabilities\":", &*s.capabilities);
+    value(out, b",\"capabilities\":", &Capabilities::from((*s.capabilities).clone()));
     value(out, b",\"runtime_details\":", &*s.runtime_details);
-    value(out, b",\"pause\":", &s.pause);
+    value(out, b",\"pause\":", &s.pause.map(PauseInfo::from));
     value(out, b",\"weight_version\":", &s.weight_version);
     value(out, b",\"weights_path\":", &s.weights_path);
     out.extend_from_slice(if s.pinned { b",\"pinned\":true" } else { b",\"pinned\":false" });
-    value(out, b",\"leases\":", &s.leases);
+    let leases: Vec<Lease> = s.leases.iter().cloned().map(Into::into).collect();
+    value(out, b",\"leases\":", &leases);
     value(out, b",\"idle_unload_seconds\":", &s.idle_unload_seconds);
-    value(out, b",\"failures\":", &s.failures);
-    value(out, b",\"quarantine\":", &s.quarantine);
+    let failures: Vec<Failure> = s.failures.iter().cloned().map(Into::into).collect();
+    value(out, b",\"failures\":", &failures);
+    value(out, b",\"quarantine\":", &s.quarantine.map(QuarantineInfo::from));
     value(out, b",\"not_serving\":", &s.not_serving.map(crate::NotServingInfo::from));
     out.push(b'}');
 }
@@ -333,7 +341,7 @@ impl ModelRow {
             load_constraints: Arc::clone(&parts.constraints),
             load_recommendations: Arc::clone(&parts.recommendations),
             definition: Arc::clone(&parts.definition),
-            runtime_state: s.runtime_state,
+            runtime_state: s.runtime_state.into(),
             is_loaded: s.is_loaded,
             replicas: s.replicas,
             loaded_replicas: s.loaded_replicas,
@@ -346,19 +354,19 @@ impl ModelRow {
             last_use_unix_ms: s.last_use_unix_ms,
             vram_estimate_mib: s.vram_estimate_mib,
             vram_estimate_replica_count: s.vram_estimate_replica_count,
-            vram_estimate_source: s.vram_estimate_source,
-            vram_detail: s.vram_detail.clone(),
+            vram_estimate_source: s.vram_estimate_source.into(),
+            vram_detail: s.vram_detail.clone().map(Into::into),
             load_override: s.load_override.fields().clone(),
-            capabilities: Arc::clone(&s.capabilities),
+            capabilities: (*s.capabilities).clone().into(),
             runtime_details: s.runtime_details.to_vec(),
-            pause: s.pause,
+            pause: s.pause.map(Into::into),
             weight_version: s.weight_version.clone(),
             weights_path: s.weights_path.clone(),
             pinned: s.pinned,
-            leases: s.leases.clone(),
+            leases: s.leases.iter().cloned().map(Into::into).collect(),
             idle_unload_seconds: s.idle_unload_seconds,
-            failures: s.failures.clone(),
-            quarantine: s.quarantine,
+            failures: s.failures.iter().cloned().map(Into::into).collect(),
+            quarantine: s.quarantine.map(Into::into),
             not_serving: s.not_serving.map(Into::into),
         }
     }

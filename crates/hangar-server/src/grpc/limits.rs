@@ -12,7 +12,7 @@ use http_body_util::BodyExt;
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, StdError};
 
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, HttpCode};
 use crate::listen::{BodyTimeout, ConnTag, Deadline, Tracked};
 
 /// A gRPC service under the connection limits. Its connections come from
@@ -58,7 +58,7 @@ where
 /// A late body as the gRPC status the call ends with.
 fn late(error: StdError) -> StdError {
     if error.is::<BodyTimeout>() {
-        let error = ApiError::new(ErrorCode::BodyTimeout, error.to_string());
+        let error = ApiError::new(HttpCode::BodyTimeout, error.to_string());
         return Box::new(super::status::status(error));
     }
     error

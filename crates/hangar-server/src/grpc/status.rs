@@ -10,37 +10,49 @@ use tonic::{Code, Status};
 
 use super::proto::ModelRepositoryParameter;
 use super::proto::model_repository_parameter::ParameterChoice;
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, ErrorCode, HttpCode, RuntimeCode};
 
 /// The gRPC code of an error code: one place, exhaustive, so a new code needs a decision.
 pub(crate) fn grpc_code(code: ErrorCode) -> Code {
-    use ErrorCode::*;
+    use HttpCode as H;
+    use RuntimeCode as R;
     match code {
-        UnknownModel | NotFound | NothingToUnload | LeaseNotFound => Code::NotFound,
-        InvalidRequestBody | InvalidLoadRequest | InvalidRequest | Unsupported
-        | ThinkingUnsupported | ModelTypeMismatch | ModelNotReady | WeightsUnreadable
-        | LimitExceeded => Code::InvalidArgument,
-        StateConflict | RequestsActive | SlotsPinned => Code::FailedPrecondition,
-        InsufficientVram => Code::ResourceExhausted,
-        ModelNotLoaded
-        | ModelLoading
-        | ModelUnloading
-        | ModelFailed
-        | BackendUnavailable
-        | UpstreamError
-        | UpstreamAnswerTooLarge
-        | AdminBusy
-        | GenerationAborted
-        | ModelQuarantined => Code::Unavailable,
-        QueueFull | PayloadTooLarge | TooManyLeases => Code::ResourceExhausted,
-        DeadlineExceeded => Code::DeadlineExceeded,
-        // Triton answers a failed load with INTERNAL too.
-        LoadFailed | BackendCrashed | RuntimeError => Code::Internal,
-        NotImplemented | MethodNotAllowed | WouldPause => Code::Unimplemented,
-        Unauthorized => Code::Unauthenticated,
-        Forbidden | OriginNotAllowed | HostNotAllowed => Code::PermissionDenied,
-        Cancelled => Code::Cancelled,
-        BodyTimeout => Code::DeadlineExceeded,
+        ErrorCode::Runtime(code) => match code {
+            R::UnknownModel | R::LeaseNotFound => Code::NotFound,
+            R::InvalidRequestBody
+            | R::InvalidLoadRequest
+            | R::InvalidRequest
+            | R::Unsupported
+            | R::ThinkingUnsupported
+            | R::ModelTypeMismatch
+            | R::WeightsUnreadable => Code::InvalidArgument,
+            R::StateConflict | R::RequestsActive | R::SlotsPinned => Code::FailedPrecondition,
+            R::ModelNotLoaded
+            | R::ModelLoading
+            | R::ModelUnloading
+            | R::ModelFailed
+            | R::BackendUnavailable
+            | R::UpstreamError
+            | R::UpstreamAnswerTooLarge
+            | R::AdminBusy
+            | R::GenerationAborted
+            | R::ModelQuarantined => Code::Unavailable,
+            R::QueueFull | R::TooManyLeases | R::InsufficientVram => Code::ResourceExhausted,
+            R::DeadlineExceeded => Code::DeadlineExceeded,
+            // Triton answers a failed load with INTERNAL too.
+            R::LoadFailed | R::BackendCrashed | R::RuntimeError => Code::Internal,
+            R::NotImplemented | R::WouldPause => Code::Unimplemented,
+            R::Cancelled => Code::Cancelled,
+        },
+        ErrorCode::Http(code) => match code {
+            H::NotFound | H::NothingToUnload => Code::NotFound,
+            H::ModelNotReady | H::LimitExceeded => Code::InvalidArgument,
+            H::PayloadTooLarge => Code::ResourceExhausted,
+            H::MethodNotAllowed => Code::Unimplemented,
+            H::Unauthorized => Code::Unauthenticated,
+            H::Forbidden | H::OriginNotAllowed | H::HostNotAllowed => Code::PermissionDenied,
+            H::BodyTimeout => Code::DeadlineExceeded,
+        },
     }
 }
 
@@ -87,13 +99,11 @@ pub(crate) fn parameters(
 
 #[cfg(test)]
 mod tests {
-    use strum::IntoEnumIterator;
-
     use super::*;
 
     #[test]
     fn each_code_keeps_its_meaning_over_grpc() {
-        for code in ErrorCode::iter() {
+        for code in ErrorCode::all() {
             let grpc = grpc_code(code);
             // The HTTP status class and the gRPC code agree on who is at fault.
             let expected: &[Code] = match code.status().as_u16() {
@@ -113,12 +123,12 @@ mod tests {
             };
             assert!(expected.contains(&grpc), "{code:?} → {grpc:?}");
         }
-        assert_eq!(grpc_code(ErrorCode::LoadFailed), Code::Internal);
+        assert_eq!(grpc_code(RuntimeCode::LoadFailed.into()), Code::Internal);
     }
 
     #[test]
     fn a_status_carries_the_message_code_and_retry_delay() {
-        let mut error = ApiError::new(ErrorCode::ModelQuarantined, "model 'm' is quarantined");
+        let mut error = ApiError::new(RuntimeCode::ModelQuarantined, "model 'm' is quarantined");
         error.retry_after = Some(30);
         let status = status(error);
         assert_eq!(

@@ -3,9 +3,7 @@
 
 use bytes::Bytes;
 use hangar_runtime::Work;
-use hangar_runtime::engine::{
-    FinishReason, GenerateRequest, GenerateSummary, Prompt, ThinkingMode, ToolCall,
-};
+use hangar_runtime::engine::{FinishReason, GenerateRequest, GenerateSummary, Prompt, ToolCall};
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -48,7 +46,7 @@ pub(crate) struct ChatCompletionRequest {
     stream_options: Option<StreamOptions>,
     /// Request-level thinking mode; must be one of the model's `capabilities.thinking_modes`,
     /// else 400 `thinking_unsupported`.
-    thinking: Option<ThinkingMode>,
+    thinking: Option<crate::wire::ThinkingMode>,
     /// `{"type": "text"}` (default), `{"type": "json_object"}`, or `{"type": "json_schema",
     /// "json_schema": {"name": …, "schema": {…}}}`: engines with constrained decoding
     /// (llama_cpp) then only produce JSON that satisfies it. Not combinable with `tools`.
@@ -104,7 +102,7 @@ pub(crate) struct ChatChoice {
     /// Always `null`.
     logprobs: (),
     /// Why generation stopped.
-    finish_reason: FinishReason,
+    finish_reason: crate::wire::FinishReason,
 }
 
 /// The assistant message of a chat completion.
@@ -151,7 +149,7 @@ pub(crate) struct ChunkChoice {
     /// Always `null`.
     logprobs: (),
     /// Set in the last content chunk.
-    finish_reason: Option<FinishReason>,
+    finish_reason: Option<crate::wire::FinishReason>,
 }
 
 /// What a chunk adds to the message.
@@ -200,7 +198,7 @@ async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     let request = GenerateRequest {
         prompt: Prompt::Chat(messages),
         params,
-        thinking: body.thinking.unwrap_or_default(),
+        thinking: body.thinking.map(Into::into).unwrap_or_default(),
         translation: None,
         tools,
         format,
@@ -233,7 +231,7 @@ async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
             index: 0,
             message,
             logprobs: (),
-            finish_reason: summary.finish_reason,
+            finish_reason: summary.finish_reason.into(),
         }],
         usage: Usage::of(&summary),
     };
@@ -264,7 +262,12 @@ impl ChatStream {
     }
 
     fn choice(delta: ChunkDelta, finish_reason: Option<FinishReason>) -> Vec<ChunkChoice> {
-        vec![ChunkChoice { index: 0, delta, logprobs: (), finish_reason }]
+        vec![ChunkChoice {
+            index: 0,
+            delta,
+            logprobs: (),
+            finish_reason: finish_reason.map(Into::into),
+        }]
     }
 }
 

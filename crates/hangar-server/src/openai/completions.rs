@@ -92,7 +92,7 @@ pub(crate) struct CompletionChoice {
     /// Always `null`.
     logprobs: (),
     /// Why generation stopped; `null` in a stream until the last chunk.
-    finish_reason: Option<FinishReason>,
+    finish_reason: Option<crate::wire::FinishReason>,
 }
 
 /// `POST /v1/completions`.
@@ -152,7 +152,7 @@ async fn completion(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
         text,
         index: 0,
         logprobs: (),
-        finish_reason: Some(summary.finish_reason),
+        finish_reason: Some(summary.finish_reason.into()),
     };
     let answer = format.completion(vec![choice], Some(Some(Usage::of(&summary))));
     Ok(Reply::Done(json_response(StatusCode::OK, &answer)))
@@ -196,7 +196,7 @@ impl CompletionStream {
                 text: text.to_owned(),
                 index: 0,
                 logprobs: (),
-                finish_reason: finish,
+                finish_reason: finish.map(Into::into),
             }],
             None => Vec::new(),
         };

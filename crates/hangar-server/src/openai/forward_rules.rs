@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, RuntimeCode};
 
 /// Keys whose value names a media item: a URL string, or an object with a `url`.
 const MEDIA_KEYS: [&str; 4] = ["image_url", "video_url", "audio_url", "file_url"];
@@ -143,7 +143,7 @@ fn is_data_url(url: &str) -> bool {
 }
 
 fn refused(field: &str, message: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorCode::InvalidRequest, message).with_field(field)
+    ApiError::new(RuntimeCode::InvalidRequest, message).with_field(field)
 }
 
 #[cfg(test)]
@@ -155,7 +155,7 @@ mod tests {
     /// The refused field of `body` under `remote_media`, or `None` when it passes.
     fn refused_field(body: Value, remote_media: bool) -> Option<String> {
         check(body.to_string().as_bytes(), remote_media).err().map(|e| {
-            assert_eq!(e.code, ErrorCode::InvalidRequest);
+            assert_eq!(e.code, RuntimeCode::InvalidRequest);
             e.field.unwrap_or_default()
         })
     }

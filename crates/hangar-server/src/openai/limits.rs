@@ -21,7 +21,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use super::Recorder;
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, HttpCode};
 use crate::router::Ctx;
 
 /// The top-level fields this module reads.
@@ -72,7 +72,7 @@ fn string_bytes(raw: &RawValue) -> Option<usize> {
 }
 
 fn exceeded(field: &str, message: String) -> ApiError {
-    ApiError::new(ErrorCode::LimitExceeded, message).with_field(field)
+    ApiError::new(HttpCode::LimitExceeded, message).with_field(field)
 }
 
 /// Refuses a list over its cap: `field` has `n` items, the cap is `limit` (`key` names it).
@@ -204,7 +204,7 @@ mod tests {
             .filter(|(name, _)| *name != "model")
             .try_for_each(|(name, raw)| check_field(route, name, raw, &limits))
             .err()?;
-        assert_eq!(error.code, ErrorCode::LimitExceeded);
+        assert_eq!(error.code, HttpCode::LimitExceeded);
         Some((error.field.unwrap(), error.message))
     }
 

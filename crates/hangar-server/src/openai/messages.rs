@@ -130,7 +130,7 @@ pub(crate) fn content_text(content: Option<MessageContent>) -> Result<String, Ap
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ErrorCode;
+    use crate::error::RuntimeCode;
     use serde_json::json;
 
     #[test]
@@ -144,7 +144,7 @@ mod tests {
         let image: MessageContent =
             serde_json::from_value(json!([{ "type": "image_url", "image_url": { "url": "x" } }]))
                 .unwrap();
-        assert_eq!(content_text(Some(image)).unwrap_err().code, ErrorCode::InvalidRequest);
+        assert_eq!(content_text(Some(image)).unwrap_err().code, RuntimeCode::InvalidRequest);
         assert_eq!(content_text(None).unwrap(), "");
     }
 }

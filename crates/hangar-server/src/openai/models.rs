@@ -2,7 +2,7 @@
 
 use hangar_config::ModelType;
 use hangar_runtime::ModelSnapshot;
-use hangar_runtime::ModelState;
+
 use http::StatusCode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -35,7 +35,7 @@ pub(crate) struct ModelObject {
     /// Always `hangar`.
     owned_by: Owner,
     /// The live state.
-    runtime_state: ModelState,
+    runtime_state: crate::wire::ModelState,
     /// What it serves.
     #[serde(rename = "type")]
     model_type: ModelType,
@@ -57,7 +57,7 @@ impl ModelObject {
             object: ModelObjectType::Value,
             created,
             owned_by: Owner::Value,
-            runtime_state: m.runtime_state,
+            runtime_state: m.runtime_state.into(),
             model_type: m.model_type,
         }
     }

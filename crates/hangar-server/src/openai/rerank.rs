@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{PromptUsage, Recorder, Reply, new_id};
 use crate::body::{Response, json_response, parse_json};
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, RuntimeCode};
 use crate::metrics::Endpoint;
 use crate::router::Ctx;
 
@@ -111,7 +111,7 @@ async fn rerank(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     drop(guard);
     if rerankings.scores.len() != documents.len() {
         return Err(ApiError::new(
-            ErrorCode::RuntimeError,
+            RuntimeCode::RuntimeError,
             format!(
                 "the runtime returned {} scores for {} documents",
                 rerankings.scores.len(),

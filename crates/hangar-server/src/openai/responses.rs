@@ -3,8 +3,8 @@
 
 use hangar_runtime::Work;
 use hangar_runtime::engine::{
-    ChatMessage, FinishReason, GenerateRequest, GenerateSummary, Prompt, Role, ThinkingMode,
-    ToolCall, Translation,
+    ChatMessage, FinishReason, GenerateRequest, GenerateSummary, Prompt, Role, ToolCall,
+    Translation,
 };
 use http::StatusCode;
 use schemars::JsonSchema;
@@ -139,7 +139,7 @@ pub(crate) struct ResponsesRequest {
     stream: Option<bool>,
     /// Request-level thinking mode; must be one of the model's `capabilities.thinking_modes`,
     /// else 400 `thinking_unsupported`.
-    thinking: Option<ThinkingMode>,
+    thinking: Option<crate::wire::ThinkingMode>,
     /// TranslateGemma: the source language code; omit it, or use `auto` / `mixed`, for
     /// mixed-source input. Needs `target_lang_code`.
     #[schemars(regex(pattern = r"\S"))]
@@ -484,7 +484,7 @@ async fn response(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     let request = GenerateRequest {
         prompt: Prompt::Chat(messages),
         params,
-        thinking: body.thinking.unwrap_or_default(),
+        thinking: body.thinking.map(Into::into).unwrap_or_default(),
         translation,
         tools,
         format,

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::Recorder;
 use crate::body::{Response, SseSender, sse_response};
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, RuntimeCode};
 
 /// A finished generation: its text, tool calls and summary.
 pub(crate) struct Generated {
@@ -178,7 +178,7 @@ pub(crate) async fn stream_generation(
         Ok(Ok(())) => Ok(response),
         Ok(Err(e)) => Err(e),
         Err(_) => {
-            Err(ApiError::new(ErrorCode::RuntimeError, "the generation ended without an answer"))
+            Err(ApiError::new(RuntimeCode::RuntimeError, "the generation ended without an answer"))
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use hangar_weights::{WeightsError, WeightsErrorCode, digest};
+use hangar_weights::{WeightsError, digest};
 
 use crate::support;
 use crate::support::{Gguf, GgufTensor, StTensor, TempDir, fixture, kv, safetensors_with_header};
@@ -138,7 +138,6 @@ fn nothing_to_digest_is_empty() {
     for path in cases {
         match digest(&path) {
             Err(err @ WeightsError::Empty { .. }) => {
-                assert_eq!(err.code(), WeightsErrorCode::WeightsEmpty);
                 assert!(err.to_string().contains(&path.display().to_string()), "{err}");
             }
             other => panic!("{}: expected Empty, got {other:?}", path.display()),
@@ -152,6 +151,5 @@ fn a_missing_path_is_an_io_error_naming_it() {
     let path = dir.path().join("absent.gguf");
     let err = digest(&path).unwrap_err();
     assert!(matches!(err, WeightsError::Io { .. }), "{err:?}");
-    assert_eq!(err.code(), WeightsErrorCode::WeightsIo);
     assert!(err.to_string().contains("absent.gguf"), "{err}");
 }

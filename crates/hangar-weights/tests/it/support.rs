@@ -221,7 +221,6 @@ pub(crate) fn check_format<T: std::fmt::Debug>(
             let text = err.to_string();
             assert!(text.contains(&path.display().to_string()), "names the file: {text}");
             assert!(text.contains(needle), "{text:?} should mention {needle:?}");
-            assert_eq!(err.code(), hangar_weights::WeightsErrorCode::WeightsFormat);
         }
         other => panic!("{}: expected a format error, got {other:?}", path.display()),
     }
