@@ -28,6 +28,10 @@
 //!   ([`EvictionReason::VramBudget`]). When nothing that may be evicted makes room, the plan
 //!   evicts nothing and says how much is missing and who holds the memory
 //!   ([`VramShortfall`]).
+//! - **GPUs as places** ([`plan_placement`]). Each GPU has its own free memory: the plan
+//!   picks which GPU(s) the model goes to (one, or an even share on each of a tensor
+//!   split), evicts only on the GPUs that need room, and refuses with a per-GPU shortfall
+//!   before evicting anything when no placement fits (`place.rs` states the rule).
 //! - **Load failure** ([`plan_retry_after_failure`]). A not-found failure evicts nothing
 //!   and is not retried; any other failure evicts every other loaded model, of every type,
 //!   and the load is retried once ([`EvictionReason::LoadFailureRetry`]).
@@ -63,9 +67,11 @@
 //!
 //! [`Device::EXCLUSIVE`]: hangar_config::Device::EXCLUSIVE
 
+mod place;
 mod plan;
 mod policy;
 
+pub use place::{Fit, GpuHolding, GpuRoom, GpuShortfall, Placed, Refusal, plan_placement};
 pub use plan::{
     EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Memory, Victim, VramShortfall,
 };
