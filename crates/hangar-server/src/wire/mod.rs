@@ -25,7 +25,7 @@ mod tests {
 
     use hangar_runtime::{Backends, LoadOptions, Manager};
     use serde::Serialize;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 
@@ -80,6 +80,68 @@ mod tests {
         }
         for state in [hangar_runtime::ModelState::Loaded, hangar_runtime::ModelState::Unloading] {
             assert_eq!(hangar_runtime::ModelState::from(ModelState::from(state)), state);
+        }
+    }
+
+    /// The runtime value read from `sample`, then `same`: for values no stub run produces.
+    fn sample<R, W>(sample: serde_json::Value)
+    where
+        R: Serialize + Clone + serde::de::DeserializeOwned,
+        W: Serialize + From<R>,
+    {
+        let runtime: R = serde_json::from_value(sample.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&runtime).unwrap(), sample, "the sample is complete");
+        same::<R, W>(&runtime);
+    }
+
+    #[test]
+    fn twins_of_measurements_digests_and_request_enums_encode_alike() {
+        use hangar_runtime::digest;
+        use hangar_runtime::engine;
+        let tree =
+            json!({ "mib": 5120, "replica_count": 2, "gpus": [0, 1], "measured_unix_ms": 7 });
+        let gguf = json!({
+            "mib": 900, "replica_count": 1, "weights_mib": 600, "kv_cache_mib": 300,
+            "n_ctx": 4096, "type_k": "f16", "type_v": "q8_0", "layers": 24,
+        });
+        sample::<hangar_runtime::ProcessTreeFigure, ProcessTreeFigure>(tree.clone());
+        sample::<hangar_runtime::GgufEstimate, GgufEstimate>(gguf.clone());
+        for (method, tree, gguf) in [
+            ("process_tree", tree.clone(), gguf.clone()),
+            ("gguf_estimate", Value::Null, gguf),
+            ("observed_load_delta", tree, Value::Null),
+            ("model_artifact_size", Value::Null, Value::Null),
+        ] {
+            sample::<hangar_runtime::VramDetail, VramDetail>(json!({
+                "admission_mib": 5120, "admission_method": method, "replica_count": 2,
+                "process_tree": tree, "gguf_estimate": gguf,
+            }));
+        }
+        let tensor =
+            json!({ "name": "w", "dtype": "F32", "shape": [2, 3], "bytes": 24, "sha256": "ab" });
+        for format in ["gguf", "safetensors"] {
+            sample::<digest::WeightsDigest, WeightsDigest>(json!({
+                "format": format, "files": ["/m/a.gguf"], "tensors": [tensor.clone()],
+                "checksum": "cd", "bytes": 24,
+            }));
+        }
+        sample::<digest::Comparison, Comparison>(json!({
+            "identical": false, "changed": ["w"], "missing": ["x"], "added": ["y"], "compared": 3,
+        }));
+        for reason in ["stop", "length", "tool_calls"] {
+            sample::<engine::FinishReason, FinishReason>(json!(reason));
+        }
+        for mode in ["default", "enabled", "disabled"] {
+            sample::<engine::ThinkingMode, ThinkingMode>(json!(mode));
+            let wire: ThinkingMode = serde_json::from_value(json!(mode)).unwrap();
+            let back = engine::ThinkingMode::from(wire);
+            assert_eq!(serde_json::to_value(back).unwrap(), json!(mode));
+        }
+        for action in ["checksum", "snapshot", "compare", "reset_tensors"] {
+            sample::<hangar_runtime::WeightsAction, WeightsAction>(json!(action));
+        }
+        for modality in ["text", "image"] {
+            sample::<engine::Modality, Modality>(json!(modality));
         }
     }
 }
