@@ -8,7 +8,8 @@
 //! - [`NvmlProbe`]: the implementation on NVIDIA's NVML through `nvml-wrapper`, initialised
 //!   once by the host ([`probe`]);
 //! - [`process_tree`] and [`tree_memory`]: the GPU memory a child engine and its
-//!   descendants hold, from the per-process readings;
+//!   descendants hold, from the per-process readings, in all and per GPU; [`used_growth`]:
+//!   what a load took on each GPU, from readings before and after it;
 //! - [`fake`]: the fake NVML library Hangar's tests build and load instead of the driver's;
 //! - [`NoGpu`]: a probe that is always unavailable, with its reason, and [`ScriptedProbe`],
 //!   whose readings tests set.
@@ -20,7 +21,7 @@ mod process;
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use crate::nvml::NvmlProbe;
-pub use crate::process::{TreeMemory, process_tree, tree_memory};
+pub use crate::process::{TreeMemory, process_tree, tree_memory, used_growth};
 
 /// Bytes in a MiB.
 pub const MIB: u64 = 1024 * 1024;

@@ -2,7 +2,7 @@
 //! (vLLM's engine core, a Python worker's own subprocesses), [`tree_memory`] adds up what
 //! the GPUs say those processes hold.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::GpuReading;
 
@@ -49,26 +49,46 @@ pub struct TreeMemory {
     pub pids: Vec<u32>,
     /// The GPUs they hold memory on, ascending.
     pub gpus: Vec<u32>,
+    /// What they hold on each of those GPUs, in MiB, by GPU ascending: a placement's
+    /// figure per GPU.
+    pub per_gpu: Vec<(u32, u64)>,
 }
 
 /// What the processes `pids` hold on the GPUs of `readings`; `None` when no GPU lists any
 /// of them with a figure (nothing on the GPUs yet, or a driver that does not say).
 pub fn tree_memory(readings: &[GpuReading], pids: &[u32]) -> Option<TreeMemory> {
-    let (mut mib, mut seen, mut gpus) = (0, BTreeSet::new(), BTreeSet::new());
+    let (mut mib, mut seen, mut per_gpu) = (0, BTreeSet::new(), BTreeMap::new());
     for gpu in readings {
         for process in gpu.processes.iter().filter(|p| pids.contains(&p.pid)) {
             if let Some(used) = process.used_mib {
                 mib += used;
                 seen.insert(process.pid);
-                gpus.insert(gpu.index);
+                *per_gpu.entry(gpu.index).or_insert(0) += used;
             }
         }
     }
     (!seen.is_empty()).then(|| TreeMemory {
         mib,
         pids: seen.into_iter().collect(),
-        gpus: gpus.into_iter().collect(),
+        gpus: per_gpu.keys().copied().collect(),
+        per_gpu: per_gpu.into_iter().collect(),
     })
+}
+
+/// How much each GPU's used memory grew from `before` to `after`, in MiB, for the GPUs
+/// whose use grew (by GPU ascending): a load's figure per GPU when nothing else loaded or
+/// unloaded on those GPUs meanwhile. A GPU in only one of the readings counts nothing.
+pub fn used_growth(before: &[GpuReading], after: &[GpuReading]) -> Vec<(u32, u64)> {
+    let mut growth: Vec<(u32, u64)> = after
+        .iter()
+        .filter_map(|a| {
+            let b = before.iter().find(|b| b.index == a.index)?;
+            let grew = a.used_mib.saturating_sub(b.used_mib);
+            (grew > 0).then_some((a.index, grew))
+        })
+        .collect();
+    growth.sort_unstable();
+    growth
 }
 
 #[cfg(test)]
@@ -115,7 +135,24 @@ mod tests {
             gpu(2, vec![p(98, Some(5))]),
         ];
         let tree = tree_memory(&readings, &[10, 11, 12]).unwrap();
-        assert_eq!(tree, TreeMemory { mib: 2400, pids: vec![10, 11], gpus: vec![0, 1] });
+        let per_gpu = vec![(0, 2100), (1, 300)];
+        assert_eq!(tree, TreeMemory { mib: 2400, pids: vec![10, 11], gpus: vec![0, 1], per_gpu });
         assert_eq!(tree_memory(&readings, &[12, 13]), None);
+    }
+
+    #[test]
+    fn used_growth_is_per_gpu_and_ignores_shrinking_or_unmatched_gpus() {
+        let gpu = |index, used_mib| GpuReading {
+            index,
+            name: "g".into(),
+            used_mib,
+            total_mib: 16_000,
+            processes: Vec::new(),
+        };
+        let before = [gpu(0, 1000), gpu(1, 5000), gpu(2, 300)];
+        let after = [gpu(2, 900), gpu(1, 4000), gpu(0, 1000), gpu(3, 800)];
+        assert_eq!(used_growth(&before, &after), [(2, 600)]);
+        assert_eq!(used_growth(&after, &before), [(1, 1000)]);
+        assert_eq!(used_growth(&[], &after), []);
     }
 }
