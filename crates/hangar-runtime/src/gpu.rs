@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hangar_backend::Runtime;
 use hangar_config::LoadOverride;
-use hangar_config::{Device, ModelConfig};
+use hangar_config::{Device, ModelConfig, ModelName};
 use hangar_eviction::Memory;
 use hangar_gpu::{GpuProbe, GpuReading, Unavailable};
 
@@ -23,13 +23,30 @@ pub const RELEASE_WAIT: Duration = Duration::from_secs(15);
 /// How often the probe is read meanwhile.
 const RELEASE_POLL: Duration = Duration::from_millis(100);
 
-/// What `GET /v1/admin/gpu-memory` shows: the GPUs (or why there are none) and every model.
+/// What `GET /v1/admin/gpu-memory` shows: the GPUs (or why there are none), who holds
+/// memory on each, and every model.
 #[derive(Debug, Clone)]
 pub struct GpuMemory {
     /// Every GPU's memory now, or why it cannot be read.
     pub gpus: Result<Vec<GpuReading>, Unavailable>,
+    /// Who holds memory on which GPU, as the GPUs' per-process readings say: by GPU, then
+    /// largest first. Empty without readings.
+    pub holders: Vec<GpuHolder>,
     /// Every configured model, in config order.
     pub models: Vec<ModelSnapshot>,
+}
+
+/// Memory one holder has on one GPU, from the GPUs' per-process readings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuHolder {
+    /// The GPU.
+    pub gpu: u32,
+    /// The model whose engine's process tree (a child process and its descendants) holds
+    /// it; `None` for `hangard`'s own process, whose in-process engines the readings cannot
+    /// tell apart.
+    pub model: Option<ModelName>,
+    /// What it holds there, in MiB.
+    pub mib: u64,
 }
 
 impl Manager {
@@ -58,13 +75,38 @@ impl Manager {
         self.gpu_probe().read()
     }
 
-    /// The GPUs' memory now (read on a blocking thread: NVML calls block) and every model.
+    /// The GPUs' memory now, who holds it, and every model (read on a blocking thread:
+    /// NVML calls and the process table block).
     pub async fn gpu_memory(&self) -> GpuMemory {
         let probe = self.gpu_probe();
-        let gpus = tokio::task::spawn_blocking(move || probe.read())
+        let engines = self.engine_processes();
+        let read = tokio::task::spawn_blocking(move || {
+            let gpus = probe.read()?;
+            let holders = holders(&gpus, engines);
+            Ok((gpus, holders))
+        });
+        let read = read
             .await
             .unwrap_or_else(|e| Err(Unavailable { reason: format!("the GPU probe failed: {e}") }));
-        GpuMemory { gpus, models: self.models() }
+        let (gpus, holders) = match read {
+            Ok((gpus, holders)) => (Ok(gpus), holders),
+            Err(unavailable) => (Err(unavailable), Vec::new()),
+        };
+        GpuMemory { gpus, holders, models: self.models() }
+    }
+
+    /// Each model whose runtimes run in child processes, with their process ids.
+    fn engine_processes(&self) -> Vec<(ModelName, Vec<u32>)> {
+        self.inner
+            .order
+            .iter()
+            .filter_map(|entry| {
+                let slot = entry.lock();
+                let runtimes = slot.phase.scheduler()?.runtimes();
+                let pids: Vec<u32> = runtimes.iter().filter_map(|r| r.pid()).collect();
+                (!pids.is_empty()).then(|| (entry.config.name.clone(), pids))
+            })
+            .collect()
     }
 }
 
@@ -226,4 +268,22 @@ pub(crate) fn vram_held(entry: &ModelEntry, slot: &Slot) -> u64 {
 fn held_figure(entry: &ModelEntry, slot: &Slot) -> Option<(u64, VramMethod)> {
     let replicas = slot.phase.loaded_replicas().max(1);
     admission_figure(entry, &slot.vram, &slot.effective, replicas, &slot.load_override)
+}
+
+/// Who holds memory on which GPU: each engine's process tree, then `hangard`'s own process,
+/// by GPU and largest first.
+fn holders(gpus: &[GpuReading], engines: Vec<(ModelName, Vec<u32>)>) -> Vec<GpuHolder> {
+    let mut holders = Vec::new();
+    let trees = engines.into_iter().map(|(name, roots)| {
+        let pids: Vec<u32> = roots.into_iter().flat_map(hangar_gpu::process_tree).collect();
+        (Some(name), pids)
+    });
+    for (model, pids) in trees.chain([(None, vec![std::process::id()])]) {
+        let Some(tree) = hangar_gpu::tree_memory(gpus, &pids) else { continue };
+        for (gpu, mib) in tree.per_gpu {
+            holders.push(GpuHolder { gpu, model: model.clone(), mib });
+        }
+    }
+    holders.sort_by(|a, b| (a.gpu, b.mib, &a.model).cmp(&(b.gpu, a.mib, &b.model)));
+    holders
 }

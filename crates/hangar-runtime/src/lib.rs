@@ -82,7 +82,7 @@ pub use admission::{RequestGuard, Work};
 pub use error::{ErrorCode, ManagerError};
 pub use estimate::GgufEstimate;
 pub use events::{ManagerCounters, StateChange};
-pub use gpu::{GpuMemory, RELEASE_WAIT};
+pub use gpu::{GpuHolder, GpuMemory, RELEASE_WAIT};
 pub use hangar_gpu::{GpuProbe, GpuProcess, GpuReading, Unavailable as GpuUnavailable};
 pub use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState};
 pub use journal::{EVENT_CAPACITY, EventKind, Follow, MAX_EVENT_TEXT_BYTES, ManagerEvent};

@@ -59,9 +59,11 @@ async fn with_an_nvml_library_gpu_memory_lists_its_gpus_as_they_change() {
         body["gpus"],
         json!([
             { "index": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
-              "used_mib": 75603, "total_mib": 97887, "used_over_total": "75603MiB / 97887MiB" },
+              "used_mib": 75603, "total_mib": 97887, "used_over_total": "75603MiB / 97887MiB",
+              "holders": [] },
             { "index": 1, "name": "NVIDIA GeForce RTX 4090",
-              "used_mib": 1024, "total_mib": 24576, "used_over_total": "1024MiB / 24576MiB" },
+              "used_mib": 1024, "total_mib": 24576, "used_over_total": "1024MiB / 24576MiB",
+              "holders": [] },
         ])
     );
     // The same figures for Prometheus, in bytes.
@@ -73,6 +75,17 @@ async fn with_an_nvml_library_gpu_memory_lists_its_gpus_as_they_change() {
     ] {
         assert!(metrics.lines().any(|l| l == line), "no `{line}` in:\n{metrics}");
     }
+    // hangard's own process on GPU 1 (its in-process engines): a holder with no model;
+    // process 4242 is nobody Hangar knows.
+    let own = format!(
+        "gpu 0 75603 97887 NVIDIA RTX PRO 6000 Blackwell Workstation Edition\n\
+         gpu 1 1524 24576 NVIDIA GeForce RTX 4090\nproc 0 4242 70000\nproc 1 {} 500\n",
+        server.pid()
+    );
+    std::fs::write(&script, own).unwrap();
+    let (_, body) = get(&server, "/v1/admin/gpu-memory").await;
+    assert_eq!(body["gpus"][0]["holders"], json!([]), "{body}");
+    assert_eq!(body["gpus"][1]["holders"], json!([{ "model": null, "mib": 500 }]), "{body}");
     // Memory released between two requests: the next answer says so.
     std::fs::write(&script, "gpu 0 5603 97887 NVIDIA RTX PRO 6000 Blackwell Workstation Edition\n")
         .unwrap();
@@ -187,9 +200,12 @@ async fn engines_are_measured_admitted_by_footprint_refused_when_held_and_rememb
     );
     assert_eq!(row(&server, "a").await["runtime_state"], "loaded", "nothing evicted");
 
-    // The budget per GPU, and the admission figures for Prometheus.
+    // The budget per GPU, who holds memory on it (a's engine core, found through the
+    // child's process tree; the 100 MiB no process owns is in `used_mib` only), and the
+    // admission figures for Prometheus.
     let (_, memory) = get(&server, "/v1/admin/gpu-memory").await;
     assert_eq!(memory["gpus"][0]["budget_mib"], 6000, "{memory}");
+    assert_eq!(memory["gpus"][0]["holders"], json!([{ "model": "a", "mib": 3000 }]), "{memory}");
     let metrics = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
     let line = format!(
         "hangar_model_vram_admission_bytes{{model=\"a\",source=\"process_tree\",replicas=\"1\"}} {}",

@@ -119,6 +119,21 @@ pub struct GpuInfo {
     /// MiB; absent without a budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_mib: Option<u64>,
+    /// Hangar's addition: who holds memory on this GPU, as its per-process readings say,
+    /// largest first: each loaded model whose engine runs in a child process (its process
+    /// tree), and `hangard` itself (`model: null`: its in-process engines, which the
+    /// readings cannot tell apart). Memory no listed process owns is in `used_mib` only.
+    #[serde(default)]
+    pub holders: Vec<GpuHolding>,
+}
+
+/// Memory one holder has on one GPU.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct GpuHolding {
+    /// The model whose engine's process tree holds it; `null` for `hangard`'s own process.
+    pub model: Option<String>,
+    /// What it holds on the GPU, in MiB.
+    pub mib: u64,
 }
 
 /// One model's VRAM estimate.
@@ -239,9 +254,18 @@ pub(crate) async fn gpu_memory(ctx: Ctx) -> Result<Response, ApiError> {
         Err(unavailable) => (Vec::new(), Some(unavailable.to_string())),
     };
     let budget = ctx.state.manager.vram_budget();
+    let holders = memory.holders;
     let gpus = gpus
         .into_iter()
         .map(|g| GpuInfo {
+            holders: holders
+                .iter()
+                .filter(|h| h.gpu == g.index)
+                .map(|h| GpuHolding {
+                    model: h.model.as_ref().map(|m| m.as_str().to_owned()),
+                    mib: h.mib,
+                })
+                .collect(),
             budget_mib: budget.map(|b| b.mib_for(g.index, g.total_mib)),
             used_over_total: g.used_over_total(),
             index: g.index,
