@@ -1,7 +1,5 @@
 //! What a model can do and how a generation ended.
 
-use std::num::NonZeroU32;
-
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -42,7 +40,8 @@ pub enum ThinkingMode {
     Disabled,
 }
 
-/// What a model supports, as the admin API reports it.
+/// What a model supports, as the admin API reports it (the runtime's scheduling facts,
+/// such as parallel sequences, stay off the wire).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Capabilities {
     /// Input modalities accepted.
@@ -51,21 +50,6 @@ pub struct Capabilities {
     pub multi_turn: bool,
     /// Accepted values of request-level `thinking`; always includes `default`.
     pub thinking_modes: Vec<ThinkingMode>,
-    /// Sequences one replica can run in parallel; `None` when the engine does not limit
-    /// it. The scheduler clamps `target_inflight` to this.
-    #[serde(skip)]
-    pub max_parallel_sequences: Option<NonZeroU32>,
-    /// Requests the scheduler may hand one replica beyond its in-flight target, for an
-    /// engine that queues requests itself (a server process): it then starts the next
-    /// request the moment one ends instead of idling for a round trip through Hangar. 0 for
-    /// an engine that runs only what it is given.
-    #[serde(skip)]
-    pub dispatch_ahead: u32,
-    /// Whether a generation can be resumed from text it already produced
-    /// ([`GenerateRequest::resume`]); what a `retract` pause needs to put a running request
-    /// back in the queue without its client noticing.
-    #[serde(skip)]
-    pub resumable: bool,
 }
 
 /// Why a generation stopped.
@@ -76,7 +60,7 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` reached.
     Length,
-    /// The model called tools ([`GenerateEvent::ToolCall`]).
+    /// The model called tools.
     ToolCalls,
 }
 
@@ -115,9 +99,6 @@ impl From<hangar_runtime::engine::Capabilities> for Capabilities {
             modalities: v.modalities.into_iter().map(|x| x.into()).collect(),
             multi_turn: v.multi_turn,
             thinking_modes: v.thinking_modes.into_iter().map(|x| x.into()).collect(),
-            max_parallel_sequences: v.max_parallel_sequences,
-            dispatch_ahead: v.dispatch_ahead,
-            resumable: v.resumable,
         }
     }
 }
