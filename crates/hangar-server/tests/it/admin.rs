@@ -287,7 +287,12 @@ impl hangar_runtime::GpuProbe for GrowingGpu {
             name: "NVIDIA H100 80GB HBM3".into(),
             used_mib: used,
             total_mib: 81559,
-            processes: Vec::new(),
+            // This process serves the models in process: its memory is the in-process
+            // engines', held by no model the readings can tell apart.
+            processes: vec![hangar_runtime::GpuProcess {
+                pid: std::process::id(),
+                used_mib: Some(250),
+            }],
         }])
     }
 }
@@ -303,7 +308,8 @@ async fn gpu_memory_lists_what_the_probe_reads_each_time_it_is_asked() {
     assert_eq!(
         body["gpus"],
         json!([{ "index": 0, "name": "NVIDIA H100 80GB HBM3", "used_mib": 1000, "total_mib": 81559,
-                 "used_over_total": "1000MiB / 81559MiB" }])
+                 "used_over_total": "1000MiB / 81559MiB",
+                 "holders": [{ "model": null, "mib": 250 }] }])
     );
     assert_eq!(body["error"], Value::Null);
     let (_, body) = get(&s, "/v1/admin/gpu-memory").await;
