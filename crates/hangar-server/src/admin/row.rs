@@ -272,7 +272,8 @@ fn write_row(out: &mut Vec<u8>, parts: &StaticParts, s: &ModelSnapshot) {
     out.extend_from_slice(parts.recommendations.get().as_bytes());
     out.extend_from_slice(b",\"definition\":");
     out.extend_from_slice(parts.definition.get().as_bytes());
-    name(out, b",\"runtime_state\":", ModelState::from(s.runtime_state).into());
+    let live = Live::of(s);
+    name(out, b",\"runtime_state\":", live.runtime_state.into());
     out.extend_from_slice(if s.is_loaded {
         b",\"is_loaded\":true"
     } else {
@@ -289,27 +290,51 @@ fn write_row(out: &mut Vec<u8>, parts: &StaticParts, s: &ModelSnapshot) {
     value(out, b",\"last_use_unix_ms\":", &s.last_use_unix_ms);
     value(out, b",\"vram_estimate_mib\":", &s.vram_estimate_mib);
     value(out, b",\"vram_estimate_replica_count\":", &s.vram_estimate_replica_count);
-    name(
-        out,
-        b",\"vram_estimate_source\":",
-        VramEstimateSource::from(s.vram_estimate_source).into(),
-    );
-    value(out, b",\"vram_detail\":", &s.vram_detail.clone().map(VramDetail::from));
+    name(out, b",\"vram_estimate_source\":", live.vram_estimate_source.into());
+    value(out, b",\"vram_detail\":", &live.vram_detail);
     value(out, b",\"load_override\":", s.load_override.fields());
-    value(out, b",\"capabilities\":", &Capabilities::from((*s.capabilities).clone()));
+    value(out, b",\"capabilities\":", &live.capabilities);
     value(out, b",\"runtime_details\":", &*s.runtime_details);
-    value(out, b",\"pause\":", &s.pause.map(PauseInfo::from));
+    value(out, b",\"pause\":", &live.pause);
     value(out, b",\"weight_version\":", &s.weight_version);
     value(out, b",\"weights_path\":", &s.weights_path);
     out.extend_from_slice(if s.pinned { b",\"pinned\":true" } else { b",\"pinned\":false" });
-    let leases: Vec<Lease> = s.leases.iter().cloned().map(Into::into).collect();
-    value(out, b",\"leases\":", &leases);
+    value(out, b",\"leases\":", &live.leases);
     value(out, b",\"idle_unload_seconds\":", &s.idle_unload_seconds);
-    let failures: Vec<Failure> = s.failures.iter().cloned().map(Into::into).collect();
-    value(out, b",\"failures\":", &failures);
-    value(out, b",\"quarantine\":", &s.quarantine.map(QuarantineInfo::from));
-    value(out, b",\"not_serving\":", &s.not_serving.map(crate::NotServingInfo::from));
+    value(out, b",\"failures\":", &live.failures);
+    value(out, b",\"quarantine\":", &live.quarantine);
+    value(out, b",\"not_serving\":", &live.not_serving);
     out.push(b'}');
+}
+
+/// A snapshot's live fields that are runtime types, converted to their wire twins once: for
+/// a [`ModelRow`] and for the list's fast path alike.
+struct Live {
+    runtime_state: ModelState,
+    vram_estimate_source: VramEstimateSource,
+    vram_detail: Option<VramDetail>,
+    capabilities: Capabilities,
+    pause: Option<PauseInfo>,
+    leases: Vec<Lease>,
+    failures: Vec<Failure>,
+    quarantine: Option<QuarantineInfo>,
+    not_serving: Option<crate::NotServingInfo>,
+}
+
+impl Live {
+    fn of(s: &ModelSnapshot) -> Self {
+        Self {
+            runtime_state: s.runtime_state.into(),
+            vram_estimate_source: s.vram_estimate_source.into(),
+            vram_detail: s.vram_detail.clone().map(Into::into),
+            capabilities: (*s.capabilities).clone().into(),
+            pause: s.pause.map(Into::into),
+            leases: s.leases.iter().cloned().map(Into::into).collect(),
+            failures: s.failures.iter().cloned().map(Into::into).collect(),
+            quarantine: s.quarantine.map(Into::into),
+            not_serving: s.not_serving.map(Into::into),
+        }
+    }
 }
 
 fn backend_parts(kind: BackendKind) -> (Arc<RawValue>, Arc<RawValue>) {
@@ -330,6 +355,7 @@ impl ModelRow {
     }
 
     fn with(s: &ModelSnapshot, parts: &StaticParts) -> Self {
+        let live = Live::of(s);
         Self {
             name: s.name().to_owned(),
             resolved_backend: s.resolved_backend,
@@ -341,7 +367,7 @@ impl ModelRow {
             load_constraints: Arc::clone(&parts.constraints),
             load_recommendations: Arc::clone(&parts.recommendations),
             definition: Arc::clone(&parts.definition),
-            runtime_state: s.runtime_state.into(),
+            runtime_state: live.runtime_state,
             is_loaded: s.is_loaded,
             replicas: s.replicas,
             loaded_replicas: s.loaded_replicas,
@@ -354,20 +380,20 @@ impl ModelRow {
             last_use_unix_ms: s.last_use_unix_ms,
             vram_estimate_mib: s.vram_estimate_mib,
             vram_estimate_replica_count: s.vram_estimate_replica_count,
-            vram_estimate_source: s.vram_estimate_source.into(),
-            vram_detail: s.vram_detail.clone().map(Into::into),
+            vram_estimate_source: live.vram_estimate_source,
+            vram_detail: live.vram_detail,
             load_override: s.load_override.fields().clone(),
-            capabilities: (*s.capabilities).clone().into(),
+            capabilities: live.capabilities,
             runtime_details: s.runtime_details.to_vec(),
-            pause: s.pause.map(Into::into),
+            pause: live.pause,
             weight_version: s.weight_version.clone(),
             weights_path: s.weights_path.clone(),
             pinned: s.pinned,
-            leases: s.leases.iter().cloned().map(Into::into).collect(),
+            leases: live.leases,
             idle_unload_seconds: s.idle_unload_seconds,
-            failures: s.failures.iter().cloned().map(Into::into).collect(),
-            quarantine: s.quarantine.map(Into::into),
-            not_serving: s.not_serving.map(Into::into),
+            failures: live.failures,
+            quarantine: live.quarantine,
+            not_serving: live.not_serving,
         }
     }
 
