@@ -89,7 +89,7 @@ pub use load_fields::{
     load_fields,
 };
 pub use merge::{LOCAL_FILE, SETTINGS_FILE, merge, merged, read_json, read_merged};
-pub use model::{BackendSettings, DEFAULT_LOAD_TIMEOUT_S, ModelConfig};
+pub use model::{BackendSettings, DEFAULT_LOAD_TIMEOUT_S, MAX_GPUS, ModelConfig, cuda_indices};
 pub use name::{MAX_MODEL_NAME_LEN, ModelName, ModelNameError};
 pub use overrides::{LoadOverride, OverrideError, validate_load_override};
 pub use recommendations::{LoadRecommendations, load_recommendations};

@@ -24,6 +24,11 @@ pub(crate) struct ModelFields {
     pub(crate) backend: Option<BackendKind>,
     /// Device(s) the model occupies; the backend's default when unset.
     pub(crate) device: Option<Device>,
+    /// The GPUs the model may use, by NVML index (PCI bus order); any when unset.
+    pub(crate) gpus: Option<Vec<u32>>,
+    /// How many GPUs one replica spreads over at once (a tensor split, an even share on
+    /// each). Default 1, or `vllm_tensor_parallel_size` when that is set.
+    pub(crate) gpu_split: Option<u32>,
     /// How chat messages become a prompt (llama_cpp).
     pub(crate) prompt_format: Option<PromptFormat>,
     /// Load this model when the server starts. Default false.
@@ -78,6 +83,25 @@ impl Section for ModelFields {
             p.push("replica_max", format!("must be >= replicas ({replicas})"));
         }
         p.non_empty("model_path", self.model_path.as_deref());
+        p.within("gpu_split", self.gpu_split, 1, MAX_GPUS);
+        if let Some(gpus) = &self.gpus {
+            if gpus.is_empty() {
+                p.push("gpus", "must list at least one GPU (leave it out for any)");
+            }
+            for (i, &gpu) in gpus.iter().enumerate() {
+                if gpu >= MAX_GPUS {
+                    p.push_item("gpus", i, format!("must be below {MAX_GPUS}"));
+                } else if gpus[..i].contains(&gpu) {
+                    p.push_item("gpus", i, format!("GPU {gpu} is listed twice"));
+                }
+            }
+            if let Some(split) = self.gpu_split
+                && !gpus.is_empty()
+                && split as usize > gpus.len()
+            {
+                p.push("gpu_split", format!("must be <= the number of gpus ({})", gpus.len()));
+            }
+        }
         for (i, label) in self.labels.iter().flatten().enumerate() {
             if label.trim().is_empty() {
                 p.nested("labels").push(&i.to_string(), "must not be empty");
@@ -158,6 +182,11 @@ pub struct ModelConfig {
     pub model_path: Option<String>,
     /// Devices it occupies: `device` from config, else derived from the backend.
     pub device: Device,
+    /// The GPUs it may use, by NVML index (PCI bus order), ascending; empty: any. From
+    /// `gpus`, else from a `CUDA_VISIBLE_DEVICES` of indices in its configured environment.
+    pub gpus: Vec<u32>,
+    /// How many GPUs one replica spreads over at once (1: one GPU).
+    pub gpu_split: NonZeroU32,
     /// Prompt format, when configured.
     pub prompt_format: Option<PromptFormat>,
     /// Whether it loads when the server starts.
@@ -189,6 +218,9 @@ pub struct ModelConfig {
     pub settings: BackendSettings,
     raw: Map<String, Value>,
 }
+
+/// GPUs a machine may have, as far as `gpus` and `gpu_split` go (NVML's own limit is 64).
+pub const MAX_GPUS: u32 = 64;
 
 /// Seconds a load may take when `load_timeout_s` is unset.
 pub const DEFAULT_LOAD_TIMEOUT_S: u32 = 300;
@@ -250,6 +282,8 @@ impl ModelConfig {
         put("backend", self.backend.as_str().into());
         put("type", self.model_type.as_str().into());
         put("device", serde_json::to_value(self.device).unwrap_or_default());
+        put("gpus", if self.gpus.is_empty() { Value::Null } else { self.gpus.clone().into() });
+        put("gpu_split", self.gpu_split.get().into());
         put("prompt_format", serde_json::to_value(self.prompt_format).unwrap_or_default());
         put("enabled", self.enabled.into());
         put("replicas", self.replicas.get().into());
@@ -384,12 +418,19 @@ fn parse_model(
         return None;
     }
 
+    let device = fields.device.unwrap_or_else(|| derived_device(backend, &settings));
+    let (gpus, gpu_split) = placement_fields(&fields, &settings, device, &mut p);
+    if p.errors_mut().len() > before {
+        return None;
+    }
     let replicas = nonzero(fields.replicas);
     let labels = fields.labels.unwrap_or_default();
     Some(ModelConfig {
         name: name.clone(),
         backend,
-        device: fields.device.unwrap_or_else(|| derived_device(backend, &settings)),
+        device,
+        gpus,
+        gpu_split,
         model_path: fields.model_path,
         prompt_format: fields.prompt_format,
         enabled: fields.enabled.unwrap_or(false),
@@ -407,6 +448,57 @@ fn parse_model(
         settings,
         raw: obj.clone(),
     })
+}
+
+/// Where the model may run: `gpus` (else the indices of a `CUDA_VISIBLE_DEVICES` in its
+/// configured environment, which the engine keeps) and `gpu_split` (else
+/// `vllm_tensor_parallel_size`), checked against each other and the device.
+fn placement_fields(
+    fields: &ModelFields,
+    settings: &BackendSettings,
+    device: Device,
+    p: &mut Problems<'_>,
+) -> (Vec<u32>, NonZeroU32) {
+    let (tensor_parallel, env) = match settings {
+        BackendSettings::Vllm { engine, .. } => (engine.vllm_tensor_parallel_size, None),
+        BackendSettings::VllmServe { engine, serve } => {
+            (engine.vllm_tensor_parallel_size, serve.vllm_env.as_ref())
+        }
+        _ => (None, None),
+    };
+    let split = match (fields.gpu_split, tensor_parallel) {
+        (Some(split), Some(tp)) if split != tp => {
+            p.push(
+                "gpu_split",
+                format!("must equal vllm_tensor_parallel_size ({tp}) when both are set"),
+            );
+            split
+        }
+        (split, tp) => split.or(tp).unwrap_or(1),
+    };
+    let from_env =
+        env.and_then(|env| env.get("CUDA_VISIBLE_DEVICES")).and_then(|v| cuda_indices(v));
+    let mut gpus = fields.gpus.clone().or(from_env).unwrap_or_default();
+    gpus.sort_unstable();
+    gpus.dedup();
+    if !device.contains(Device::GPU) && (fields.gpus.is_some() || split > 1) {
+        p.push("gpus", "needs a model on a GPU (`device` includes gpu)");
+    }
+    if fields.gpus.is_none() && !gpus.is_empty() && split as usize > gpus.len() {
+        p.push(
+            "gpu_split",
+            format!("must be <= the GPUs its CUDA_VISIBLE_DEVICES names ({})", gpus.len()),
+        );
+    }
+    (gpus, NonZeroU32::new(split).unwrap_or(NonZeroU32::MIN))
+}
+
+/// The GPU indices a `CUDA_VISIBLE_DEVICES` value names; `None` when it names them
+/// otherwise (UUIDs, MIG instances) or names none.
+pub fn cuda_indices(value: &str) -> Option<Vec<u32>> {
+    let indices: Option<Vec<u32>> =
+        value.split(',').map(|v| v.trim().parse::<u32>().ok().filter(|&i| i < MAX_GPUS)).collect();
+    indices.filter(|i| !i.is_empty())
 }
 
 /// Parses section `T` out of a model object whose keys were already checked, and runs its

@@ -10,6 +10,8 @@ const COMMON: &[&str] = &[
     "backend",
     "type",
     "device",
+    "gpus",
+    "gpu_split",
     "prompt_format",
     "enabled",
     "replicas",
