@@ -196,7 +196,7 @@ impl Backend for BridgeBackend {
     }
 
     async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
-        let LoadRequest { model, replica, replicas, progress, crash, logs } = request;
+        let LoadRequest { model, replica, replicas, progress, crash, logs, gpus } = request;
         let python = python(bridge_python(&model))?;
         let (dir, program) = self.prepared()?;
         let socket = dir.socket();
@@ -204,7 +204,9 @@ impl Backend for BridgeBackend {
             message: format!("cannot listen on {}: {e}", socket.display()),
         })?;
         let socket_arg = socket.to_string_lossy().into_owned();
-        let launch = program.launch(&python, &["--socket", &socket_arg]);
+        let mut launch = program.launch(&python, &["--socket", &socket_arg]);
+        let placed = hangar_backend::cuda_environment(&gpus, &launch.env);
+        launch.env.extend(placed);
         let name = model.name.as_str();
         let child = self.spawner.spawn(&launch, name, replica, &logs).await.map_err(|e| {
             LoadError::Failed { message: format!("cannot start the bridge worker `{python}`: {e}") }

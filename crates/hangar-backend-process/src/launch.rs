@@ -76,7 +76,13 @@ pub fn llama_server(
         ModelType::Reranking => args.0.push("--reranking".to_owned()),
         ModelType::Llm => {}
     }
-    args.0.extend(s.llama_server_extra_args.iter().flatten().cloned());
+    let extra = s.llama_server_extra_args.as_deref().unwrap_or_default();
+    if model.gpu_split.get() > 1 && !has_flag(extra, &["--tensor-split", "-ts"]) {
+        // An even share on each of its GPUs, as admission counted it.
+        let shares = vec!["1"; model.gpu_split.get() as usize].join(",");
+        args.push2("--tensor-split", shares);
+    }
+    args.0.extend(extra.iter().cloned());
     let api_key = child_key(s.llama_server_api_key.as_ref())?;
     let env = vec![("LLAMA_API_KEY".to_owned(), api_key.clone())];
     Ok(Launch {
@@ -119,7 +125,15 @@ pub fn vllm_serve(model: &ModelConfig, replica: u32, free_port: u16) -> Result<L
     args.push2("--port", port);
     args.push2("--served-model-name", model.name.as_str());
     engine_args(engine, &mut args);
-    args.0.extend(serve.vllm_extra_args.iter().flatten().cloned());
+    let extra = serve.vllm_extra_args.as_deref().unwrap_or_default();
+    let tensor_parallel = ["--tensor-parallel-size", "-tp"];
+    if engine.vllm_tensor_parallel_size.is_none()
+        && model.gpu_split.get() > 1
+        && !has_flag(extra, &tensor_parallel)
+    {
+        args.push2("--tensor-parallel-size", model.gpu_split);
+    }
+    args.0.extend(extra.iter().cloned());
     let api_key = child_key(serve.vllm_api_key.as_ref())?;
     let mut env: Vec<(String, String)> =
         serve.vllm_env.iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -134,6 +148,11 @@ pub fn vllm_serve(model: &ModelConfig, replica: u32, free_port: u16) -> Result<L
         port,
         api_key: Some(api_key),
     })
+}
+
+/// Whether `args` set one of `flags` (as `--flag value` or `--flag=value`).
+fn has_flag(args: &[String], flags: &[&str]) -> bool {
+    args.iter().any(|a| flags.contains(&a.split_once('=').map_or(a.as_str(), |(flag, _)| flag)))
 }
 
 /// The key a child requires of every request: the configured one (the config's author may

@@ -85,12 +85,19 @@ impl ProcessBackend {
     }
 
     /// The launch of `model`'s replica, and whether Hangar picked its port (none configured).
-    fn launch(&self, model: &ModelConfig, replica: u32) -> Result<(Launch, bool), LoadError> {
+    fn launch(
+        &self,
+        model: &ModelConfig,
+        replica: u32,
+        gpus: &[u32],
+    ) -> Result<(Launch, bool), LoadError> {
         let port = free_port()?;
-        let launch = match self.kind {
+        let mut launch = match self.kind {
             BackendKind::VllmServe => launch::vllm_serve(model, replica, port)?,
             _ => launch::llama_server(model, replica, port)?,
         };
+        let placed = hangar_backend::cuda_environment(gpus, &launch.env);
+        launch.env.extend(placed);
         let picked = launch.port == port;
         Ok((launch, picked))
     }
@@ -102,11 +109,12 @@ impl ProcessBackend {
         &self,
         model: &ModelConfig,
         replica: u32,
+        gpus: &[u32],
         logs: &ModelLogs,
     ) -> Result<(Launch, Upstream, Arc<Child>), LoadError> {
         let name = model.name.as_str();
         for attempt in 1..=PORT_ATTEMPTS {
-            let (launch, picked) = self.launch(model, replica)?;
+            let (launch, picked) = self.launch(model, replica, gpus)?;
             let upstream = Upstream::new(launch.base_url(), launch.api_key.as_deref(), None)
                 .map_err(|message| LoadError::Failed { message })?;
             let child = self.spawner.spawn(&launch, name, replica, logs).await.map_err(|e| {
@@ -180,8 +188,8 @@ impl Backend for ProcessBackend {
     }
 
     async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
-        let LoadRequest { model, replica, progress, crash, logs, .. } = request;
-        let (launch, upstream, child) = self.start(&model, replica, &logs).await?;
+        let LoadRequest { model, replica, progress, crash, logs, gpus, .. } = request;
+        let (launch, upstream, child) = self.start(&model, replica, &gpus, &logs).await?;
         progress.report(1.0);
         let stopping = Arc::new(AtomicBool::new(false));
         {

@@ -92,6 +92,11 @@ pub struct LoadRequest {
     pub crash: CrashSink,
     /// The model's log, where the engine's output goes.
     pub logs: ModelLogs,
+    /// The GPUs the runtime is placed on, by NVML index (PCI bus order), ascending; empty:
+    /// no placement (the engine uses the GPUs it would alone). Child processes get them as
+    /// `CUDA_VISIBLE_DEVICES` under `CUDA_DEVICE_ORDER=PCI_BUS_ID` (see
+    /// [`cuda_environment`]), in-process engines as device indices.
+    pub gpus: Vec<u32>,
 }
 
 impl LoadRequest {
@@ -105,8 +110,25 @@ impl LoadRequest {
             progress: ProgressSink::default(),
             crash: CrashSink::default(),
             logs: ModelLogs::default(),
+            gpus: Vec::new(),
         }
     }
+}
+
+/// The environment that confines a child engine to `gpus` (NVML indices, PCI bus order):
+/// `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so CUDA numbers the GPUs as NVML does and not fastest
+/// first, and `CUDA_VISIBLE_DEVICES` naming them. Nothing for no placement, or when the
+/// model's own environment (`configured`) already names `CUDA_VISIBLE_DEVICES`: a
+/// hand-written choice is kept (and admission used its GPUs).
+pub fn cuda_environment(gpus: &[u32], configured: &[(String, String)]) -> Vec<(String, String)> {
+    if gpus.is_empty() || configured.iter().any(|(k, _)| k == "CUDA_VISIBLE_DEVICES") {
+        return Vec::new();
+    }
+    let visible: Vec<String> = gpus.iter().map(u32::to_string).collect();
+    vec![
+        ("CUDA_DEVICE_ORDER".to_owned(), "PCI_BUS_ID".to_owned()),
+        ("CUDA_VISIBLE_DEVICES".to_owned(), visible.join(",")),
+    ]
 }
 
 /// A loaded replica of a model.

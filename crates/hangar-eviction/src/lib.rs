@@ -71,7 +71,10 @@ mod place;
 mod plan;
 mod policy;
 
-pub use place::{Fit, GpuHolding, GpuRoom, GpuShortfall, Placed, Refusal, plan_placement};
+pub use place::{
+    Fit, GpuHolding, GpuRoom, GpuShortfall, Placed, Refusal, plan_placement,
+    plan_second_copy_placed,
+};
 pub use plan::{
     EvictionPlan, EvictionReason, Incoming, LoadFailure, LoadedModel, Memory, Victim, VramShortfall,
 };

@@ -25,7 +25,7 @@ use std::cmp::Ordering;
 
 use hangar_config::{MaxLoadedModels, ModelName};
 
-use crate::plan::{EvictionPlan, EvictionReason, Incoming, LoadedModel, Victim};
+use crate::plan::{EvictionPlan, EvictionReason, Incoming, LoadedModel, Victim, VramShortfall};
 use crate::policy::plan_load;
 
 /// One GPU as a placement sees it.
@@ -58,6 +58,37 @@ pub struct Fit {
     /// How many GPUs it spreads over at once (1: one GPU; N: a tensor split, an even share
     /// on each). 0 reads as 1.
     pub split: u32,
+}
+
+impl Refusal {
+    /// The refusal as one shortfall: the GPU that comes closest (least missing, then most
+    /// free) gives the summary figures, and every allowed GPU its own side. `needed_mib` is
+    /// what the model takes on each of its GPUs.
+    pub fn shortfall(&self, fit: &Fit) -> VramShortfall {
+        match self {
+            Self::TooFewGpus { split, .. } => VramShortfall {
+                needed_mib: fit.share_mib(),
+                free_mib: 0,
+                missing_mib: fit.share_mib().max(1),
+                holders: Vec::new(),
+                gpus: Vec::new(),
+                gpus_needed: *split,
+            },
+            Self::NoRoom(gpus) => {
+                let closest = gpus.iter().min_by(|a, b| {
+                    a.missing_mib.cmp(&b.missing_mib).then_with(|| b.free_mib.cmp(&a.free_mib))
+                });
+                VramShortfall {
+                    needed_mib: fit.share_mib(),
+                    free_mib: closest.map_or(0, |g| g.free_mib),
+                    missing_mib: closest.map_or(fit.share_mib(), |g| g.missing_mib.max(1)),
+                    holders: closest.map(|g| g.holders.clone()).unwrap_or_default(),
+                    gpus: gpus.clone(),
+                    gpus_needed: fit.gpus(),
+                }
+            }
+        }
+    }
 }
 
 impl Fit {
@@ -135,6 +166,31 @@ pub fn plan_placement(
     if base.is_blocked() || loaded.iter().any(|m| m.name == incoming.name) {
         return Placed { plan: base, ..Placed::default() };
     }
+    place(loaded, base, &incoming.name, gpus, holdings, fit)
+}
+
+/// Plans new runtimes of `model`, loaded and serving meanwhile, beside its own (a reload, a
+/// weight update): no slot is needed, only room on GPUs by the rule of this module; `model`
+/// itself is never a victim, and what it holds stays counted.
+pub fn plan_second_copy_placed(
+    loaded: &[LoadedModel],
+    model: &ModelName,
+    gpus: &[GpuRoom],
+    holdings: &[GpuHolding],
+    fit: &Fit,
+) -> Placed {
+    place(loaded, EvictionPlan::default(), model, gpus, holdings, fit)
+}
+
+/// Places `model` after the `base` victims: the rule of this module.
+fn place(
+    loaded: &[LoadedModel],
+    base: EvictionPlan,
+    model: &ModelName,
+    gpus: &[GpuRoom],
+    holdings: &[GpuHolding],
+    fit: &Fit,
+) -> Placed {
     let mut allowed: Vec<GpuRoom> = gpus
         .iter()
         .filter(|g| fit.allowed.is_empty() || fit.allowed.contains(&g.index))
@@ -150,7 +206,7 @@ pub fn plan_placement(
             ..Placed::default()
         };
     }
-    let rooms = Rooms::new(loaded, &base, &allowed, holdings);
+    let rooms = Rooms::new(loaded, &base, model, &allowed, holdings);
     let share = fit.share_mib();
     let mut best: Option<(Vec<u32>, Vec<&LoadedModel>, i128)> = None;
     for set in combinations(allowed.len(), split as usize) {
@@ -188,6 +244,7 @@ impl<'a> Rooms<'a> {
     fn new(
         loaded: &'a [LoadedModel],
         base: &EvictionPlan,
+        model: &ModelName,
         allowed: &[GpuRoom],
         holdings: &'a [GpuHolding],
     ) -> Self {
@@ -199,8 +256,10 @@ impl<'a> Rooms<'a> {
                 (g.index, i128::from(g.free_mib) + freed)
             })
             .collect();
-        let mut candidates: Vec<&LoadedModel> =
-            loaded.iter().filter(|m| !m.held && !base.contains(m.name.as_str())).collect();
+        let mut candidates: Vec<&LoadedModel> = loaded
+            .iter()
+            .filter(|m| !m.held && m.name != *model && !base.contains(m.name.as_str()))
+            .collect();
         candidates.sort_by(|a, b| {
             (!a.is_idle(), a.last_use, &a.name).cmp(&(!b.is_idle(), b.last_use, &b.name))
         });

@@ -133,6 +133,11 @@ pub struct VramShortfall {
     /// Loaded models holding GPU memory, with their figures, largest first: the held
     /// (pinned or leased) ones are why evicting cannot make room.
     pub holders: Vec<(ModelName, u64, bool)>,
+    /// Each allowed GPU's side when GPUs are separate places ([`crate::plan_placement`]);
+    /// empty for the pooled rule, or when fewer GPUs exist than the model spreads over.
+    pub gpus: Vec<crate::GpuShortfall>,
+    /// How many GPUs the model needs at once (1 unless it is split).
+    pub gpus_needed: u32,
 }
 
 impl EvictionPlan {

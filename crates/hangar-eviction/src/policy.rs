@@ -139,6 +139,8 @@ fn fit_memory(mut plan: EvictionPlan, loaded: &[LoadedModel], memory: &Memory) -
                 free_mib: memory.free_mib,
                 missing_mib: u64::try_from(need - free).unwrap_or(u64::MAX),
                 holders,
+                gpus: Vec::new(),
+                gpus_needed: 1,
             };
             return EvictionPlan {
                 victims: Vec::new(),

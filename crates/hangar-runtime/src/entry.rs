@@ -69,6 +69,9 @@ pub(crate) struct Slot {
     /// GPU memory measured across loads (process tree, load delta), as the control loop
     /// published it (seeded from the state file before the loop starts).
     pub(crate) vram: crate::vram::ObservedVram,
+    /// The GPUs the runtimes in service were placed on; `None` when no placement was made
+    /// (the engines picked) or nothing is loaded.
+    pub(crate) placement: Option<crate::place::Placement>,
 }
 
 impl ModelEntry {
@@ -96,6 +99,7 @@ impl ModelEntry {
                 leases: Vec::new(),
                 failures: Default::default(),
                 vram: Default::default(),
+                placement: None,
             }),
             config,
             position,

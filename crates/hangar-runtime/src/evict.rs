@@ -18,6 +18,7 @@ use crate::grant::{Ask, Refusal};
 use crate::journal::EventKind;
 use crate::manager::Manager;
 use crate::outcome::Outcome;
+use crate::place::Placement;
 use crate::unload::UnloadCause;
 
 /// What a path that creates runtimes asks for.
@@ -32,6 +33,12 @@ pub(crate) struct Creation {
     /// Whether models whose config says `enabled` are held too (start-up's loads: one
     /// enabled model never evicts another).
     pub(crate) spare_enabled: bool,
+}
+
+/// Runtimes a [`Lane`] created, and where they were placed.
+pub(crate) struct Created {
+    pub(crate) runtimes: Vec<Arc<dyn Runtime>>,
+    pub(crate) placement: Option<Placement>,
 }
 
 /// A turn in the load lane, granted by the control loop: the one lane and the model's
@@ -51,28 +58,30 @@ impl Lane<'_> {
     ///
     /// # Errors
     /// The [`Outcome`] that says why: refused by the grant, or the engine's failure.
-    pub(crate) async fn create(&self, c: &Creation) -> Result<Vec<Arc<dyn Runtime>>, Outcome> {
+    pub(crate) async fn create(&self, c: &Creation) -> Result<Created, Outcome> {
         let (manager, entry) = (self.manager, self.entry);
         let preflight = match manager.inner.backends.get(c.model.backend) {
             None => Err(LoadError::BackendUnavailable { kind: c.model.backend }),
             Some(backend) => backend.preflight(&c.model).await,
         };
         preflight.map_err(|e| Outcome::Failed(e.into()))?;
-        let settled = manager.make_room(entry, c).await.map_err(Outcome::Refused)?;
+        let (settled, chosen) = manager.make_room(entry, c).await.map_err(Outcome::Refused)?;
+        let placement = Placement::of(&c.model, chosen);
+        let gpus = placement.as_ref().map(|p| p.gpus.clone()).unwrap_or_default();
         let before = if settled && c.measure { manager.gpu_used_mib(entry).await } else { None };
         // The spec's retry after evicting everything else is a load's; a reload or an
         // update that fails leaves the old runtimes serving and every other model loaded.
         let runtimes = match c.ask {
-            Ask::Load => manager.load_with_retry(entry, c).await,
+            Ask::Load => manager.load_with_retry(entry, c, &gpus).await,
             Ask::SecondCopy | Ask::Retry => {
-                manager.load_replicas(entry, &c.model, c.replicas).await.map_err(Into::into)
+                manager.load_replicas(entry, &c.model, c.replicas, &gpus).await.map_err(Into::into)
             }
         }
         .map_err(Outcome::Failed)?;
         if c.measure {
             manager.record_load(entry, before, &runtimes, &c.load_override).await;
         }
-        Ok(runtimes)
+        Ok(Created { runtimes, placement })
     }
 }
 
@@ -83,9 +92,10 @@ impl Manager {
         Lane { manager: self, entry, _turn: turn }
     }
 
-    /// Plans and executes the evictions the creation `c` needs, after the memory of earlier unloads shows as released, and
-    /// waits for the victims' memory too. `Ok(settled)`: whether every release showed in time (else a GPU delta measured
-    /// across the load would be wrong).
+    /// Plans and executes the evictions the creation `c` needs, after the memory of earlier
+    /// unloads shows as released, and waits for the victims' memory too. `Ok((settled,
+    /// gpus))`: whether every release showed in time (else a GPU delta measured across the
+    /// load would be wrong), and the GPUs the grant placed the runtimes on (empty: none).
     ///
     /// # Errors
     /// The [`Refusal`] when held models are in the way or the model cannot fit in the VRAM
@@ -94,17 +104,17 @@ impl Manager {
         &self,
         entry: &Arc<ModelEntry>,
         c: &Creation,
-    ) -> Result<bool, Refusal> {
+    ) -> Result<(bool, Vec<u32>), Refusal> {
         let settled = self.wait_for_release(entry).await;
-        let memory = self.memory_for(entry, &c.model, c.replicas, &c.load_override).await;
+        let places = self.places_for(entry, &c.model, c.replicas, &c.load_override).await;
         let incoming = incoming(entry);
         let loaded = self.loaded_models(c.spare_enabled);
         let ask = c.ask;
-        let plan =
-            self.inner.control.grant(entry.position, GrantAsk { ask, loaded, incoming, memory });
-        let plan = plan.await?;
-        self.execute(plan, &entry.config.name).await.map_err(Refusal::Held)?;
-        Ok(self.wait_for_release(entry).await && settled)
+        let grant =
+            self.inner.control.grant(entry.position, GrantAsk { ask, loaded, incoming, places });
+        let grant = grant.await?;
+        self.execute(grant.plan, &entry.config.name).await.map_err(Refusal::Held)?;
+        Ok((self.wait_for_release(entry).await && settled, grant.gpus))
     }
 
     /// Loaded models as the eviction policy sees them, with their model ids; `held` says

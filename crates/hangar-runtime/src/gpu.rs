@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use hangar_backend::Runtime;
 use hangar_config::LoadOverride;
-use hangar_config::{Device, ModelConfig, ModelName};
-use hangar_eviction::Memory;
+use hangar_config::{Device, ModelName};
 use hangar_gpu::{GpuProbe, GpuReading, Unavailable};
 
 use crate::control::ReleaseAnswer;
@@ -112,7 +111,7 @@ impl Manager {
 
 impl Manager {
     /// The GPUs now when `device` includes a GPU and the probe can read them.
-    async fn read_gpus(&self, device: Device) -> Option<Vec<GpuReading>> {
+    pub(crate) async fn read_gpus(&self, device: Device) -> Option<Vec<GpuReading>> {
         if !device.contains(Device::GPU) {
             return None;
         }
@@ -189,30 +188,6 @@ impl Manager {
             }
         })
         .await;
-    }
-
-    /// What a load of `model` with `replicas` replicas under `load_override` is admitted
-    /// against: the free VRAM budget over every GPU and the model's best figure. `None`
-    /// (no admission by memory) without a budget, for a model not on a GPU, or without
-    /// telemetry.
-    pub(crate) async fn memory_for(
-        &self,
-        entry: &ModelEntry,
-        model: &ModelConfig,
-        replicas: u32,
-        load_override: &LoadOverride,
-    ) -> Option<Memory> {
-        let budget = self.inner.vram_budget.as_ref()?;
-        let gpus = self.read_gpus(entry.config.device).await?;
-        let allowed: u64 = gpus.iter().map(|g| budget.mib_for(g.index, g.total_mib)).sum();
-        let used: u64 = gpus.iter().map(|g| g.used_mib).sum();
-        let figure = admission_figure(entry, &entry.lock().vram, model, replicas, load_override);
-        if figure.is_none() {
-            tracing::warn!(model = %entry.config.name, "no VRAM figure for the model: admitted without one");
-        }
-        let free_mib =
-            i64::try_from(allowed).unwrap_or(i64::MAX) - i64::try_from(used).unwrap_or(i64::MAX);
-        Some(Memory { free_mib, needed_mib: figure.map_or(0, |(mib, _)| mib) })
     }
 
     /// Before a GPU model's runtimes are unloaded: the GPUs' used memory now and what the

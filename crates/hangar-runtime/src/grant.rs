@@ -1,12 +1,12 @@
 //! The grant: the one pure decision every path that creates runtimes goes through (a
 //! load, a reload, a weight update). Given the loaded models as the eviction policy sees
-//! them and, under a VRAM budget, the memory, it answers with the evictions to make or a
-//! typed refusal. No clock, no I/O: the callers in `evict.rs` read the inputs and execute
-//! the plan.
+//! them and, under a VRAM budget, each GPU's memory ([`Places`]), it answers with the GPUs
+//! the runtimes go to and the evictions to make there, or a typed refusal. No clock, no
+//! I/O: the callers in `evict.rs` read the inputs and execute the plan.
 
 use hangar_eviction::{
-    EvictionPlan, Incoming, LoadFailure, LoadedModel, VramShortfall, plan_load, plan_load_within,
-    plan_retry_after_failure, plan_second_copy,
+    EvictionPlan, Fit, GpuHolding, GpuRoom, Incoming, LoadFailure, LoadedModel, VramShortfall,
+    plan_load, plan_placement, plan_retry_after_failure, plan_second_copy_placed,
 };
 
 use crate::error::ManagerError;
@@ -46,32 +46,81 @@ impl Refusal {
     }
 }
 
-/// The one decision every path that creates runtimes goes through: the eviction plan for
-/// `ask` given the loaded models and, under a VRAM budget, the memory (`None`: no admission
-/// by memory).
+/// GPU memory as a grant sees it, each GPU a place of its own: what is free on each under
+/// the budget, what the loaded models hold where, and what the new runtimes need and where
+/// they may go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Places {
+    /// The GPUs Hangar may use, with their free memory under the budget.
+    pub(crate) gpus: Vec<GpuRoom>,
+    /// What each loaded model holds on each GPU.
+    pub(crate) holdings: Vec<GpuHolding>,
+    /// What the new runtimes take, on how many GPUs at once, and which GPUs they may use.
+    pub(crate) fit: Fit,
+}
+
+impl Places {
+    /// One GPU (index 0) with `free_mib` free, the loaded models' figures on it, and
+    /// `needed_mib` to place: the pooled rule's inputs as a placement reads them.
+    #[cfg(test)]
+    pub(crate) fn one_gpu(free_mib: i64, needed_mib: u64, loaded: &[LoadedModel]) -> Self {
+        let holdings = loaded
+            .iter()
+            .filter(|m| m.vram_mib > 0)
+            .map(|m| GpuHolding { model: m.name.clone(), gpu: 0, mib: m.vram_mib })
+            .collect();
+        let fit = Fit { needed_mib, allowed: Vec::new(), split: 1 };
+        Self { gpus: vec![GpuRoom { index: 0, free_mib }], holdings, fit }
+    }
+}
+
+/// A granted creation: the evictions to make first, and the GPUs the runtimes go to
+/// (ascending; empty: no placement was made, the engine picks as it would alone).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Grant {
+    /// The victims, in the order they go.
+    pub(crate) plan: EvictionPlan,
+    /// The placement.
+    pub(crate) gpus: Vec<u32>,
+}
+
+/// The one decision every path that creates runtimes goes through: the placement and the
+/// eviction plan for `ask` given the loaded models and, under a VRAM budget, each GPU's
+/// memory (`None`: no admission by memory).
 pub(crate) fn decide(
     ask: Ask,
     loaded: &[LoadedModel],
     incoming: &Incoming,
     limits: &hangar_config::MaxLoadedModels,
-    memory: Option<&hangar_eviction::Memory>,
-) -> Result<EvictionPlan, Refusal> {
-    let plan = match (ask, memory) {
-        (Ask::Load, Some(memory)) => plan_load_within(loaded, incoming, limits, memory),
-        (Ask::Load, None) => plan_load(loaded, incoming, limits),
-        (Ask::SecondCopy, Some(memory)) => plan_second_copy(loaded, &incoming.name, memory),
-        (Ask::SecondCopy, None) => EvictionPlan::default(),
-        (Ask::Retry, _) => {
-            plan_retry_after_failure(loaded, &incoming.name, LoadFailure::Other).unwrap_or_default()
+    places: Option<&Places>,
+) -> Result<Grant, Refusal> {
+    let placed = match (ask, places) {
+        (Ask::Load, Some(p)) => {
+            Some(plan_placement(loaded, incoming, limits, &p.gpus, &p.holdings, &p.fit))
+        }
+        (Ask::SecondCopy, Some(p)) => {
+            Some(plan_second_copy_placed(loaded, &incoming.name, &p.gpus, &p.holdings, &p.fit))
+        }
+        _ => None,
+    };
+    let (plan, gpus) = match (ask, placed, places) {
+        (_, Some(placed), Some(p)) => {
+            if let Some(refusal) = placed.refusal {
+                return Err(Refusal::Vram(refusal.shortfall(&p.fit)));
+            }
+            (placed.plan, placed.gpus)
+        }
+        (Ask::Load, _, _) => (plan_load(loaded, incoming, limits), Vec::new()),
+        (Ask::SecondCopy, _, _) => (EvictionPlan::default(), Vec::new()),
+        (Ask::Retry, _, _) => {
+            let plan = plan_retry_after_failure(loaded, &incoming.name, LoadFailure::Other);
+            (plan.unwrap_or_default(), Vec::new())
         }
     };
-    if let Some(short) = plan.shortfall {
-        return Err(Refusal::Vram(short));
-    }
     if plan.is_blocked() {
         return Err(Refusal::Held(plan.blocked_by.iter().map(ToString::to_string).collect()));
     }
-    Ok(plan)
+    Ok(Grant { plan, gpus })
 }
 
 #[cfg(test)]
@@ -79,7 +128,6 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use hangar_config::{Device, MaxLoadedModels, ModelType};
-    use hangar_eviction::Memory;
 
     use hangar_config::ModelName;
 
@@ -196,10 +244,13 @@ mod tests {
                 model_type: ModelType::Llm,
                 device: Device::GPU,
             };
-            let memory = row.memory.map(|(free_mib, needed_mib)| Memory { free_mib, needed_mib });
+            let memory =
+                row.memory.map(|(free, needed)| Places::one_gpu(free, needed, &row.loaded));
             let got = decide(row.ask, &row.loaded, &incoming, &limits, memory.as_ref());
             let got = got
-                .map(|plan| plan.victims.iter().map(|v| v.name.to_string()).collect::<Vec<_>>())
+                .map(|grant| {
+                    grant.plan.victims.iter().map(|v| v.name.to_string()).collect::<Vec<_>>()
+                })
                 .map_err(|r| summary(&r));
             let want = row.answer.map(|v| v.into_iter().map(String::from).collect::<Vec<_>>());
             assert_eq!(got, want, "{}", row.what);
@@ -278,10 +329,12 @@ mod properties {
             device: Device::GPU,
         };
         let memory = memory.map(|(free_mib, needed_mib)| Memory { free_mib, needed_mib });
+        let places = memory.map(|m| Places::one_gpu(m.free_mib, m.needed_mib, &loaded));
         let already = loaded.iter().any(|m| m.name == incoming.name);
         let vram = |m: &LoadedModel| i128::from(m.vram_mib);
-        match decide(ask, &loaded, &incoming, &limits, memory.as_ref()) {
-            Ok(plan) => {
+        match decide(ask, &loaded, &incoming, &limits, places.as_ref()) {
+            Ok(Grant { plan, gpus }) => {
+                prop_assert!(gpus.len() <= 1, "one GPU at most: {gpus:?}");
                 let mut seen = std::collections::HashSet::new();
                 for victim in &plan.victims {
                     let m = loaded.iter().find(|m| m.name == victim.name).expect("a loaded victim");

@@ -70,6 +70,7 @@ mod manager;
 mod outcome;
 mod pause;
 mod phase;
+mod place;
 mod quarantine;
 mod snapshot;
 mod start_up;
@@ -89,6 +90,7 @@ pub use journal::{EVENT_CAPACITY, EventKind, Follow, MAX_EVENT_TEXT_BYTES, Manag
 pub use lease::{Lease, LeaseChange, MAX_LEASE_OWNER_BYTES, MAX_LEASE_SECONDS};
 pub use manager::{Backends, LoadOptions, Manager};
 pub use pause::{PauseCause, PauseInfo, PauseMode};
+pub use place::{Placement, PlacementSource};
 pub use quarantine::{Failure, FailureKind, QuarantineInfo, RECENT_FAILURES};
 pub use snapshot::{ModelFilter, ModelSnapshot, ModelStatus, VramEstimateSource};
 pub use start_up::{NotServing, NotServingInfo, NotServingReason, StartUp};

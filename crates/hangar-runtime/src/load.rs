@@ -19,7 +19,7 @@ use crate::control::{Apply, Change, GrantAsk, Handoff};
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::events::Events;
-use crate::evict::{Creation, incoming};
+use crate::evict::{Created, Creation, incoming};
 use crate::grant::Ask;
 use crate::manager::{LoadOptions, Manager};
 use crate::outcome::{self, EngineFailure, Outcome, OutcomeRx, OutcomeTx};
@@ -238,10 +238,10 @@ impl Manager {
         let name = entry.config.name.as_str();
         let queue = self.inner.max_queue_depth;
         let (failed, outcome, apply) = match result {
-            Ok(runtimes) => {
+            Ok(created) => {
                 // Installed by the loop as it moves the model to loaded (a move the table
                 // always allows from loading, which nothing else leaves).
-                let install = Apply::new(move |slot| drop(install(slot, runtimes, queue)));
+                let install = Apply::new(move |slot| drop(install(slot, created, queue)));
                 (None, Outcome::Loaded, install)
             }
             Err(outcome) => {
@@ -272,22 +272,23 @@ impl Manager {
         &self,
         entry: &Arc<ModelEntry>,
         c: &Creation,
+        gpus: &[u32],
     ) -> Result<Vec<Arc<dyn Runtime>>, EngineFailure> {
         let (model, replicas) = (&c.model, c.replicas);
-        let first = match self.load_replicas(entry, model, replicas).await {
+        let first = match self.load_replicas(entry, model, replicas, gpus).await {
             Ok(runtimes) => return Ok(runtimes),
             Err(e) if !e.eviction_may_help() => return Err(e.into()),
             Err(e) => e,
         };
         let incoming = incoming(entry);
         let loaded = self.loaded_models(c.spare_enabled);
-        let ask = GrantAsk { ask: Ask::Retry, loaded, incoming, memory: None };
+        let ask = GrantAsk { ask: Ask::Retry, loaded, incoming, places: None };
         match self.inner.control.grant(entry.position, ask).await {
-            Ok(plan) if !plan.is_empty() => {
+            Ok(grant) if !grant.plan.is_empty() => {
                 tracing::warn!(model = %entry.config.name, error = %first, "load failed; evicting every other model and retrying once");
                 // A model leased meanwhile stays; the retry goes ahead without its room.
-                let _ = self.execute(plan, &entry.config.name).await;
-                self.load_replicas(entry, model, replicas)
+                let _ = self.execute(grant.plan, &entry.config.name).await;
+                self.load_replicas(entry, model, replicas, gpus)
                     .await
                     .map_err(|second| EngineFailure { first, retry: Some(second) })
             }
@@ -327,8 +328,8 @@ impl Manager {
             measure: true,
             spare_enabled: false,
         };
-        let runtimes = match lane.create(&creation).await {
-            Ok(runtimes) => runtimes,
+        let created = match lane.create(&creation).await {
+            Ok(created) => created,
             Err(Outcome::Refused(refusal)) => {
                 return Err(refusal.into_error(entry.config.name.as_str()));
             }
@@ -339,14 +340,14 @@ impl Manager {
                 return Err(failed(message, &entry));
             }
         };
-        let (new, old) = (Handoff::new(Some(runtimes)), Handoff::new(None));
+        let (new, old) = (Handoff::new(Some(created)), Handoff::new(None));
         let (taken, replaced, queue) = (new.clone(), old.clone(), self.inner.max_queue_depth);
         let apply = Apply::new(move |slot| {
-            let Some(runtimes) = taken.take() else { return };
+            let Some(created) = taken.take() else { return };
             slot.effective = prepared.effective;
             slot.load_override = prepared.load_override;
             slot.replicas = prepared.replicas;
-            let old = install(slot, runtimes, queue);
+            let old = install(slot, created, queue);
             // The operator's pause holds the new runtimes too.
             if let (Some(pause), Some(new)) = (old.pause(), slot.phase.serving_mut()) {
                 new.scheduler.pause();
@@ -358,7 +359,7 @@ impl Manager {
         });
         if self.inner.control.change(entry.position, Change::Reload, apply).await.is_err() {
             // The old runtime crashed while the new one loaded: keep the failure.
-            for runtime in new.take().unwrap_or_default() {
+            for runtime in new.take().map(|c| c.runtimes).unwrap_or_default() {
                 runtime.unload().await;
             }
             return Err(failed("the running runtime failed meanwhile".into(), &entry));
@@ -381,12 +382,14 @@ impl Manager {
         Ok(snapshot)
     }
 
-    /// Loads `replicas` replicas of `model`; on any failure unloads the ones already loaded.
+    /// Loads `replicas` replicas of `model` on `gpus` (empty: no placement); on any failure
+    /// unloads the ones already loaded.
     pub(crate) async fn load_replicas(
         &self,
         entry: &Arc<ModelEntry>,
         model: &Arc<ModelConfig>,
         replicas: u32,
+        gpus: &[u32],
     ) -> Result<Vec<Arc<dyn Runtime>>, LoadError> {
         let backend = self
             .inner
@@ -421,7 +424,8 @@ impl Manager {
             });
             let logs = entry.logs.clone();
             let model = Arc::clone(model);
-            let request = LoadRequest { model, replica, replicas, progress, crash, logs };
+            let gpus = gpus.to_vec();
+            let request = LoadRequest { model, replica, replicas, progress, crash, logs, gpus };
             match backend.load(request).await {
                 Ok(runtime) => runtimes.push(runtime),
                 Err(e) => {
@@ -513,7 +517,9 @@ fn prepare(config: &Arc<ModelConfig>, options: &LoadOptions) -> Result<Prepared,
 
 /// Puts freshly loaded runtimes behind a new scheduler (of `max_queue` waiting requests) in
 /// the slot, unpaused, and returns the phase they replace. The loop sets the generation.
-fn install(slot: &mut Slot, runtimes: Vec<Arc<dyn Runtime>>, max_queue: usize) -> Phase {
+fn install(slot: &mut Slot, created: Created, max_queue: usize) -> Phase {
+    let Created { runtimes, placement } = created;
+    slot.placement = placement;
     let caps = runtimes.first().map(|r| r.capabilities().clone()).unwrap_or_default();
     let target = effective_target(slot.effective.target_inflight, caps.max_parallel_sequences);
     let details = runtimes.iter().map(|r| r.details()).collect();

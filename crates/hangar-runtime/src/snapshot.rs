@@ -85,6 +85,8 @@ pub struct ModelSnapshot {
     /// process-tree memory and a GGUF model's weights-plus-KV-cache estimate; `None` for a
     /// model not on a GPU or with no figure at all.
     pub vram_detail: Option<crate::vram::VramDetail>,
+    /// The GPUs the runtimes in service were placed on; `None` without a placement.
+    pub placement: Option<crate::place::Placement>,
     /// The runtime-only override of the current (or last) load; empty when none.
     pub load_override: LoadOverride,
     /// What the model supports (from the loaded runtime once loaded, else from config).
@@ -207,6 +209,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         vram_estimate_replica_count: vram.1,
         vram_estimate_source: vram.2,
         vram_detail: crate::vram::vram_detail(entry, slot, replicas),
+        placement: slot.placement.clone(),
         load_override: slot.load_override.clone(),
         capabilities: Arc::clone(&slot.capabilities),
         runtime_details: serving.map_or_else(|| Arc::new([]) as _, |s| Arc::clone(&s.details)),

@@ -146,6 +146,7 @@ impl Manager {
         let config = Arc::clone(&entry.config);
         let apply = Apply::new(move |slot| {
             slot.phase = Phase::Down;
+            slot.placement = None;
             slot.load_override = LoadOverride::default();
             slot.replicas = config.replicas;
             slot.effective = config;
@@ -168,6 +169,7 @@ impl Manager {
             let Phase::Up(serving) = std::mem::replace(&mut slot.phase, Phase::Down) else {
                 return;
             };
+            slot.placement = None;
             let scheduler = serving.scheduler;
             scheduler.close(AdmissionError::ModelFailed { last_error: message });
             Events::bump(&events.crashes);

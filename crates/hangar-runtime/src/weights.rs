@@ -154,8 +154,9 @@ impl Manager {
                 spare_enabled: false,
             }
         };
+        // New weights go where the grant placed them; the row keeps the model's placement.
         let runtimes = match lane.create(&creation).await {
-            Ok(runtimes) => runtimes,
+            Ok(created) => created.runtimes,
             Err(outcome) => {
                 self.restore_pause(entry, before).await;
                 let name = entry.config.name.as_str();

@@ -32,17 +32,51 @@ pub struct ApiError {
     pub vram_shortfall: Option<Box<VramShortfallBody>>,
 }
 
-/// Why a model does not fit in the VRAM budget (`insufficient_vram`).
+/// Why a model does not fit in the VRAM budget (`insufficient_vram`). Each GPU is a place
+/// of its own: the summary figures are those of the allowed GPU that comes closest, and
+/// `gpus` gives every allowed GPU's side.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct VramShortfallBody {
-    /// What the model is expected to take, in MiB (`vram_detail.admission_mib`).
+    /// What the model is expected to take on each of its GPUs, in MiB
+    /// (`vram_detail.admission_mib`, divided by `gpus_needed` for a split model).
     pub needed_mib: u64,
-    /// The VRAM budget left now over every GPU, in MiB (negative when over budget).
+    /// The budget left now on the closest GPU, in MiB (negative when over budget).
     pub free_mib: i64,
-    /// What is still missing after evicting every model that may be evicted, in MiB.
+    /// What is still missing there after evicting every model that may be evicted, in MiB.
     pub missing_mib: u64,
-    /// Loaded models holding GPU memory, largest first.
+    /// Loaded models holding memory on that GPU, largest first.
     pub holders: Vec<VramHolder>,
+    /// How many GPUs the model spreads over at once (`gpu_split`).
+    pub gpus_needed: u32,
+    /// Each allowed GPU's side; empty when fewer GPUs exist than `gpus_needed`.
+    pub gpus: Vec<GpuShortfallBody>,
+}
+
+/// One allowed GPU's side of a [`VramShortfallBody`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GpuShortfallBody {
+    /// The GPU's NVML index.
+    pub gpu: u32,
+    /// What the model would take on it, in MiB.
+    pub needed_mib: u64,
+    /// Its budget left now (with any slot victims gone), in MiB.
+    pub free_mib: i64,
+    /// What is still missing there with every evictable model gone, in MiB (0: it alone
+    /// would have room; a split needs more such GPUs).
+    pub missing_mib: u64,
+    /// Loaded models holding memory on it, largest first.
+    pub holders: Vec<VramHolder>,
+}
+
+fn holders(holders: &[(hangar_config::ModelName, u64, bool)]) -> Vec<VramHolder> {
+    holders
+        .iter()
+        .map(|(model, vram_mib, held)| VramHolder {
+            model: model.to_string(),
+            vram_mib: *vram_mib,
+            held: *held,
+        })
+        .collect()
 }
 
 /// A loaded model holding GPU memory.
@@ -175,18 +209,20 @@ impl From<ManagerError> for ApiError {
                 api.retry_after = Some(quarantine.retry_after_s);
             }
             ManagerError::InsufficientVram { shortfall, .. } => {
-                let holders = shortfall.holders.iter();
+                let gpus = shortfall.gpus.iter().map(|g| GpuShortfallBody {
+                    gpu: g.gpu,
+                    needed_mib: g.share_mib,
+                    free_mib: g.free_mib,
+                    missing_mib: g.missing_mib,
+                    holders: holders(&g.holders),
+                });
                 api.vram_shortfall = Some(Box::new(VramShortfallBody {
                     needed_mib: shortfall.needed_mib,
                     free_mib: shortfall.free_mib,
                     missing_mib: shortfall.missing_mib,
-                    holders: holders
-                        .map(|(model, vram_mib, held)| VramHolder {
-                            model: model.to_string(),
-                            vram_mib: *vram_mib,
-                            held: *held,
-                        })
-                        .collect(),
+                    holders: holders(&shortfall.holders),
+                    gpus_needed: shortfall.gpus_needed,
+                    gpus: gpus.collect(),
                 }));
             }
             _ => {}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use hangar_config::{Device, MaxLoadedModels, ModelName, ModelType};
 use hangar_eviction::{
     EvictionReason, Fit, GpuHolding, GpuRoom, Incoming, LoadedModel, Placed, Refusal,
-    plan_placement,
+    plan_placement, plan_second_copy_placed,
 };
 use proptest::prelude::*;
 
@@ -191,6 +191,34 @@ fn a_split_victim_frees_its_share_on_every_gpu() {
 }
 
 // ---- Properties ----
+
+#[test]
+fn a_second_copy_needs_no_slot_and_never_evicts_its_own_model() {
+    // A reload of `a` (12 GiB on GPU 0) with no slot free: only memory counts, `a` stays.
+    let loaded = [model("a", 1, false), model("b", 2, false)];
+    let holdings = [hold("a", 0, 12 * GIB), hold("b", 1, 10 * GIB)];
+    let full = MaxLoadedModels::from_counts(&[2]).unwrap();
+    let reload = Incoming { name: name("a"), ..incoming() };
+    let as_load = plan_placement(&loaded, &reload, &full, &two([4, 6]), &holdings, &fit(0, &[], 1));
+    assert!(as_load.gpus.is_empty(), "a load of a loaded model places nothing: {as_load:?}");
+    let placed = plan_second_copy_placed(
+        &loaded,
+        &name("a"),
+        &two([4, 6]),
+        &holdings,
+        &fit(12 * GIB, &[], 1),
+    );
+    assert_eq!((placed.gpus.as_slice(), victims(&placed)), (&[1][..], vec!["b"]));
+    let only_own = plan_second_copy_placed(
+        &loaded,
+        &name("a"),
+        &two([4, 6]),
+        &holdings,
+        &fit(12 * GIB, &[0], 1),
+    );
+    let Some(Refusal::NoRoom(short)) = &only_own.refusal else { panic!("{only_own:?}") };
+    assert_eq!((short[0].gpu, short[0].missing_mib), (0, 8 * GIB), "a's own 12 GiB stay held");
+}
 
 /// 2–4 GPUs of 4–24 GiB with a budget of 50–100 % of each; up to 8 loaded models, each on
 /// one GPU or split over two; what is free on each GPU is its budget minus what they hold.

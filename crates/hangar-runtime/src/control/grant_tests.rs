@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::step::{GrantAsk, LeaseCommand, ModelId, Rules, State, step};
 use super::testing::{Command, Effect, acquire, row};
 
-use crate::grant::{Ask, Refusal};
+use crate::grant::{Ask, Places, Refusal};
 
 const NAMES: [&str; 4] = ["a", "b", "c", "new"];
 const NEW: ModelId = 3;
@@ -41,7 +41,7 @@ fn grant(ask: Ask, pin_a: bool, waiter: u32) -> Command {
         model_type: ModelType::Llm,
         device: Device::GPU,
     };
-    Command::Grant { model: NEW, ask: GrantAsk { ask, loaded, incoming, memory: None }, waiter }
+    Command::Grant { model: NEW, ask: GrantAsk { ask, loaded, incoming, places: None }, waiter }
 }
 
 fn lease(model: ModelId, command: LeaseCommand<u32>) -> Command {
@@ -58,7 +58,7 @@ fn rules() -> Rules {
 fn answer(effects: Vec<Effect>) -> String {
     match effects.as_slice() {
         [Effect::Granted { answer: Ok(plan), .. }] => {
-            let victims: Vec<_> = plan.victims.iter().map(|v| v.name.to_string()).collect();
+            let victims: Vec<_> = plan.plan.victims.iter().map(|v| v.name.to_string()).collect();
             format!("evict {}", victims.join(","))
         }
         [Effect::Granted { answer: Err(Refusal::Held(held)), .. }] => {
@@ -236,7 +236,9 @@ proptest! {
                     let memory = memory.map(|(free_mib, needed_mib)| Memory { free_mib, needed_mib });
                     let incoming = Incoming { name: ModelName::new("new").unwrap(), model_type: ModelType::Llm, device: Device::GPU };
                     let mib: BTreeMap<String, u64> = loaded.iter().map(|(_, m)| (m.name.to_string(), m.vram_mib)).collect();
-                    let asked = GrantAsk { ask, loaded, incoming, memory };
+                    let models: Vec<LoadedModel> = loaded.iter().map(|(_, m)| m.clone()).collect();
+                    let places = memory.map(|m| Places::one_gpu(m.free_mib, m.needed_mib, &models));
+                    let asked = GrantAsk { ask, loaded, incoming, places };
                     let effects = step(&mut state, Command::Grant { model: NEW, ask: asked, waiter: 1 }, now);
                     let held = |name: &str| {
                         let id = NAMES.iter().position(|n| *n == name).unwrap();
@@ -246,14 +248,14 @@ proptest! {
                     };
                     match effects.as_slice() {
                         [Effect::Granted { answer: Ok(plan), .. }] => {
-                            for victim in &plan.victims {
+                            for victim in &plan.plan.victims {
                                 // Invariant: a held model is never a victim.
                                 prop_assert!(!held(victim.name.as_str()), "held {} evicted", victim.name);
                             }
                             // Invariant: a grant under a budget never leaves memory over it
                             // (a retry evicts what it can, and is not admitted by memory).
                             if let (Some(memory), false) = (memory, ask == Ask::Retry) {
-                                let freed: u64 = plan.victims.iter().map(|v| mib[v.name.as_str()]).sum();
+                                let freed: u64 = plan.plan.victims.iter().map(|v| mib[v.name.as_str()]).sum();
                                 prop_assert!(
                                     i128::from(memory.free_mib) + i128::from(freed) >= i128::from(memory.needed_mib),
                                     "over budget"

@@ -53,11 +53,9 @@ pub(crate) use step::{
     Rules, Stay, TurnKind,
 };
 
-use hangar_eviction::EvictionPlan;
-
 use crate::entry::{ModelEntry, Slot};
 use crate::events::Events;
-use crate::grant::Refusal;
+use crate::grant::{Grant, Refusal};
 use crate::lease::Lease;
 use crate::quarantine::Refused;
 
@@ -72,7 +70,7 @@ pub(crate) enum Waiter {
     /// That every command posted before has been taken.
     Flush(oneshot::Sender<()>),
     /// A grant's plan, or its refusal.
-    Grant(oneshot::Sender<Result<EvictionPlan, Refusal>>),
+    Grant(oneshot::Sender<Result<Grant, Refusal>>),
     /// A lifecycle move, decided and performed, or refused.
     Move(oneshot::Sender<Result<Moved, Stay>>),
     /// Whether a GPU load waits for a release.
@@ -262,13 +260,9 @@ impl Control {
 
     /// Asks the grant for room for new runtimes of `model` (see `step/grant.rs`). A loop
     /// that ended grants nothing to evict.
-    pub(crate) async fn grant(
-        &self,
-        model: ModelId,
-        ask: GrantAsk,
-    ) -> Result<EvictionPlan, Refusal> {
+    pub(crate) async fn grant(&self, model: ModelId, ask: GrantAsk) -> Result<Grant, Refusal> {
         let command = |waiter| Command::Grant { model, ask, waiter };
-        self.request(Waiter::Grant, command).await.unwrap_or_else(|| Ok(EvictionPlan::default()))
+        self.request(Waiter::Grant, command).await.unwrap_or_else(|| Ok(Grant::default()))
     }
 
     /// Holds `model` while its runtimes are replaced (a reload, a weight update), until

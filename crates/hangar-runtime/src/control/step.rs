@@ -48,9 +48,7 @@ pub(crate) use lease::{LeaseCommand, LeaseRefusal};
 pub(crate) use life::{Change, Moved, Stay};
 pub(crate) use release::ReleaseAnswer;
 
-use hangar_eviction::EvictionPlan;
-
-use crate::grant::Refusal;
+use crate::grant::{Grant, Refusal};
 use crate::lease::{Held, Lease, LeaseChange};
 use crate::quarantine::{FailureLog, FailureView, QuarantineInfo, Refused};
 use crate::vram::{Figure, ObservedVram};
@@ -201,7 +199,7 @@ pub(crate) enum Effect<W, P = ()> {
     /// A move refused: nothing changed.
     Stays { model: ModelId, waiter: W, why: Stay },
     /// The answer to [`Command::Grant`]: the plan to execute, or why not.
-    Granted { model: ModelId, waiter: W, answer: Result<EvictionPlan, Refusal> },
+    Granted { model: ModelId, waiter: W, answer: Result<Grant, Refusal> },
     /// Operations replacing the model's runtimes now (published).
     Replacing { model: ModelId, count: u32 },
     /// The answer to [`Command::MayLoad`].

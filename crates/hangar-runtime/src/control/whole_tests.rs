@@ -6,14 +6,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant as StdInstant};
 
 use hangar_config::{Device, ModelName, ModelType};
-use hangar_eviction::{Incoming, LoadedModel, Memory};
+use hangar_eviction::{Incoming, LoadedModel};
 use hangar_lifecycle::{ModelState, next_state};
 use proptest::prelude::*;
 use tokio::time::Instant;
 
 use super::step::{Change, GrantAsk, IdleSeen, LeaseCommand, Rules, State, TurnKind, step};
 use super::testing::{Command, Effect, acquire, mv};
-use crate::grant::{Ask, Refusal};
+use crate::grant::{Ask, Places, Refusal};
 use crate::lease::Held;
 use crate::pause::{PauseCause, PauseMode};
 
@@ -162,18 +162,19 @@ impl World {
                     self.answer(waiter);
                     let Some(Command::Grant { ask, .. }) = asked else { unreachable!() };
                     if let Ok(plan) = answer {
-                        for victim in &plan.victims {
+                        for victim in &plan.plan.victims {
                             let id = NAMES.iter().position(|n| *n == victim.name.as_str()).unwrap();
                             // Invariant: a held model is never a victim.
                             assert!(!self.held(id, now), "held {} chosen", victim.name);
                         }
-                        if let (Some(memory), false) = (ask.memory, ask.ask == Ask::Retry) {
+                        if let (Some(places), false) = (&ask.places, ask.ask == Ask::Retry) {
                             let freed: u64 =
-                                plan.victims.iter().map(|v| mib[v.name.as_str()]).sum();
+                                plan.plan.victims.iter().map(|v| mib[v.name.as_str()]).sum();
+                            let free = places.gpus[0].free_mib;
                             // Invariant: memory never over the budget.
                             assert!(
-                                i128::from(memory.free_mib) + i128::from(freed)
-                                    >= i128::from(memory.needed_mib)
+                                i128::from(free) + i128::from(freed)
+                                    >= i128::from(places.fit.needed_mib)
                             );
                         }
                     } else if let Err(Refusal::Held(names)) = answer {
@@ -282,9 +283,10 @@ proptest! {
                         })
                     }).collect();
                     let incoming = Incoming { name: ModelName::new(NAMES[model]).unwrap(), model_type: ModelType::Llm, device: Device::GPU };
-                    let memory = memory.map(|(free_mib, needed_mib)| Memory { free_mib, needed_mib });
+                    let models: Vec<LoadedModel> = loaded.iter().map(|(_, m)| m.clone()).collect();
+                    let places = memory.map(|(free, needed)| Places::one_gpu(free, needed, &models));
                     let ask = [Ask::Load, Ask::SecondCopy, Ask::Retry][waiter as usize % 3];
-                    Command::Grant { model, ask: GrantAsk { ask, loaded, incoming, memory }, waiter }
+                    Command::Grant { model, ask: GrantAsk { ask, loaded, incoming, places }, waiter }
                 }
                 Op::Idle(model, secs) => {
                     let seen = IdleSeen {

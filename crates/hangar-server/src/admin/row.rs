@@ -19,7 +19,7 @@ use hangar_runtime::engine::{
 };
 
 use crate::wire::{
-    Capabilities, Failure, Lease, ModelState, PauseInfo, QuarantineInfo, VramDetail,
+    Capabilities, Failure, Lease, ModelState, PauseInfo, Placement, QuarantineInfo, VramDetail,
     VramEstimateSource,
 };
 use schemars::JsonSchema;
@@ -91,6 +91,11 @@ pub struct ModelRow {
     /// process-tree memory and a GGUF model's weights-plus-KV-cache estimate; `null` for a
     /// model not on a GPU or with no figure.
     pub vram_detail: Option<VramDetail>,
+    /// Hangar's addition: the GPUs the loaded runtimes were placed on (`gpus`, NVML indices)
+    /// and who chose them (`source`: `configured` or `chosen`); `null` when not loaded or
+    /// when no placement was made (no `gpus` configured and no `vram_budget` with
+    /// telemetry: the engine used the GPUs it sees).
+    pub placement: Option<Placement>,
     /// The runtime-only override of the current (or last) load; `{}` when none.
     pub load_override: Map<String, Value>,
     /// What the model supports.
@@ -292,6 +297,7 @@ fn write_row(out: &mut Vec<u8>, parts: &StaticParts, s: &ModelSnapshot) {
     value(out, b",\"vram_estimate_replica_count\":", &s.vram_estimate_replica_count);
     name(out, b",\"vram_estimate_source\":", live.vram_estimate_source.into());
     value(out, b",\"vram_detail\":", &live.vram_detail);
+    value(out, b",\"placement\":", &live.placement);
     value(out, b",\"load_override\":", s.load_override.fields());
     value(out, b",\"capabilities\":", &live.capabilities);
     value(out, b",\"runtime_details\":", &*s.runtime_details);
@@ -313,6 +319,7 @@ struct Live {
     runtime_state: ModelState,
     vram_estimate_source: VramEstimateSource,
     vram_detail: Option<VramDetail>,
+    placement: Option<Placement>,
     capabilities: Capabilities,
     pause: Option<PauseInfo>,
     leases: Vec<Lease>,
@@ -327,6 +334,7 @@ impl Live {
             runtime_state: s.runtime_state.into(),
             vram_estimate_source: s.vram_estimate_source.into(),
             vram_detail: s.vram_detail.clone().map(Into::into),
+            placement: s.placement.clone().map(Into::into),
             capabilities: (*s.capabilities).clone().into(),
             pause: s.pause.map(Into::into),
             leases: s.leases.iter().cloned().map(Into::into).collect(),
@@ -382,6 +390,7 @@ impl ModelRow {
             vram_estimate_replica_count: s.vram_estimate_replica_count,
             vram_estimate_source: live.vram_estimate_source,
             vram_detail: live.vram_detail,
+            placement: live.placement,
             load_override: s.load_override.fields().clone(),
             capabilities: live.capabilities,
             runtime_details: s.runtime_details.to_vec(),

@@ -14,7 +14,10 @@ pub use control::{Failure, FailureKind, Lease, PauseCause, PauseInfo, PauseMode,
 pub use engine::{Capabilities, FinishReason, Modality, ThinkingMode};
 pub use events::{EventKind, LeaseChange, ManagerCounters, ManagerEvent};
 pub use state::{LifecycleEvent, ModelState};
-pub use vram::{GgufEstimate, ProcessTreeFigure, VramDetail, VramEstimateSource, VramMethod};
+pub use vram::{
+    GgufEstimate, Placement, PlacementSource, ProcessTreeFigure, VramDetail, VramEstimateSource,
+    VramMethod,
+};
 pub use weights::{
     Comparison, TensorDigest, WeightsAction, WeightsDigest, WeightsFormat, WeightsReport,
 };

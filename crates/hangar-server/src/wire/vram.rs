@@ -147,3 +147,34 @@ impl From<hangar_runtime::GgufEstimate> for GgufEstimate {
         }
     }
 }
+
+/// The GPUs a loaded model's runtimes were placed on, and who chose them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Placement {
+    /// NVML indices (PCI bus order), ascending; the engines see them as
+    /// `CUDA_VISIBLE_DEVICES`.
+    pub gpus: Vec<u32>,
+    /// `configured`: the definition's `gpus` left no choice, or nothing measured the GPUs;
+    /// `chosen`: the grant chose among the allowed GPUs by their free memory.
+    pub source: PlacementSource,
+}
+
+/// Who chose a placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PlacementSource {
+    /// The definition left no choice.
+    Configured,
+    /// The grant chose.
+    Chosen,
+}
+
+impl From<hangar_runtime::Placement> for Placement {
+    fn from(p: hangar_runtime::Placement) -> Self {
+        let source = match p.source {
+            hangar_runtime::PlacementSource::Configured => PlacementSource::Configured,
+            hangar_runtime::PlacementSource::Chosen => PlacementSource::Chosen,
+        };
+        Self { gpus: p.gpus, source }
+    }
+}

@@ -8,11 +8,11 @@
 //! update replacing its runtimes — besides `pinned: true` in its definition, which the
 //! caller sets. A model the loop holds is never a victim.
 
-use hangar_eviction::{Incoming, LoadedModel, Memory};
+use hangar_eviction::{Incoming, LoadedModel};
 use tokio::time::Instant;
 
 use super::{Effect, ModelId, State};
-use crate::grant::{Ask, decide};
+use crate::grant::{Ask, Places, decide};
 
 /// What a creation asks the grant.
 #[derive(Debug, Clone)]
@@ -24,8 +24,8 @@ pub(crate) struct GrantAsk {
     pub(crate) loaded: Vec<(ModelId, LoadedModel)>,
     /// The model the runtimes are for.
     pub(crate) incoming: Incoming,
-    /// The memory under a VRAM budget; `None`: no admission by memory.
-    pub(crate) memory: Option<Memory>,
+    /// Each GPU's memory under a VRAM budget; `None`: no admission by memory.
+    pub(crate) places: Option<Places>,
 }
 
 /// Whether the loop holds `model`: a live or reserved lease, or its runtimes being
@@ -54,7 +54,7 @@ pub(super) fn grant<W, P>(
         })
         .collect();
     let limits = &state.rules.limits;
-    let answer = decide(asked.ask, &loaded, &asked.incoming, limits, asked.memory.as_ref());
+    let answer = decide(asked.ask, &loaded, &asked.incoming, limits, asked.places.as_ref());
     effects.push(Effect::Granted { model, waiter, answer });
 }
 

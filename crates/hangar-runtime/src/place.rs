@@ -1,0 +1,144 @@
+//! Where a model's runtimes run: the GPUs a load is placed on ([`Placement`]), and the
+//! grant's inputs with each GPU a place of its own ([`Places`]): the free memory under the
+//! budget on each GPU Hangar may use, what each loaded model holds where, and what the new
+//! runtimes need.
+//!
+//! A loaded model holds its admission figure spread evenly over its placement; a model
+//! loaded without one (no budget or no telemetry then) over the GPUs its process tree was
+//! measured on, else over every GPU (on a one-GPU machine, that GPU). GPUs outside
+//! `hangard`'s own `CUDA_VISIBLE_DEVICES` (when it names indices) are not Hangar's to use.
+
+use hangar_config::{Device, LoadOverride, ModelConfig, cuda_indices};
+use hangar_eviction::{Fit, GpuHolding, GpuRoom};
+use hangar_gpu::GpuReading;
+use hangar_lifecycle::ModelState;
+
+use crate::entry::ModelEntry;
+use crate::grant::Places;
+use crate::manager::Manager;
+use crate::vram::{VramMethod, admission_figure};
+
+/// The GPUs a model's runtimes were placed on, and who chose them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// NVML indices (PCI bus order), ascending.
+    pub gpus: Vec<u32>,
+    /// Who chose them.
+    pub source: PlacementSource,
+}
+
+/// Who chose a placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum PlacementSource {
+    /// The definition left no choice: its `gpus` (or `CUDA_VISIBLE_DEVICES`) list exactly
+    /// as many GPUs as it spreads over, or nothing measured the GPUs' memory.
+    Configured,
+    /// Hangar's grant chose them among the allowed GPUs, by each GPU's free memory.
+    Chosen,
+}
+
+impl PlacementSource {
+    /// The snake_case name the API shows.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl Placement {
+    /// Where a load of `model` goes, given the grant's choice (`chosen`, empty when the grant
+    /// made none): the grant's choice; else the first GPUs its definition allows; else none
+    /// (the engine picks, as it would alone).
+    pub(crate) fn of(model: &ModelConfig, chosen: Vec<u32>) -> Option<Self> {
+        let split = model.gpu_split.get() as usize;
+        if !chosen.is_empty() {
+            let source = if model.gpus.len() == split {
+                PlacementSource::Configured
+            } else {
+                PlacementSource::Chosen
+            };
+            return Some(Self { gpus: chosen, source });
+        }
+        (!model.gpus.is_empty()).then(|| Self {
+            gpus: model.gpus.iter().copied().take(split).collect(),
+            source: PlacementSource::Configured,
+        })
+    }
+}
+
+/// The GPUs `hangard` may use, by its own `CUDA_VISIBLE_DEVICES` when that names indices.
+fn ours(gpus: Vec<GpuReading>) -> Vec<GpuReading> {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok().and_then(|v| cuda_indices(&v));
+    match visible {
+        Some(visible) => gpus.into_iter().filter(|g| visible.contains(&g.index)).collect(),
+        None => gpus,
+    }
+}
+
+impl Manager {
+    /// What a creation of `replicas` runtimes of `model` under `load_override` is granted
+    /// against: each usable GPU's free budget, the loaded models' holdings, and the model's
+    /// best figure with where it may go. `None` (no admission by memory) without a budget,
+    /// for a model not on a GPU, or without telemetry.
+    pub(crate) async fn places_for(
+        &self,
+        entry: &ModelEntry,
+        model: &ModelConfig,
+        replicas: u32,
+        load_override: &LoadOverride,
+    ) -> Option<Places> {
+        let budget = self.inner.vram_budget.as_ref()?;
+        let readings = ours(self.read_gpus(entry.config.device).await?);
+        let gpus = readings
+            .iter()
+            .map(|g| {
+                let allowed =
+                    i64::try_from(budget.mib_for(g.index, g.total_mib)).unwrap_or(i64::MAX);
+                GpuRoom {
+                    index: g.index,
+                    free_mib: allowed - i64::try_from(g.used_mib).unwrap_or(i64::MAX),
+                }
+            })
+            .collect();
+        let figure = admission_figure(entry, &entry.lock().vram, model, replicas, load_override);
+        if figure.is_none() {
+            tracing::warn!(model = %entry.config.name, "no VRAM figure for the model: admitted without one");
+        }
+        let needed_mib = figure.map_or(0, |(mib, _)| mib);
+        let fit = Fit { needed_mib, allowed: model.gpus.clone(), split: model.gpu_split.get() };
+        Some(Places { gpus, holdings: self.holdings(&readings), fit })
+    }
+
+    /// What each loaded GPU model holds on each GPU (see the module docs).
+    fn holdings(&self, readings: &[GpuReading]) -> Vec<GpuHolding> {
+        let every: Vec<u32> = readings.iter().map(|g| g.index).collect();
+        let mut holdings = Vec::new();
+        for entry in &self.inner.order {
+            if !entry.config.device.contains(Device::GPU) {
+                continue;
+            }
+            let slot = entry.lock();
+            if slot.lifecycle.state() != ModelState::Loaded {
+                continue;
+            }
+            let mib = crate::gpu::vram_held(entry, &slot);
+            let replicas = slot.phase.loaded_replicas().max(1);
+            let measured = slot
+                .vram
+                .get(VramMethod::ProcessTree, replicas, &slot.load_override)
+                .map(|f| f.gpus.clone());
+            let on = match (&slot.placement, measured) {
+                (Some(placement), _) => placement.gpus.clone(),
+                (None, Some(gpus)) if !gpus.is_empty() => gpus,
+                _ => every.clone(),
+            };
+            let share = mib.div_ceil(on.len().max(1) as u64);
+            holdings.extend(on.into_iter().map(|gpu| GpuHolding {
+                model: entry.config.name.clone(),
+                gpu,
+                mib: share,
+            }));
+        }
+        holdings
+    }
+}
