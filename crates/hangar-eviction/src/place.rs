@@ -15,7 +15,9 @@
 //!   first, least recently used first, then busy ones. A split victim frees its memory on
 //!   every GPU it holds, which counts for the GPUs checked after it.
 //! - **The rule.** Of the placements that fit, the one with the fewest evictions wins, then
-//!   the one that leaves the most free memory on its GPUs, then the lowest indices.
+//!   the one whose victims were used least recently (the latest last use among them is the
+//!   oldest), then the one that leaves the most free memory on its GPUs, then the lowest
+//!   indices.
 //! - **Refusal before eviction.** When no placement fits, even with every evictable model
 //!   gone from every allowed GPU, the plan evicts nothing and says, per allowed GPU, what
 //!   its share lacks ([`Refusal`]): a load that cannot happen never costs another model its
@@ -209,11 +211,17 @@ fn place(
     let rooms = Rooms::new(loaded, &base, model, &allowed, holdings);
     let share = fit.share_mib();
     let mut best: Option<(Vec<u32>, Vec<&LoadedModel>, i128)> = None;
+    let newest = |victims: &[&LoadedModel]| victims.iter().map(|m| m.last_use).max();
     for set in combinations(allowed.len(), split as usize) {
         let chosen: Vec<u32> = set.iter().map(|&i| allowed[i].index).collect();
         let Some((victims, left)) = rooms.make_room(&chosen, share) else { continue };
         let better = best.as_ref().is_none_or(|(_, v, l)| {
-            victims.len().cmp(&v.len()).then_with(|| left.cmp(l).reverse()) == Ordering::Less
+            let order = victims
+                .len()
+                .cmp(&v.len())
+                .then_with(|| newest(&victims).cmp(&newest(v)))
+                .then_with(|| left.cmp(l).reverse());
+            order == Ordering::Less
         });
         if better {
             best = Some((chosen, victims, left));

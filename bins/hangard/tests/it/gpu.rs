@@ -195,7 +195,12 @@ async fn engines_are_measured_admitted_by_footprint_refused_when_held_and_rememb
         refused["error"]["vram_shortfall"],
         json!({
             "needed_mib": 4000, "free_mib": 1900, "missing_mib": 2100,
-            "holders": [{ "model": "a", "vram_mib": 3000, "held": true }]
+            "holders": [{ "model": "a", "vram_mib": 3000, "held": true }],
+            "gpus_needed": 1,
+            "gpus": [{
+                "gpu": 0, "needed_mib": 4000, "free_mib": 1900, "missing_mib": 2100,
+                "holders": [{ "model": "a", "vram_mib": 3000, "held": true }]
+            }]
         })
     );
     assert_eq!(row(&server, "a").await["runtime_state"], "loaded", "nothing evicted");

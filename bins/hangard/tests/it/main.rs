@@ -11,6 +11,7 @@ mod config_cli;
 mod edge;
 mod flood;
 mod gpu;
+mod gpu_places;
 mod llama_control;
 mod llama_http;
 mod llama_server;

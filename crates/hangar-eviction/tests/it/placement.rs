@@ -112,9 +112,22 @@ fn room_is_made_on_one_gpu_only_by_its_least_recently_used_model() {
         &holdings,
         &fit(12 * GIB, &[], 1),
     );
-    // One eviction either way; GPU 0 after evicting `a` leaves 2 GiB free, GPU 1 after `c` 4.
-    assert_eq!((placed.gpus.as_slice(), victims(&placed)), (&[1][..], vec!["c"]));
+    // One eviction either way: `a` was used before `c`, so it goes, from GPU 0 only (`b`,
+    // used last, stays beside the new model).
+    assert_eq!((placed.gpus.as_slice(), victims(&placed)), (&[0][..], vec!["a"]));
     assert_eq!(placed.plan.victims[0].reason, EvictionReason::VramBudget);
+    // Used at the same moment: GPU 0 after evicting `a` leaves 2 GiB free, GPU 1 after `c`
+    // 4, so the most free memory decides.
+    let loaded = [model("a", 1, false), model("b", 3, false), model("c", 1, false)];
+    let placed = plan_placement(
+        &loaded,
+        &incoming(),
+        &limits(),
+        &two([2, 2]),
+        &holdings,
+        &fit(12 * GIB, &[], 1),
+    );
+    assert_eq!((placed.gpus.as_slice(), victims(&placed)), (&[1][..], vec!["c"]));
 }
 
 #[test]
@@ -191,6 +204,22 @@ fn a_split_victim_frees_its_share_on_every_gpu() {
 }
 
 // ---- Properties ----
+
+#[test]
+fn with_as_many_evictions_either_way_the_least_recently_used_goes() {
+    // a (GPU 0) was used after b (GPU 1): room is made on GPU 1, though GPU 0 comes first.
+    let loaded = [model("a", 5, false), model("b", 1, false)];
+    let holdings = [hold("a", 0, 12 * GIB), hold("b", 1, 12 * GIB)];
+    let placed = plan_placement(
+        &loaded,
+        &incoming(),
+        &limits(),
+        &two([2, 2]),
+        &holdings,
+        &fit(12 * GIB, &[], 1),
+    );
+    assert_eq!((placed.gpus.as_slice(), victims(&placed)), (&[1][..], vec!["b"]));
+}
 
 #[test]
 fn a_second_copy_needs_no_slot_and_never_evicts_its_own_model() {

@@ -1,0 +1,136 @@
+//! GPUs as separate places, end to end: the real `hangard` on a fake NVML with two 16 GiB
+//! GPUs and the fake `vllm serve`, whose engine core takes its memory on the GPUs its
+//! `CUDA_VISIBLE_DEVICES` names (split evenly over several). Each GPU has its own budget;
+//! the figures before a load are the model files' size (sparse files here).
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::support::{Server, get, load, post, row, temp_dir};
+
+/// The fake `vllm serve`.
+const FAKE_VLLM: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../crates/hangar-backend-process/tests/fake-vllm/vllm"
+);
+
+const MIB: u64 = 1 << 20;
+
+/// A `vllm_serve` model whose file (sparse) is `mib` MiB, spread over `split` GPUs.
+fn model(dir: &Path, name: &str, mib: u64, split: u32) -> Value {
+    let file = dir.join(format!("{name}.safetensors"));
+    std::fs::File::create(&file).unwrap().set_len(mib * MIB).unwrap();
+    json!({
+        "backend": "vllm_serve", "vllm_binary_path": FAKE_VLLM, "model_path": file,
+        "device": "gpu", "gpu_split": split, "load_timeout_s": 60
+    })
+}
+
+/// A running child's environment variable, from `/proc/<pid>/environ`.
+fn child_env(row: &Value, var: &str) -> Option<String> {
+    let pid = row["runtime_details"][0]["pid"].as_u64().expect("a child's pid");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    environ
+        .split(|b| *b == 0)
+        .filter_map(|kv| std::str::from_utf8(kv).ok())
+        .find_map(|kv| kv.strip_prefix(&format!("{var}=")).map(str::to_owned))
+}
+
+/// (GPU, used MiB) of each `gpu` line of the fake NVML's script.
+fn used(script: &Path) -> Vec<(u32, u64)> {
+    let text = std::fs::read_to_string(script).unwrap();
+    text.lines()
+        .filter_map(|l| {
+            let parts: Vec<&str> = l.split_whitespace().collect();
+            (parts.first() == Some(&"gpu"))
+                .then(|| (parts[1].parse().unwrap(), parts[2].parse().unwrap()))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_needed() {
+    let dir = temp_dir("gpu-places");
+    let library = hangar_gpu::fake::build(&dir).expect("a C compiler (cc) builds the fake NVML");
+    let script = library.with_file_name("nvml-script");
+    std::fs::write(&script, "gpu 0 1000 16384 NVIDIA Fake A\ngpu 1 1000 16384 NVIDIA Fake B\n")
+        .unwrap();
+    let config = json!({
+        "vram_budget": 15000,
+        "max_loaded_models": { "llm": 4 },
+        "children": { "pass_env": ["FAKE_VLLM_*"] },
+        "models": {
+            "a": model(&dir, "a", 12000, 1), "b": model(&dir, "b", 12000, 1),
+            "c": model(&dir, "c", 12000, 1), "big": model(&dir, "big", 20000, 1),
+            "split": model(&dir, "split", 20000, 2),
+        }
+    });
+    let env = [
+        ("HANGAR_NVML_LIBRARY", library.to_str().unwrap()),
+        ("FAKE_VLLM_NVML_SCRIPT", script.to_str().unwrap()),
+        (
+            "FAKE_VLLM_GPU_MIB",
+            r#"{"a": 12000, "b": 12000, "c": 12000, "big": 20000, "split": 20000}"#,
+        ),
+    ];
+    let server = Server::start_with(&config, &[], &env);
+
+    // a goes to GPU 0 (both are free: the lower index), under PCI bus order.
+    let (status, a) = load(&server, "a", json!({})).await;
+    assert_eq!(status, 200, "{a}");
+    assert_eq!(a["placement"], json!({ "gpus": [0], "source": "chosen" }), "{a}");
+    assert_eq!(child_env(&a, "CUDA_VISIBLE_DEVICES").as_deref(), Some("0"));
+    assert_eq!(child_env(&a, "CUDA_DEVICE_ORDER").as_deref(), Some("PCI_BUS_ID"));
+
+    // b does not fit beside a on GPU 0, and GPU 1 is free: side by side, nothing evicted.
+    let (status, b) = load(&server, "b", json!({})).await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(b["placement"]["gpus"], json!([1]), "{b}");
+    assert_eq!(child_env(&b, "CUDA_VISIBLE_DEVICES").as_deref(), Some("1"));
+    assert_eq!(row(&server, "a").await["runtime_state"], "loaded");
+    assert_eq!(used(&script), [(0, 13000), (1, 13000)]);
+    let (_, memory) = get(&server, "/v1/admin/gpu-memory").await;
+    assert_eq!(memory["gpus"][0]["holders"], json!([{ "model": "a", "mib": 12000 }]), "{memory}");
+    assert_eq!(memory["gpus"][1]["holders"], json!([{ "model": "b", "mib": 12000 }]), "{memory}");
+
+    // a serves a request: b is now the least recently used, so c takes GPU 1 from b alone.
+    let chat = json!({ "model": "a", "messages": [{ "role": "user", "content": "hi" }] });
+    let (status, answer) = post(&server, "/v1/chat/completions", chat).await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, c) = load(&server, "c", json!({})).await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["placement"]["gpus"], json!([1]), "{c}");
+    assert_eq!(row(&server, "b").await["runtime_state"], "unloaded");
+    assert_eq!(row(&server, "a").await["runtime_state"], "loaded", "GPU 0 needed no room");
+
+    // 20,000 MiB fits no single GPU's 15,000 budget: refused before anything is evicted,
+    // with each GPU's side.
+    let (status, refused) = load(&server, "big", json!({})).await;
+    assert_eq!(status, 507, "{refused}");
+    let shortfall = &refused["error"]["vram_shortfall"];
+    assert_eq!((&shortfall["needed_mib"], &shortfall["gpus_needed"]), (&json!(20000), &json!(1)));
+    let sides: Vec<(u64, u64)> = shortfall["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["gpu"].as_u64().unwrap(), g["missing_mib"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(sides, [(0, 6000), (1, 6000)], "{shortfall}");
+    for model in ["a", "c"] {
+        assert_eq!(row(&server, model).await["runtime_state"], "loaded", "{model} kept");
+    }
+
+    // Split over both GPUs, 10,000 MiB on each: a and c make room, and the engine is told
+    // to split (vLLM's tensor parallelism) over the two GPUs it sees.
+    let (status, split) = load(&server, "split", json!({})).await;
+    assert_eq!(status, 200, "{split}");
+    assert_eq!(split["placement"], json!({ "gpus": [0, 1], "source": "chosen" }), "{split}");
+    assert_eq!(child_env(&split, "CUDA_VISIBLE_DEVICES").as_deref(), Some("0,1"));
+    let command = split["runtime_details"][0]["command"].as_str().unwrap().to_owned();
+    assert!(command.contains(" --tensor-parallel-size 2"), "{command}");
+    assert_eq!(used(&script), [(0, 11000), (1, 11000)]);
+    for model in ["a", "c"] {
+        assert_eq!(row(&server, model).await["runtime_state"], "unloaded", "{model} evicted");
+    }
+}
