@@ -249,3 +249,41 @@ fn without_a_configured_key_each_child_gets_a_fresh_random_one_in_its_environmen
         launch.env.iter().filter(|(k, _)| k == "VLLM_API_KEY").map(|(_, v)| v.as_str()).collect();
     assert_eq!(keys, [launch.api_key.as_deref().unwrap()]);
 }
+
+#[test]
+fn a_split_model_is_told_to_split_evenly_unless_its_extra_args_say_how() {
+    let split = llama(json!({ "device": "gpu", "gpu_split": 3 })).unwrap();
+    let at = args(&split).iter().position(|a| *a == "--tensor-split").expect("--tensor-split");
+    assert_eq!(args(&split)[at + 1], "1,1,1");
+    let own = llama(json!({ "gpu_split": 2, "llama_server_extra_args": ["-ts", "3,1"] })).unwrap();
+    assert_eq!(args(&own).iter().filter(|a| **a == "--tensor-split").count(), 0, "{own:?}");
+    assert!(!args(&llama(json!({})).unwrap()).contains(&"--tensor-split"));
+
+    let tp = |launch: &Launch| {
+        let args = args(launch);
+        let at = args.iter().position(|a| *a == "--tensor-parallel-size")?;
+        Some(args[at + 1].to_owned())
+    };
+    let m = json!({ "vllm_model": "org/m", "gpu_split": 2 });
+    assert_eq!(tp(&vllm(m).unwrap()).as_deref(), Some("2"));
+    let m = json!({ "vllm_model": "org/m", "vllm_tensor_parallel_size": 4 });
+    assert_eq!(tp(&vllm(m).unwrap()).as_deref(), Some("4"), "said once");
+    let m = json!({ "vllm_model": "org/m", "gpu_split": 2, "vllm_extra_args": ["-tp=2"] });
+    assert_eq!(tp(&vllm(m).unwrap()), None, "the operator's own flag is kept alone");
+    assert_eq!(tp(&vllm(json!({ "vllm_model": "org/m" })).unwrap()), None);
+}
+
+#[test]
+fn a_placement_reaches_the_child_as_cuda_visible_devices_in_pci_bus_order() {
+    let env = |pairs: Vec<(String, String)>| -> Vec<(String, String)> { pairs };
+    assert_eq!(
+        hangar_backend::cuda_environment(&[1, 3], &[]),
+        env(vec![
+            ("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()),
+            ("CUDA_VISIBLE_DEVICES".into(), "1,3".into()),
+        ])
+    );
+    assert!(hangar_backend::cuda_environment(&[], &[]).is_empty(), "no placement");
+    let own = [("CUDA_VISIBLE_DEVICES".to_owned(), "GPU-8d1c".to_owned())];
+    assert!(hangar_backend::cuda_environment(&[0], &own).is_empty(), "a hand-written choice");
+}
