@@ -33,6 +33,7 @@
 pub mod prompt;
 
 mod capture;
+pub mod devices;
 mod settings;
 mod structured;
 pub mod threads;
@@ -65,8 +66,9 @@ const COMMAND_QUEUE: usize = 64;
 /// Most sequences one context serves at once (llama.cpp's `LLAMA_MAX_SEQ`).
 const MAX_SEQUENCES: NonZeroU32 = NonZeroU32::new(256).expect("256 is not zero");
 
-/// What makes two replicas' weights the same: the file and how many layers are offloaded.
-type WeightsKey = (PathBuf, Option<i32>);
+/// What makes two replicas' weights the same: the file, how many layers are offloaded, and
+/// to which devices.
+type WeightsKey = (PathBuf, Option<i32>, Vec<usize>);
 
 /// The weights some replica has loaded, per [`WeightsKey`]. Each slot's async lock is held
 /// while a replica of that key loads, so concurrent replica loads share one copy.
@@ -186,8 +188,10 @@ impl LlamaCppBackend {
                 (ThreadPlan { threads, from: ThreadsFrom::CoreShare, cores }, Some(claim))
             }
         };
-        let spec = WorkerSpec::new(model, Path::new(&path), request.progress.clone(), plan);
-        let key = (PathBuf::from(&path), spec.n_gpu_layers());
+        let devices = devices::for_placement(&request.gpus)?;
+        let spec = WorkerSpec::new(model, Path::new(&path), request.progress.clone(), plan)
+            .on_devices(devices);
+        let key = (PathBuf::from(&path), spec.n_gpu_layers(), spec.devices().to_vec());
         let slot = {
             let mut weights =
                 self.weights.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -11,25 +11,43 @@
 
 use std::num::NonZeroU32;
 
+use hangar_backend::LoadError;
 use hangar_config::{GgmlType, LlamaCppSettings, ModelType, Switch};
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams, LlamaPoolingType};
-use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::params::{LlamaModelParams, LlamaSplitMode};
 
 /// `LLAMA_FLASH_ATTN_TYPE_*` from `llama.h`.
 const FLASH_ATTN_AUTO: i32 = -1;
 const FLASH_ATTN_DISABLED: i32 = 0;
 const FLASH_ATTN_ENABLED: i32 = 1;
 
-/// Applies the model-level settings.
+/// Applies the model-level settings, and the placement's `devices` (llama.cpp's indices;
+/// empty: its default, every GPU): one GPU holds the whole model (`split_mode` none,
+/// `main_gpu` 0 of the list), several split it by layers.
+///
+/// # Errors
+/// [`LoadError::Failed`] when llama.cpp refuses the device list.
 pub(crate) fn model_params(
     settings: &LlamaCppSettings,
+    devices: &[usize],
     params: LlamaModelParams,
-) -> LlamaModelParams {
-    match settings.gguf_n_gpu_layers {
+) -> Result<LlamaModelParams, LoadError> {
+    let params = match settings.gguf_n_gpu_layers {
         // -1 (and anything negative) offloads every layer.
         Some(n) => params.with_n_gpu_layers(u32::try_from(n).unwrap_or(u32::MAX)),
         None => params,
+    };
+    if devices.is_empty() {
+        return Ok(params);
     }
+    let params = params.with_devices(devices).map_err(|e| LoadError::Failed {
+        message: format!("llama.cpp refused the devices {devices:?}: {e}"),
+    })?;
+    Ok(if devices.len() == 1 {
+        params.with_split_mode(LlamaSplitMode::None).with_main_gpu(0)
+    } else {
+        params.with_split_mode(LlamaSplitMode::Layer)
+    })
 }
 
 /// What a replica decides beyond the settings: the whole context, its sequences, threads.

@@ -77,12 +77,26 @@ pub(crate) struct WorkerSpec {
     n_seq: u32,
     /// Generation and batch threads, and why.
     threads: crate::threads::ThreadPlan,
+    /// llama.cpp's devices for the load's placement (`crate::devices`); empty: its default.
+    devices: Vec<usize>,
 }
 
 impl WorkerSpec {
     /// `gguf_n_gpu_layers`, which (with the file) determines the loaded weights.
     pub(crate) fn n_gpu_layers(&self) -> Option<i32> {
         self.settings.gguf_n_gpu_layers
+    }
+
+    /// The llama.cpp devices the weights go to (with the file and the layers, they
+    /// determine the loaded weights); empty: llama.cpp's default.
+    pub(crate) fn devices(&self) -> &[usize] {
+        &self.devices
+    }
+
+    /// The same spec on llama.cpp's `devices`.
+    pub(crate) fn on_devices(mut self, devices: Vec<usize>) -> Self {
+        self.devices = devices;
+        self
     }
 
     /// The spec of a replica of `model` running the `threads` of its plan.
@@ -103,6 +117,7 @@ impl WorkerSpec {
             progress,
             n_seq: crate::parallel_sequences(model).get(),
             threads,
+            devices: Vec::new(),
         }
     }
 }
@@ -130,11 +145,12 @@ fn load_model(llama: &LlamaBackend, spec: &WorkerSpec) -> Result<Arc<SharedModel
     let progress = spec.progress.clone();
     let model_params = settings::model_params(
         &spec.settings,
+        &spec.devices,
         LlamaModelParams::default().with_progress_callback(move |p| {
             progress.report(p);
             true
         }),
-    );
+    )?;
     let (loaded, errors) =
         capture::errors_during(|| LlamaModel::load_from_file(llama, &spec.path, &model_params));
     match loaded {

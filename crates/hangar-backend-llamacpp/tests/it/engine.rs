@@ -190,6 +190,24 @@ async fn a_corrupt_file_is_a_load_failure_with_llama_cpps_reason() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_placement_names_llamas_devices_and_a_gpu_it_lacks_fails_the_load() {
+    // This build's devices (the CPU in CI; CUDA ones with the `cuda` feature on a GPU).
+    let gpus = llama_cpp_2::list_llama_ggml_backend_devices()
+        .into_iter()
+        .filter(|d| matches!(d.device_type, llama_cpp_2::LlamaBackendDeviceType::Gpu))
+        .count() as u32;
+    let on = |gpu: u32| LoadRequest { gpus: vec![gpu], ..request(model(json!({})), 0) };
+    let err = backend().load(on(gpus)).await.err().expect("no such GPU");
+    let LoadError::Failed { message } = &err else { panic!("expected Failed, got {err:?}") };
+    assert!(message.contains(&format!("GPU {gpus} is not a device llama.cpp sees")), "{message}");
+    if gpus > 0 {
+        // On a GPU build the last GPU takes the whole model.
+        let runtime = backend().load(on(gpus - 1)).await.expect("loads on its GPU");
+        runtime.unload().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn load_reports_progress_up_to_one() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = {
