@@ -151,6 +151,12 @@ struct GpuLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ModelGpuLabels {
+    model: Label,
+    gpu: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct StateLabels {
     model: Label,
     state: &'static str,
@@ -230,6 +236,22 @@ impl Collector for ModelGauges {
                 let Some((mib, source, replicas)) = figure(m) else { continue };
                 let labels = VramLabels { model: label.clone(), source, replicas };
                 ConstGauge::new(mib_bytes(mib)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        // Where each placed model's admission figure sits: an even share on each of its GPUs.
+        let mut family = encoder.encode_descriptor(
+            "hangar_model_gpu_memory_bytes",
+            "What admission counts each loaded, placed model as holding on each of its GPUs \
+             (its admission figure shared evenly over its placement)",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (m, label) in models.iter().zip(&labels) {
+            let (Some(placement), Some(detail)) = (&m.placement, &m.vram_detail) else { continue };
+            let share = detail.admission_mib.div_ceil(placement.gpus.len().max(1) as u64);
+            for gpu in &placement.gpus {
+                let labels = ModelGpuLabels { model: label.clone(), gpu: gpu.to_string() };
+                ConstGauge::new(mib_bytes(share)).encode(family.encode_family(&labels)?)?;
             }
         }
         encode_gpus(&self.0, &mut encoder)?;

@@ -93,6 +93,13 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
     let (_, memory) = get(&server, "/v1/admin/gpu-memory").await;
     assert_eq!(memory["gpus"][0]["holders"], json!([{ "model": "a", "mib": 12000 }]), "{memory}");
     assert_eq!(memory["gpus"][1]["holders"], json!([{ "model": "b", "mib": 12000 }]), "{memory}");
+    let placed: Vec<(&str, &Value)> = memory["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["name"].as_str().unwrap(), &m["placement"]["gpus"]))
+        .collect();
+    assert_eq!(placed[..3], [("a", &json!([0])), ("b", &json!([1])), ("c", &Value::Null)]);
 
     // a serves a request: b is now the least recently used, so c takes GPU 1 from b alone.
     let chat = json!({ "model": "a", "messages": [{ "role": "user", "content": "hi" }] });
@@ -133,4 +140,14 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
     for model in ["a", "c"] {
         assert_eq!(row(&server, model).await["runtime_state"], "unloaded", "{model} evicted");
     }
+    // Prometheus labels the split model's memory by GPU: its figure, shared evenly.
+    let metrics = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
+    for gpu in [0, 1] {
+        let line = format!(
+            "hangar_model_gpu_memory_bytes{{model=\"split\",gpu=\"{gpu}\"}} {}",
+            10000 * MIB
+        );
+        assert!(metrics.lines().any(|l| l == line), "no `{line}` in:\n{metrics}");
+    }
+    assert!(!metrics.contains("hangar_model_gpu_memory_bytes{model=\"a\""), "a is gone");
 }

@@ -158,6 +158,8 @@ pub struct ModelVram {
     /// Hangar's addition, as in the model row: the figure admission uses and the measured
     /// and GGUF figures.
     pub vram_detail: Option<VramDetail>,
+    /// As in the model row: the GPUs the loaded runtimes were placed on, and who chose them.
+    pub placement: Option<crate::wire::Placement>,
 }
 
 /// `GET /v1/admin/gpu-memory`.
@@ -247,6 +249,7 @@ pub(crate) async fn gpu_memory(ctx: Ctx) -> Result<Response, ApiError> {
             vram_estimate_replica_count: m.vram_estimate_replica_count,
             vram_estimate_source: m.vram_estimate_source.into(),
             vram_detail: m.vram_detail.map(Into::into),
+            placement: m.placement.map(Into::into),
         })
         .collect();
     let (gpus, error) = match memory.gpus {
