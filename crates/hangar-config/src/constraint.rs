@@ -22,6 +22,9 @@ pub enum ConstraintKind {
     IntegerOrNull,
     /// A real number between `minimum` and `maximum`.
     Float,
+    /// A list of GPU indices (NVML's, PCI bus order), each between `minimum` and `maximum`,
+    /// or `null` (see `null_means`). Hangar's addition: where a load may go.
+    GpuList,
 }
 
 /// One live-load field's constraint, as the admin API shows it under `load_constraints`.

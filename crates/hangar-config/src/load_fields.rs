@@ -28,6 +28,8 @@ pub enum LoadValueType {
     Float,
     /// A string (free text or one of an enum's names).
     Str,
+    /// A list of GPU indices.
+    IndexList,
 }
 
 /// One live-load field.
@@ -146,8 +148,29 @@ fn declare() -> Vec<(&'static str, LoadConstraint, bool)> {
                 .default_value(json!(0.0)),
             false,
         ),
+        // Every engine that runs on GPUs (Hangar's addition, last in each list).
+        (
+            "gpus",
+            LoadConstraint::new(GpuList)
+                .range(Some(0.into()), Some((crate::MAX_GPUS - 1).into()))
+                .default_value(Value::Null)
+                .null_means("any GPU the definition allows")
+                .examples([json!([0]), json!([0, 1])]),
+            false,
+        ),
     ]
 }
+
+/// The engines whose models a load may place on chosen GPUs (`gpus` is a common field, but
+/// only these run on GPUs).
+const GPU_BACKENDS: &[BackendKind] = &[
+    BackendKind::LlamaCpp,
+    BackendKind::LlamaServer,
+    BackendKind::Vllm,
+    BackendKind::VllmServe,
+    BackendKind::ExLlamaV3,
+    BackendKind::Ct2,
+];
 
 /// Every live-load field, in declaration order.
 pub static LOAD_FIELDS: LazyLock<Vec<LoadField>> = LazyLock::new(|| {
@@ -159,7 +182,8 @@ pub static LOAD_FIELDS: LazyLock<Vec<LoadField>> = LazyLock::new(|| {
                 .find(|s| s.has(name))
                 .unwrap_or_else(|| panic!("live-load field `{name}` is not a config field"));
             let value_type = value_type(section.properties.get(name).unwrap_or(&Value::Null));
-            LoadField { name, constraint, context_size, backends: section.backends, value_type }
+            let backends = if name == "gpus" { GPU_BACKENDS } else { section.backends };
+            LoadField { name, constraint, context_size, backends, value_type }
         })
         .collect()
 });
@@ -181,6 +205,8 @@ fn value_type(schema: &Value) -> LoadValueType {
         LoadValueType::PositiveInt { max }
     } else if types.contains(&"number") {
         LoadValueType::Float
+    } else if types.contains(&"array") {
+        LoadValueType::IndexList
     } else {
         LoadValueType::Str
     }
@@ -221,6 +247,7 @@ mod tests {
         assert_eq!(ty("llama_server_spec_draft_p_min"), LoadValueType::Float);
         assert_eq!(ty("gguf_type_k"), LoadValueType::Str);
         assert_eq!(ty("llama_server_spec_type"), LoadValueType::Str);
+        assert_eq!(ty("gpus"), LoadValueType::IndexList);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::{
     parse_cache_quant,
 };
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
 /// A validated runtime-only override patch. Key presence matters: a key present with `null`
 /// overrides the configured value with `null` (the engine default).
@@ -197,7 +197,12 @@ pub fn validate_load_override(
                 format!("is a load override of {noun} {}, but {what}", owners.join(", ")),
             ));
         };
-        if !value.is_null() {
+        if value.is_null() {
+            continue;
+        }
+        if key == "gpus" {
+            check_gpus(model, key, constraint, value)?;
+        } else {
             check_value(key, constraint, value)?;
         }
     }
@@ -238,7 +243,55 @@ fn check_type(field: &LoadField, value: &Value) -> Result<(), OverrideError> {
             name,
             format!("expected a string or null, got {}", crate::json_kind(other)),
         )),
+        (LoadValueType::IndexList, Value::Array(items)) => {
+            match items.iter().find(|v| v.as_u64().is_none()) {
+                None => Ok(()),
+                Some(bad) => Err(OverrideError::schema(
+                    name,
+                    format!("expected GPU indices (non-negative integers), got {bad}"),
+                )),
+            }
+        }
+        (LoadValueType::IndexList, other) => Err(OverrideError::schema(
+            name,
+            format!("expected a list of GPU indices or null, got {}", crate::json_kind(other)),
+        )),
     }
+}
+
+/// A `gpus` override: a non-empty list of distinct indices in the constraint's range, and
+/// when the definition lists GPUs, only some of them (a load narrows where the model may go,
+/// never widens it).
+fn check_gpus(
+    model: &ModelConfig,
+    key: &str,
+    c: &LoadConstraint,
+    value: &Value,
+) -> Result<(), OverrideError> {
+    let gpus: Vec<u64> = value.as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
+    if gpus.is_empty() {
+        return Err(OverrideError::invalid(key, "must list at least one GPU (null: any allowed)"));
+    }
+    let max = c.maximum.as_ref().and_then(Number::as_u64).unwrap_or(u64::MAX);
+    for (i, &gpu) in gpus.iter().enumerate() {
+        if gpu > max {
+            return Err(OverrideError::invalid(key, format!("GPU {gpu} is above {max}")));
+        }
+        if gpus[..i].contains(&gpu) {
+            return Err(OverrideError::invalid(key, format!("GPU {gpu} is listed twice")));
+        }
+    }
+    let allowed = &model.gpus;
+    if let Some(gpu) = gpus.iter().find(|&&g| !allowed.is_empty() && !allowed.contains(&(g as u32)))
+    {
+        return Err(OverrideError::invalid(
+            key,
+            format!(
+                "GPU {gpu} is not one the definition allows ({allowed:?}); a load may only narrow them"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The value checks of step 2, for a non-null value whose JSON type already passed.
@@ -308,6 +361,8 @@ fn check_value(key: &str, c: &LoadConstraint, value: &Value) -> Result<(), Overr
                 _ => Ok(()),
             }
         }
+        // Checked with the model in `check_gpus`.
+        LoadValueType::IndexList => Ok(()),
     }
 }
 

@@ -140,7 +140,8 @@ mod tests {
                 "llama_server_image_max_tokens",
                 "llama_server_spec_type",
                 "llama_server_spec_draft_n_max",
-                "llama_server_spec_draft_p_min"
+                "llama_server_spec_draft_p_min",
+                "gpus"
             ]
         );
         let n_max = c.get("llama_server_spec_draft_n_max").unwrap();

@@ -163,13 +163,7 @@ pub enum ManagerError {
     },
     /// The model does not fit in the VRAM budget even after evicting every model that may
     /// be evicted; nothing was evicted.
-    #[error(
-        "model '{model}' needs {} MiB of GPU memory but the VRAM budget has {} MiB free; {} MiB are missing even after evicting every model that may be evicted (GPU memory held by: {})",
-        shortfall.needed_mib,
-        shortfall.free_mib,
-        shortfall.missing_mib,
-        holders(shortfall)
-    )]
+    #[error("{}", vram_message(model, shortfall))]
     InsufficientVram {
         /// The model that was to load.
         model: String,
@@ -379,6 +373,31 @@ impl ManagerError {
 }
 
 /// `"a 6000 MiB (held), b 1000 MiB"`, or `"no model"`.
+/// What an `insufficient_vram` refusal says: no GPU set to place the model on, or what the
+/// closest GPU lacks.
+fn vram_message(model: &str, short: &hangar_eviction::VramShortfall) -> String {
+    let n = short.gpus_needed.max(1);
+    if short.gpus.len() < n as usize && short.holders.is_empty() && short.free_mib == 0 {
+        return format!(
+            "model '{model}' spreads over {n} GPU(s) at once, but only {} of the GPUs it may use (its `gpus`, or the load's) are GPUs Hangar may use here; nothing was evicted",
+            short.gpus.len()
+        );
+    }
+    let closest =
+        match short.gpus.iter().min_by_key(|g| (g.missing_mib, std::cmp::Reverse(g.free_mib))) {
+            Some(g) if short.gpus.len() > 1 => format!(" (the closest of its GPUs, GPU {})", g.gpu),
+            _ => String::new(),
+        };
+    let each = if n > 1 { format!(" on each of {n} GPUs") } else { String::new() };
+    format!(
+        "model '{model}' needs {} MiB of GPU memory{each} but the VRAM budget has {} MiB free{closest}; {} MiB are missing even after evicting every model that may be evicted (GPU memory held by: {})",
+        short.needed_mib,
+        short.free_mib,
+        short.missing_mib,
+        holders(short)
+    )
+}
+
 fn holders(short: &hangar_eviction::VramShortfall) -> String {
     let each: Vec<String> = short
         .holders

@@ -66,7 +66,8 @@ impl Lane<'_> {
         };
         preflight.map_err(|e| Outcome::Failed(e.into()))?;
         let (settled, chosen) = manager.make_room(entry, c).await.map_err(Outcome::Refused)?;
-        let placement = Placement::of(&c.model, chosen);
+        let overridden = c.load_override.fields().contains_key("gpus");
+        let placement = Placement::of(&c.model, chosen, overridden);
         let gpus = placement.as_ref().map(|p| p.gpus.clone()).unwrap_or_default();
         let before = if settled && c.measure { manager.gpu_used_mib(entry).await } else { None };
         // The spec's retry after evicting everything else is a load's; a reload or an

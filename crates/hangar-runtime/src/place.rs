@@ -36,6 +36,8 @@ pub enum PlacementSource {
     Configured,
     /// Hangar's grant chose them among the allowed GPUs, by each GPU's free memory.
     Chosen,
+    /// The load request's `gpus` override left no choice.
+    Override,
 }
 
 impl PlacementSource {
@@ -46,22 +48,22 @@ impl PlacementSource {
 }
 
 impl Placement {
-    /// Where a load of `model` goes, given the grant's choice (`chosen`, empty when the grant
-    /// made none): the grant's choice; else the first GPUs its definition allows; else none
-    /// (the engine picks, as it would alone).
-    pub(crate) fn of(model: &ModelConfig, chosen: Vec<u32>) -> Option<Self> {
+    /// Where a load of the effective `model` goes, given the grant's choice (`chosen`, empty
+    /// when the grant made none) and whether the load's override set `gpus`: the grant's
+    /// choice; else the first GPUs the definition (or override) allows; else none (the
+    /// engine picks, as it would alone).
+    pub(crate) fn of(model: &ModelConfig, chosen: Vec<u32>, overridden: bool) -> Option<Self> {
         let split = model.gpu_split.get() as usize;
+        let no_choice =
+            if overridden { PlacementSource::Override } else { PlacementSource::Configured };
         if !chosen.is_empty() {
-            let source = if model.gpus.len() == split {
-                PlacementSource::Configured
-            } else {
-                PlacementSource::Chosen
-            };
+            let choice = model.gpus.len() != split;
+            let source = if choice { PlacementSource::Chosen } else { no_choice };
             return Some(Self { gpus: chosen, source });
         }
         (!model.gpus.is_empty()).then(|| Self {
             gpus: model.gpus.iter().copied().take(split).collect(),
-            source: PlacementSource::Configured,
+            source: no_choice,
         })
     }
 }

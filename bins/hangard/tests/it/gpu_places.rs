@@ -140,6 +140,18 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
     for model in ["a", "c"] {
         assert_eq!(row(&server, model).await["runtime_state"], "unloaded", "{model} evicted");
     }
+    // A load may name its GPU (the row says the request chose), within the budget's rules:
+    // b on GPU 0 takes it from the split model, which holds memory there.
+    let (status, refused) = load(&server, "b", json!({ "gpus": [7] })).await;
+    assert_eq!(status, 507, "no GPU 7 here: {refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("only 0 of the GPUs it may use"), "{message}");
+    assert_eq!(refused["error"]["vram_shortfall"]["gpus"], json!([]), "{refused}");
+    let (status, refused) = load(&server, "b", json!({ "gpus": [1, 1] })).await;
+    assert_eq!((status, &refused["error"]["field"]), (400, &json!("gpus")), "{refused}");
+    let constraints = &row(&server, "b").await["load_constraints"]["gpus"];
+    assert_eq!(constraints["kind"], "gpu_list", "{constraints}");
+
     // Prometheus labels the split model's memory by GPU: its figure, shared evenly.
     let metrics = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
     for gpu in [0, 1] {
@@ -150,4 +162,11 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
         assert!(metrics.lines().any(|l| l == line), "no `{line}` in:\n{metrics}");
     }
     assert!(!metrics.contains("hangar_model_gpu_memory_bytes{model=\"a\""), "a is gone");
+
+    let (status, b) = load(&server, "b", json!({ "gpus": [1] })).await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(b["placement"], json!({ "gpus": [1], "source": "override" }), "{b}");
+    assert_eq!(b["load_override"], json!({ "gpus": [1] }), "{b}");
+    assert_eq!(child_env(&b, "CUDA_VISIBLE_DEVICES").as_deref(), Some("1"));
+    assert_eq!(row(&server, "split").await["runtime_state"], "unloaded", "it held GPU 1");
 }

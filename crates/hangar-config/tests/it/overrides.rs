@@ -432,3 +432,64 @@ fn apply_merges_the_patch_over_the_config() {
         other => panic!("{other:?}"),
     }
 }
+
+mod gpus {
+    //! The `gpus` override: where one load may go, narrowing the definition.
+
+    use hangar_config::{ModelConfig, ModelName, validate_load_override};
+    use serde_json::{Map, Value, json};
+
+    fn model(extra: Value) -> ModelConfig {
+        let mut value = json!({ "backend": "vllm_serve", "vllm_model": "org/m" });
+        value.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        ModelConfig::parse(&ModelName::new("m").unwrap(), &value).unwrap()
+    }
+
+    fn patch(gpus: Value) -> Map<String, Value> {
+        json!({ "gpus": gpus }).as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn a_load_may_name_gpus_and_the_effective_definition_has_them() {
+        let m = model(json!({}));
+        let ov = validate_load_override(&m, &patch(json!([2, 0]))).unwrap();
+        assert_eq!(ov.apply(&m).unwrap().gpus, [0, 2]);
+        let null = validate_load_override(&m, &patch(Value::Null)).unwrap();
+        assert!(null.apply(&m).unwrap().gpus.is_empty(), "null: any");
+    }
+
+    #[test]
+    fn only_narrowing_distinct_gpus_in_range_is_accepted() {
+        let m = model(json!({ "gpus": [0, 1], "gpu_split": 1 }));
+        let invalid = [
+            (json!([]), "at least one GPU"),
+            (json!([1, 1]), "listed twice"),
+            (json!([64]), "above 63"),
+            (json!([2]), "a load may only narrow them"),
+        ];
+        for (gpus, message) in invalid {
+            let err = validate_load_override(&m, &patch(gpus.clone())).unwrap_err();
+            assert!(!err.is_schema() && err.message().contains(message), "{gpus}: {err}");
+            assert_eq!(err.field(), Some("gpus"));
+        }
+        for wrong in [json!("0"), json!([0.5]), json!([-1]), json!({ "0": true })] {
+            let err = validate_load_override(&m, &patch(wrong.clone())).unwrap_err();
+            assert!(err.is_schema(), "{wrong}: 422, {err}");
+        }
+        // A split over two GPUs cannot be narrowed to one.
+        let split = model(json!({ "gpu_split": 2 }));
+        let err = validate_load_override(&split, &patch(json!([1]))).unwrap_err();
+        assert!(err.message().contains("gpu_split"), "{err}");
+    }
+
+    #[test]
+    fn engines_without_gpus_take_no_gpus_override() {
+        let remote = ModelConfig::parse(
+            &ModelName::new("r").unwrap(),
+            &json!({ "backend": "openai_remote", "openai_base_url": "http://127.0.0.1:9/v1" }),
+        )
+        .unwrap();
+        let err = validate_load_override(&remote, &patch(json!([0]))).unwrap_err();
+        assert!(err.message().contains("accepts no load overrides"), "{err}");
+    }
+}

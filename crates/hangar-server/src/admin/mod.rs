@@ -96,6 +96,10 @@ pub(crate) fn override_properties() -> Map<String, Value> {
                 LoadValueType::Str => {
                     json!({ "description": description, "type": ["string", "null"] })
                 }
+                LoadValueType::IndexList => json!({
+                    "description": format!("{description} The GPUs (NVML indices) this load may use; null: any the definition allows."),
+                    "type": ["array", "null"], "items": { "type": "integer", "minimum": 0 },
+                }),
             };
             (field.name.to_owned(), schema)
         })

@@ -92,7 +92,8 @@ pub struct ModelRow {
     /// model not on a GPU or with no figure.
     pub vram_detail: Option<VramDetail>,
     /// Hangar's addition: the GPUs the loaded runtimes were placed on (`gpus`, NVML indices)
-    /// and who chose them (`source`: `configured` or `chosen`); `null` when not loaded or
+    /// and who chose them (`source`: `configured`, `chosen` or `override`); `null` when not
+    /// loaded or
     /// when no placement was made (no `gpus` configured and no `vram_budget` with
     /// telemetry: the engine used the GPUs it sees).
     pub placement: Option<Placement>,

@@ -155,7 +155,8 @@ pub struct Placement {
     /// `CUDA_VISIBLE_DEVICES`.
     pub gpus: Vec<u32>,
     /// `configured`: the definition's `gpus` left no choice, or nothing measured the GPUs;
-    /// `chosen`: the grant chose among the allowed GPUs by their free memory.
+    /// `chosen`: the grant chose among the allowed GPUs by their free memory; `override`:
+    /// the load request's `gpus` left no choice.
     pub source: PlacementSource,
 }
 
@@ -167,6 +168,8 @@ pub enum PlacementSource {
     Configured,
     /// The grant chose.
     Chosen,
+    /// The load request's `gpus` override left no choice.
+    Override,
 }
 
 impl From<hangar_runtime::Placement> for Placement {
@@ -174,6 +177,7 @@ impl From<hangar_runtime::Placement> for Placement {
         let source = match p.source {
             hangar_runtime::PlacementSource::Configured => PlacementSource::Configured,
             hangar_runtime::PlacementSource::Chosen => PlacementSource::Chosen,
+            hangar_runtime::PlacementSource::Override => PlacementSource::Override,
         };
         Self { gpus: p.gpus, source }
     }
