@@ -8,7 +8,8 @@ with an override and a preset, after seeing a 400 and a 422 shown at the fields 
 checks that fields absent from `load_constraints` are not offered, that the effective
 value follows the key-presence rule and that bytes are typed in MiB; pauses, continues,
 leases and checksums by the row's buttons; follows a model's logs while it is reloaded; shows GPU memory as bars (two GPUs answered by
-the test, one under a budget); sends a
+the test, one under a budget) with the models on each and each model's placement; lets a load
+choose its GPU (a checkbox per GPU); sends a
 streamed chat and an embedding in the playground, and holds a two-turn conversation with the
 trained SmolLM2 there; works the page by keyboard; and renders 1,000 models (the
 listing answered by the test) with the time it took printed. Any JavaScript error or console
@@ -28,7 +29,7 @@ BASE = os.environ["HANGAR_URL"].rstrip("/")
 KEY = os.environ.get("HANGAR_ADMIN_KEY")
 CHROMIUM = os.environ.get("HANGAR_CHROMIUM", "/usr/bin/chromium")
 SHOTS = os.environ.get("HANGAR_SCREENSHOTS", "target/e2e-screenshots")
-STATUS_TEXT = {400: "Bad Request", 401: "Unauthorized", 422: "Unprocessable Entity"}
+STATUS_TEXT = {400: "Bad Request", 401: "Unauthorized", 422: "Unprocessable Entity", 507: "Insufficient Storage"}
 MODEL = "tiny-llama-gguf"  # in-process llama.cpp: gguf_* constraints and cache presets
 ENGINE = "tiny-llama-server"  # a child process: it has logs
 TRAINED = "smollm2"  # the trained SmolLM2-135M-Instruct, in-process
@@ -158,6 +159,34 @@ def main():
         expect(dialog.locator("#error-vllm_kv_cache_memory_bytes")).to_contain_text("too large")
         assert sent == [{"vllm_kv_cache_memory_bytes": 512 * 1024 * 1024}], sent
         page.keyboard.press("Escape")
+
+        # A GPU choice, where the constraints offer one (`gpus`: a gpu_list): a checkbox per
+        # GPU the server reads (two, answered here), and the load carries the chosen one.
+        sent.clear()
+
+        def no_room(route):
+            sent.append(route.request.post_data_json)
+            error = {"code": "insufficient_vram", "message": "no room on GPU 1 (test)"}
+            route.fulfill(status=507, json={"error": error})
+
+        page.unroute(f"**/v1/admin/models/{bytes_model}/load")
+        page.route(f"**/v1/admin/models/{bytes_model}/load", no_room)
+        two = dict(api("/v1/admin/gpu-memory"), error=None, gpus=[
+            {"index": i, "name": f"NVIDIA Fake {i}", "used_mib": 1000, "total_mib": 24000,
+             "used_over_total": "1000MiB / 24000MiB", "budget_mib": 20000, "holders": []}
+            for i in (0, 1)])
+        page.route("**/v1/admin/gpu-memory", lambda route: route.fulfill(json=two))
+        row(bytes_model).locator('button[data-action="load"]').click()
+        boxes = dialog.locator("#load-gpus input[type=checkbox]")
+        expect(boxes).to_have_count(2)
+        expect(dialog.locator("#load-gpus")).to_contain_text("GPU 1 · NVIDIA Fake 1 · 19000 MiB free")
+        boxes.nth(1).check()
+        provoked.append(507)
+        dialog.locator("#load-submit").click()
+        expect(dialog.locator("#load-error")).to_contain_text("no room on GPU 1")
+        assert sent == [{"gpus": [1]}], sent
+        page.keyboard.press("Escape")
+        page.unroute("**/v1/admin/gpu-memory")
         page.unroute(f"**/v1/admin/models/{bytes_model}/load")
 
         # Pause and continue, a lease, a checksum: each shows in the row or the notice.
@@ -251,13 +280,18 @@ def main():
         if not real["gpus"]:
             expect(page.locator("#gpu-error")).to_have_text(real["error"])
         # ... and with two GPUs, one under a budget, a bar each (the answer given here).
+        # Each GPU draws the models on it (its holders), and the table each model's placement.
         gpus = [
             {"index": 0, "name": "NVIDIA H100", "used_mib": 40000, "total_mib": 80000,
-             "used_over_total": "40000MiB / 80000MiB", "budget_mib": 72000},
+             "used_over_total": "40000MiB / 80000MiB", "budget_mib": 72000,
+             "holders": [{"model": "chat", "mib": 24000}, {"model": None, "mib": 8000}]},
             {"index": 1, "name": "NVIDIA L4", "used_mib": 6000, "total_mib": 24000,
-             "used_over_total": "6000MiB / 24000MiB"},
+             "used_over_total": "6000MiB / 24000MiB", "holders": []},
         ]
-        page.route("**/v1/admin/gpu-memory", lambda route: route.fulfill(json=dict(real, gpus=gpus, error=None)))
+        models = [dict(m, placement={"gpus": [0], "source": "chosen"} if m["name"] == "chat" else None)
+                  for m in real["models"]]
+        answer = dict(real, gpus=gpus, models=models, error=None)
+        page.route("**/v1/admin/gpu-memory", lambda route: route.fulfill(json=answer))
         page.locator('nav button[data-view="models"]').click()
         page.locator('nav button[data-view="gpu"]').click()
         bars = page.locator("#gpus .bar")
@@ -266,6 +300,14 @@ def main():
         assert bars.nth(0).locator(".used").evaluate("e => e.style.width") == "50%"
         assert bars.nth(0).locator(".budget").evaluate("e => e.style.left") == "90%"
         expect(bars.nth(1).locator(".budget")).to_have_count(0)
+        holders = bars.nth(0).locator(".holder")
+        expect(holders).to_have_count(2)
+        expect(holders.nth(0)).to_have_text("chat")
+        assert holders.nth(0).evaluate("e => e.style.width") == "30%"
+        assert holders.nth(1).evaluate("e => e.style.left") == "30%"
+        expect(holders.nth(1)).to_have_attribute("title", "hangard (in-process engines): 8000 MiB")
+        chat_row = page.locator("#gpu-models tbody tr").filter(has=page.get_by_role("rowheader", name="chat", exact=True))
+        expect(chat_row.locator("td.placement")).to_have_text("GPU 0 (chosen)")
         page.unroute("**/v1/admin/gpu-memory")
 
         # By keyboard: reach a row's Load button and open the dialog with Enter.

@@ -386,12 +386,39 @@ function fieldControl(field, constraint) {
     }
     case "enum":
       return select(constraint.allowed_values || [], false);
+    case "gpu_list":
+      return gpuChoice(field, constraint);
     case "string_or_null":
       if (constraint.allowed_values && constraint.allowed_values.length) return select(constraint.allowed_values, true);
       return el("span", { class: "or-null" }, el("input", { id, name: field, type: "text", placeholder: describe(null, constraint) }), " ", el("label", {}, el("input", { type: "checkbox", name: `${field}__null` }), " null"));
     default:
       return el("input", { id, name: field, type: "text" });
   }
+}
+
+/**
+ * A `gpu_list` field: a checkbox per GPU the server reads (those the definition allows), with
+ * its memory free under the budget; none checked sends nothing (any allowed GPU).
+ */
+function gpuChoice(field, constraint) {
+  const wrap = el("fieldset", { id: `load-${field}`, class: "gpu-choice", "aria-label": "GPUs this load may use" });
+  const allowed = loading?.definition?.gpus;
+  api("/v1/admin/gpu-memory").then(({ status, body }) => {
+    const gpus = status === 200 ? body.gpus.filter((g) => !allowed || allowed.includes(g.index)) : [];
+    if (!gpus.length) {
+      wrap.replaceChildren(el("span", { class: "muted", text: body?.error ? `no GPUs: ${body.error}` : "no GPUs" }));
+      return;
+    }
+    wrap.replaceChildren(
+      ...gpus.map((g) => {
+        const free = (g.budget_mib ?? g.total_mib) - g.used_mib;
+        const box = el("input", { type: "checkbox", name: field, value: String(g.index), "data-gpu": String(g.index) });
+        return el("label", {}, box, ` GPU ${g.index} · ${g.name} · ${free} MiB free`);
+      }),
+    );
+  });
+  wrap.append(el("span", { class: "muted", text: describe(null, constraint) }));
+  return wrap;
 }
 
 let loading = null; // the row the dialog is for
@@ -471,6 +498,11 @@ function loadBody(row) {
   const replicas = form.replicas.value.trim();
   if (replicas !== "") body.replicas = Number(replicas);
   for (const [field, constraint] of Object.entries(row.load_constraints || {})) {
+    if (constraint.kind === "gpu_list") {
+      const checked = [...document.querySelectorAll(`#load-form input[name="${CSS.escape(field)}"]:checked`)];
+      if (checked.length) body[field] = checked.map((box) => Number(box.value));
+      continue;
+    }
     const control = form[field];
     const isNull = form[`${field}__null`]?.checked;
     if (isNull) {
@@ -566,6 +598,15 @@ async function showGpu() {
     ...body.gpus.map((g) => {
       const used = el("div", { class: "used", style: { width: `${(100 * g.used_mib) / g.total_mib}%` } });
       const bar = el("div", { class: "bar", role: "img", "aria-label": `GPU ${g.index}: ${g.used_over_total}` }, used);
+      // Who holds what on it, in order, over the used part: each model's engine (or
+      // hangard's own process, for in-process engines).
+      let left = 0;
+      for (const h of g.holders || []) {
+        const width = (100 * h.mib) / g.total_mib;
+        const who = h.model ?? "hangard (in-process engines)";
+        bar.append(el("div", { class: "holder", "data-model": h.model ?? "", style: { left: `${left}%`, width: `${width}%` }, title: `${who}: ${h.mib} MiB`, text: who }));
+        left += width;
+      }
       if (g.budget_mib !== undefined) bar.append(el("div", { class: "budget", style: { left: `${(100 * g.budget_mib) / g.total_mib}%` }, title: `budget ${g.budget_mib} MiB` }));
       return el("div", { class: "gpu" }, el("div", { text: `GPU ${g.index} · ${g.name} · ${g.used_over_total}${g.budget_mib !== undefined ? ` · budget ${g.budget_mib}MiB` : ""}` }), bar);
     }),
@@ -580,6 +621,7 @@ async function showGpu() {
         el("td", { text: m.vram_estimate_mib === null ? "—" : `${m.vram_estimate_mib} MiB × ${m.vram_estimate_replica_count}` }),
         el("td", { text: m.vram_estimate_source }),
         el("td", { text: m.vram_detail ? `${m.vram_detail.admission_mib} MiB (${m.vram_detail.admission_method})` : "—" }),
+        el("td", { class: "placement", text: m.placement ? `GPU ${m.placement.gpus.join(", ")} (${m.placement.source})` : "—" }),
       ),
     ),
   );
