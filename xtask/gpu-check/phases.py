@@ -208,6 +208,16 @@ def engine_pids(h):
     return descendants(h.pid)
 
 
+def child_environ(pid):
+    """A process's environment (empty when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = [kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv]
+    except (OSError, TypeError):
+        return {}
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
 def gpu_mib_of(apps, pids):
     return sum(apps.get(p) or 0 for p in pids if p in apps)
 
@@ -321,6 +331,18 @@ def eviction(ctx, deadline):
     f["b_load_status"], f["a_state_after_b"] = status, state_a
     ctx.check("eviction", "b_evicts_a_for_memory", status == 200 and state_a == "unloaded",
               f"load b: {status}; a is {state_a!r}")
+    # The placement path on this machine's one GPU: the grant chose GPU 0, the row says so,
+    # and the engine child runs confined to it, in PCI bus order.
+    placement = row.get("placement") if isinstance(row, dict) else None
+    details = (row.get("runtime_details") or [{}]) if isinstance(row, dict) else [{}]
+    env = child_environ(details[0].get("pid"))
+    f["b_placement"] = placement
+    f["b_child_cuda"] = {k: env.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+    ctx.check("eviction", "b_is_placed_on_gpu_0", placement == {"gpus": [0], "source": "chosen"},
+              f"placement {placement}")
+    ctx.check("eviction", "b_child_sees_gpu_0_in_pci_bus_order",
+              env.get("CUDA_VISIBLE_DEVICES") == "0" and env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID",
+              f"child environment {f['b_child_cuda']}")
     ctx.pids.update(engine_pids(h))
     status, lease = h.post("/v1/admin/models/b/leases", deadline, {"owner": "gpu-check", "ttl_seconds": 600})
     ctx.check("eviction", "b_is_leased", status == 200, f"{status}")
@@ -329,9 +351,10 @@ def eviction(ctx, deadline):
     shortfall = error.get("vram_shortfall")
     f["refusal"] = {"status": status, "code": error.get("code"), "vram_shortfall": shortfall}
     holders = (shortfall or {}).get("holders") or []
+    sides = [g.get("gpu") for g in (shortfall or {}).get("gpus") or []]
     ctx.check("eviction", "a_is_refused_507_insufficient_vram",
               status == 507 and error.get("code") == "insufficient_vram"
-              and any(x.get("model") == "b" and x.get("held") for x in holders),
+              and any(x.get("model") == "b" and x.get("held") for x in holders) and sides == [0],
               f"{status} {error.get('code')}, shortfall {shortfall}")
     state_b = h.row("b", deadline).get("runtime_state")
     ctx.check("eviction", "the_refusal_evicts_nothing", state_b == "loaded", f"b is {state_b!r}")
