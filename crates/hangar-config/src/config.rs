@@ -19,7 +19,7 @@ use crate::name::ModelName;
 use crate::secret::Secret;
 use crate::sections::Section;
 use crate::validate::{Problems, ValidationError, check_nested, join_path, parse_flat};
-use crate::vram::VramBudget;
+use crate::vram::{BudgetAmount, VramBudget};
 
 /// Why a config directory could not be turned into a [`Config`].
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +121,12 @@ pub(crate) struct SettingsFields {
     /// `insufficient_vram`. Unset: no admission by memory.
     #[schemars(with = "Option<crate::vram::VramBudgetSchema>")]
     pub(crate) vram_budget: Option<Value>,
+    /// Host memory the models that run on the CPU may fill: MiB (`12000`) or a percentage
+    /// of the machine's memory (`"75%"`). When set, a CPU model's load that does not fit
+    /// evicts idle CPU models, or is refused with `insufficient_memory`. Unset: no
+    /// admission by host memory.
+    #[schemars(with = "Option<crate::vram::AmountSchema>")]
+    pub(crate) ram_budget: Option<Value>,
     /// The configured models, by name. A model set to `null` (e.g. in `local.json`) is
     /// removed.
     pub(crate) models: Option<Map<String, Value>>,
@@ -162,6 +168,9 @@ impl Section for SettingsFields {
             Some(Err((key, message))) if key.is_empty() => p.push("vram_budget", message),
             Some(Err((key, message))) => p.nested("vram_budget").push(&key, message),
             _ => {}
+        }
+        if let Some(Err(message)) = self.ram_budget.as_ref().map(BudgetAmount::parse) {
+            p.push("ram_budget", message);
         }
     }
 }
@@ -352,6 +361,8 @@ pub struct Config {
     pub state_dir: Option<PathBuf>,
     /// GPU memory models may fill; no admission by memory when `None`.
     pub vram_budget: Option<VramBudget>,
+    /// Host memory CPU models may fill; no admission by host memory when `None`.
+    pub ram_budget: Option<BudgetAmount>,
     /// Every configured model, in config order.
     pub models: Vec<ModelConfig>,
 }
@@ -461,6 +472,7 @@ impl Config {
             state_dir: s.state_dir.map(PathBuf::from),
             // Checked by `SettingsFields::check`.
             vram_budget: s.vram_budget.as_ref().and_then(|v| VramBudget::parse(v).ok()),
+            ram_budget: s.ram_budget.as_ref().and_then(|v| BudgetAmount::parse(v).ok()),
             models,
         }
     }
@@ -502,6 +514,7 @@ impl Config {
             "children": self.children.to_json(),
             "state_dir": self.state_dir,
             "vram_budget": self.vram_budget.as_ref().map(VramBudget::to_json),
+            "ram_budget": self.ram_budget,
             "models": models,
         })
     }

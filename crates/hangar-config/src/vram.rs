@@ -31,7 +31,7 @@ impl BudgetAmount {
         }
     }
 
-    fn parse(value: &Value) -> Result<Self, String> {
+    pub(crate) fn parse(value: &Value) -> Result<Self, String> {
         match value {
             Value::Number(n) => match n.as_u64() {
                 Some(mib) if mib > 0 => Ok(Self::Mib(mib)),

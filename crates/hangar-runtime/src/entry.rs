@@ -72,6 +72,9 @@ pub(crate) struct Slot {
     /// The GPUs the runtimes in service were placed on; `None` when no placement was made
     /// (the engines picked) or nothing is loaded.
     pub(crate) placement: Option<crate::place::Placement>,
+    /// What the runtimes in service were measured to hold on the host (models on the
+    /// CPU); `None` when not measured or nothing is loaded.
+    pub(crate) host: Option<crate::host::HostFigure>,
 }
 
 impl ModelEntry {
@@ -100,6 +103,7 @@ impl ModelEntry {
                 failures: Default::default(),
                 vram: Default::default(),
                 placement: None,
+                host: None,
             }),
             config,
             position,

@@ -170,6 +170,21 @@ pub enum ManagerError {
         /// What it needs, what is free and missing, and who holds the memory.
         shortfall: Box<hangar_eviction::VramShortfall>,
     },
+    /// A model on the CPU does not fit in the host-memory budget (`ram_budget`) even after
+    /// evicting every model that may be evicted; nothing was evicted.
+    #[error(
+        "model '{model}' needs {} MiB of host memory but the host-memory budget has {} MiB free; {} MiB are missing even after evicting every model that may be evicted (host memory held by: {})",
+        shortfall.needed_mib,
+        shortfall.free_mib,
+        shortfall.missing_mib,
+        holders(shortfall)
+    )]
+    InsufficientMemory {
+        /// The model that was to load.
+        model: String,
+        /// What it needs, what is free and missing, and which CPU models hold the memory.
+        shortfall: Box<hangar_eviction::VramShortfall>,
+    },
     /// A call that acts on one model named none, and more (or no) models are loaded.
     #[error("{message}")]
     ModelRequired {
@@ -307,6 +322,8 @@ pub enum ErrorCode {
     ModelQuarantined,
     /// The model does not fit in the VRAM budget.
     InsufficientVram,
+    /// A model on the CPU does not fit in the host-memory budget.
+    InsufficientMemory,
     /// A read-only weights check would have paused the loaded model.
     WouldPause,
     /// The model already has `limits.max_leases_per_model` live leases.
@@ -356,6 +373,7 @@ impl ManagerError {
             Self::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
             Self::SlotsPinned { .. } => ErrorCode::SlotsPinned,
             Self::InsufficientVram { .. } => ErrorCode::InsufficientVram,
+            Self::InsufficientMemory { .. } => ErrorCode::InsufficientMemory,
             Self::Quarantined { .. } => ErrorCode::ModelQuarantined,
             Self::WouldPause { .. } => ErrorCode::WouldPause,
             Self::Runtime(e) => match e {

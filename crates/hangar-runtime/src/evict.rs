@@ -39,6 +39,8 @@ pub(crate) struct Creation {
 pub(crate) struct Created {
     pub(crate) runtimes: Vec<Arc<dyn Runtime>>,
     pub(crate) placement: Option<Placement>,
+    /// What they hold on the host, when they run on the CPU and were measured.
+    pub(crate) host: Option<crate::host::HostFigure>,
 }
 
 /// A turn in the load lane, granted by the control loop: the one lane and the model's
@@ -70,6 +72,7 @@ impl Lane<'_> {
         let placement = Placement::of(&c.model, chosen, overridden);
         let gpus = placement.as_ref().map(|p| p.gpus.clone()).unwrap_or_default();
         let before = if settled && c.measure { manager.gpu_used_mib(entry).await } else { None };
+        let on_host = c.measure && crate::host::on_host(&c.model);
         // The spec's retry after evicting everything else is a load's; a reload or an
         // update that fails leaves the old runtimes serving and every other model loaded.
         let runtimes = match c.ask {
@@ -82,7 +85,8 @@ impl Lane<'_> {
         if c.measure {
             manager.record_load(entry, before, &runtimes, &c.load_override).await;
         }
-        Ok(Created { runtimes, placement })
+        let host = if on_host { crate::host::measure(&runtimes) } else { None };
+        Ok(Created { runtimes, placement, host })
     }
 }
 

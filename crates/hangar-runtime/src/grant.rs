@@ -31,6 +31,8 @@ pub(crate) enum Refusal {
     Held(Vec<String>),
     /// The model cannot fit in the VRAM budget.
     Vram(VramShortfall),
+    /// The model cannot fit in the host-memory budget.
+    Host(VramShortfall),
 }
 
 impl Refusal {
@@ -42,6 +44,9 @@ impl Refusal {
             Self::Vram(short) => {
                 ManagerError::InsufficientVram { model, shortfall: Box::new(short) }
             }
+            Self::Host(short) => {
+                ManagerError::InsufficientMemory { model, shortfall: Box::new(short) }
+            }
         }
     }
 }
@@ -51,6 +56,8 @@ impl Refusal {
 /// they may go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Places {
+    /// Which memory: the GPUs', or the host's (one place, index 0).
+    pub(crate) on: Place,
     /// The GPUs Hangar may use, with their free memory under the budget.
     pub(crate) gpus: Vec<GpuRoom>,
     /// What each loaded model holds on each GPU.
@@ -70,8 +77,17 @@ impl Places {
             .map(|m| GpuHolding { model: m.name.clone(), gpu: 0, mib: m.vram_mib })
             .collect();
         let fit = Fit { needed_mib, allowed: Vec::new(), split: 1 };
-        Self { gpus: vec![GpuRoom { index: 0, free_mib }], holdings, fit }
+        Self { on: Place::Gpus, gpus: vec![GpuRoom { index: 0, free_mib }], holdings, fit }
     }
+}
+
+/// Which memory a grant places a load in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// The GPUs, each a place of its own (`vram_budget`).
+    Gpus,
+    /// The host's memory, one place (`ram_budget`, `host.rs`).
+    Host,
 }
 
 /// A granted creation: the evictions to make first, and the GPUs the runtimes go to
@@ -106,7 +122,11 @@ pub(crate) fn decide(
     let (plan, gpus) = match (ask, placed, places) {
         (_, Some(placed), Some(p)) => {
             if let Some(refusal) = placed.refusal {
-                return Err(Refusal::Vram(refusal.shortfall(&p.fit)));
+                let short = refusal.shortfall(&p.fit);
+                return Err(match p.on {
+                    Place::Gpus => Refusal::Vram(short),
+                    Place::Host => Refusal::Host(short),
+                });
             }
             (placed.plan, placed.gpus)
         }
@@ -161,6 +181,7 @@ mod tests {
         match refusal {
             Refusal::Held(held) => format!("held: {}", held.join(",")),
             Refusal::Vram(short) => format!("vram: {} missing", short.missing_mib),
+            Refusal::Host(short) => format!("host: {} missing", short.missing_mib),
         }
     }
 
@@ -255,6 +276,32 @@ mod tests {
             let want = row.answer.map(|v| v.into_iter().map(String::from).collect::<Vec<_>>());
             assert_eq!(got, want, "{}", row.what);
         }
+    }
+
+    #[test]
+    fn the_place_decides_which_refusal_and_a_granted_load_carries_its_gpus() {
+        let nz = |n| std::num::NonZeroU32::new(n).unwrap();
+        let limits = MaxLoadedModels { llm: nz(4), embedding: nz(1), reranking: nz(1) };
+        let incoming = Incoming {
+            name: ModelName::new("new").unwrap(),
+            model_type: ModelType::Llm,
+            device: Device::CPU,
+        };
+        let loaded = [loaded("a", 1, 1000, true)];
+        let host = Places { on: Place::Host, ..Places::one_gpu(500, 2000, &loaded) };
+        let refused = decide(Ask::Load, &loaded, &incoming, &limits, Some(&host));
+        assert!(
+            matches!(refused, Err(Refusal::Host(ref s)) if s.missing_mib == 1500),
+            "{refused:?}"
+        );
+        let gpus = Places::one_gpu(500, 2000, &loaded);
+        let refused = decide(Ask::Load, &loaded, &incoming, &limits, Some(&gpus));
+        assert!(matches!(refused, Err(Refusal::Vram(_))), "{refused:?}");
+        let roomy = Places::one_gpu(4000, 2000, &loaded);
+        let granted = decide(Ask::Load, &loaded, &incoming, &limits, Some(&roomy)).unwrap();
+        assert_eq!(granted.gpus, [0]);
+        let unplaced = decide(Ask::Load, &loaded, &incoming, &limits, None).unwrap();
+        assert!(unplaced.gpus.is_empty(), "no budget: no placement");
     }
 }
 
@@ -372,6 +419,7 @@ mod properties {
                 );
                 prop_assert!(short.missing_mib > 0);
             }
+            Err(Refusal::Host(_)) => prop_assert!(false, "GPU places refused as host memory"),
             Err(Refusal::Held(held)) => {
                 prop_assert!(!held.is_empty());
                 for name in &held {

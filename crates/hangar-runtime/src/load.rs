@@ -518,8 +518,9 @@ fn prepare(config: &Arc<ModelConfig>, options: &LoadOptions) -> Result<Prepared,
 /// Puts freshly loaded runtimes behind a new scheduler (of `max_queue` waiting requests) in
 /// the slot, unpaused, and returns the phase they replace. The loop sets the generation.
 fn install(slot: &mut Slot, created: Created, max_queue: usize) -> Phase {
-    let Created { runtimes, placement } = created;
+    let Created { runtimes, placement, host } = created;
     slot.placement = placement;
+    slot.host = host;
     let caps = runtimes.first().map(|r| r.capabilities().clone()).unwrap_or_default();
     let target = effective_target(slot.effective.target_inflight, caps.max_parallel_sequences);
     let details = runtimes.iter().map(|r| r.details()).collect();

@@ -96,6 +96,8 @@ pub(crate) struct Inner {
     pub(crate) gpu: std::sync::RwLock<Arc<dyn hangar_gpu::GpuProbe>>,
     /// GPU memory models may fill; no admission by memory when `None`.
     pub(crate) vram_budget: Option<hangar_config::VramBudget>,
+    /// Host memory CPU models may fill; no admission by host memory when `None`.
+    pub(crate) ram_budget: Option<hangar_config::BudgetAmount>,
     /// Where measured figures persist (`state_dir`).
     pub(crate) state: Option<crate::state::StateFile>,
     /// The enabled models in start-up's order (model positions).
@@ -160,6 +162,7 @@ impl Manager {
                     "no GPU probe: the host configured none".into(),
                 ))),
                 vram_budget: config.vram_budget.clone(),
+                ram_budget: config.ram_budget,
                 state,
                 start_up,
                 slots: config.max_loaded_models,

@@ -61,6 +61,9 @@ impl Outcome {
             Self::Refused(refusal @ Refusal::Vram(_)) => {
                 Some(format!("insufficient_vram: {}", refusal.clone().into_error(model)))
             }
+            Self::Refused(refusal @ Refusal::Host(_)) => {
+                Some(format!("insufficient_memory: {}", refusal.clone().into_error(model)))
+            }
             Self::Failed(failure) => Some(failure.to_string()),
         }
     }

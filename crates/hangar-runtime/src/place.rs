@@ -14,7 +14,7 @@ use hangar_gpu::GpuReading;
 use hangar_lifecycle::ModelState;
 
 use crate::entry::ModelEntry;
-use crate::grant::Places;
+use crate::grant::{Place, Places};
 use crate::manager::Manager;
 use crate::vram::{VramMethod, admission_figure};
 
@@ -89,6 +89,9 @@ impl Manager {
         replicas: u32,
         load_override: &LoadOverride,
     ) -> Option<Places> {
+        if crate::host::on_host(model) {
+            return self.host_places(entry, model, replicas, load_override);
+        }
         let budget = self.inner.vram_budget.as_ref()?;
         let readings = ours(self.read_gpus(entry.config.device).await?);
         let gpus = readings
@@ -108,7 +111,7 @@ impl Manager {
         }
         let needed_mib = figure.map_or(0, |(mib, _)| mib);
         let fit = Fit { needed_mib, allowed: model.gpus.clone(), split: model.gpu_split.get() };
-        Some(Places { gpus, holdings: self.holdings(&readings), fit })
+        Some(Places { on: Place::Gpus, gpus, holdings: self.holdings(&readings), fit })
     }
 
     /// What each loaded GPU model holds on each GPU (see the module docs).

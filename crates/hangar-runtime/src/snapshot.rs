@@ -87,6 +87,9 @@ pub struct ModelSnapshot {
     pub vram_detail: Option<crate::vram::VramDetail>,
     /// The GPUs the runtimes in service were placed on; `None` without a placement.
     pub placement: Option<crate::place::Placement>,
+    /// For a model on the CPU: what it holds (once loaded and measured) or would take of
+    /// the host's memory, and how that was obtained; `None` for GPU and remote models.
+    pub host_memory: Option<crate::host::HostFigure>,
     /// The runtime-only override of the current (or last) load; empty when none.
     pub load_override: LoadOverride,
     /// What the model supports (from the loaded runtime once loaded, else from config).
@@ -210,6 +213,11 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         vram_estimate_source: vram.2,
         vram_detail: crate::vram::vram_detail(entry, slot, replicas),
         placement: slot.placement.clone(),
+        host_memory: crate::host::on_host(&entry.config)
+            .then(|| {
+                crate::host::figure(entry, slot, &slot.effective, replicas, &slot.load_override)
+            })
+            .flatten(),
         load_override: slot.load_override.clone(),
         capabilities: Arc::clone(&slot.capabilities),
         runtime_details: serving.map_or_else(|| Arc::new([]) as _, |s| Arc::clone(&s.details)),

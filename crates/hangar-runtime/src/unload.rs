@@ -147,6 +147,7 @@ impl Manager {
         let apply = Apply::new(move |slot| {
             slot.phase = Phase::Down;
             slot.placement = None;
+            slot.host = None;
             slot.load_override = LoadOverride::default();
             slot.replicas = config.replicas;
             slot.effective = config;
@@ -170,6 +171,7 @@ impl Manager {
                 return;
             };
             slot.placement = None;
+            slot.host = None;
             let scheduler = serving.scheduler;
             scheduler.close(AdmissionError::ModelFailed { last_error: message });
             Events::bump(&events.crashes);

@@ -114,7 +114,7 @@ impl ErrorCode {
                 R::UpstreamError | R::UpstreamAnswerTooLarge => StatusCode::BAD_GATEWAY,
                 R::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
                 R::WouldPause => StatusCode::METHOD_NOT_ALLOWED,
-                R::InsufficientVram => StatusCode::INSUFFICIENT_STORAGE,
+                R::InsufficientVram | R::InsufficientMemory => StatusCode::INSUFFICIENT_STORAGE,
             },
             Self::Http(code) => match code {
                 H::NotFound | H::NothingToUnload => StatusCode::NOT_FOUND,
@@ -226,6 +226,9 @@ impl ErrorCode {
             }
             Self::Runtime(R::InsufficientVram) => {
                 "the model does not fit in the VRAM budget even after evicting every model that may be evicted; `vram_shortfall` says how much is missing and which models hold the memory. Nothing was evicted."
+            }
+            Self::Runtime(R::InsufficientMemory) => {
+                "a model on the CPU does not fit in the host-memory budget (`ram_budget`) even after evicting every CPU model that may be evicted; `memory_shortfall` says how much is missing and which models hold the memory. Nothing was evicted."
             }
             Self::Http(H::OriginNotAllowed) => {
                 "a browser request from an origin other than the server's own pages and `http.allowed_origins` (or `Origin: null`, or `Sec-Fetch-Site: cross-site`)."

@@ -30,6 +30,33 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
     /// With `insufficient_vram`: what is needed, free and missing, and who holds the memory.
     pub vram_shortfall: Option<Box<VramShortfallBody>>,
+    /// With `insufficient_memory`: the same of the host's memory.
+    pub memory_shortfall: Option<Box<MemoryShortfallBody>>,
+}
+
+/// Why a model on the CPU does not fit in the host-memory budget (`insufficient_memory`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryShortfallBody {
+    /// What the model is expected to take, in MiB (`host_memory.mib`, less a model file
+    /// that a loaded model maps already).
+    pub needed_mib: u64,
+    /// The host-memory budget left now, in MiB (negative when over budget).
+    pub free_mib: i64,
+    /// What is still missing after evicting every model that may be evicted, in MiB.
+    pub missing_mib: u64,
+    /// Loaded CPU models holding host memory, largest first.
+    pub holders: Vec<MemoryHolder>,
+}
+
+/// A loaded model holding host memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryHolder {
+    /// The model.
+    pub model: String,
+    /// The memory admission counts it as holding, in MiB.
+    pub mib: u64,
+    /// Pinned or leased: it may not be evicted.
+    pub held: bool,
 }
 
 /// Why a model does not fit in the VRAM budget (`insufficient_vram`). Each GPU is a place
@@ -121,6 +148,10 @@ pub struct ErrorObject {
     /// With `insufficient_vram`: what is needed, free and missing, and who holds the memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vram_shortfall: Option<Box<VramShortfallBody>>,
+    /// With `insufficient_memory`: what is needed, free and missing of the host-memory
+    /// budget, and which CPU models hold it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_shortfall: Option<Box<MemoryShortfallBody>>,
 }
 
 /// The KServe v2 error envelope of the model-repository routes.
@@ -141,6 +172,7 @@ impl ApiError {
             runtime_state: None,
             retry_after: None,
             vram_shortfall: None,
+            memory_shortfall: None,
         }
     }
 
@@ -176,6 +208,7 @@ impl ApiError {
                 runtime_state: self.runtime_state,
                 retry_after: self.retry_after,
                 vram_shortfall: self.vram_shortfall.clone(),
+                memory_shortfall: self.memory_shortfall.clone(),
             },
         }
     }
@@ -223,6 +256,19 @@ impl From<ManagerError> for ApiError {
                     holders: holders(&shortfall.holders),
                     gpus_needed: shortfall.gpus_needed,
                     gpus: gpus.collect(),
+                }));
+            }
+            ManagerError::InsufficientMemory { shortfall, .. } => {
+                let holders = shortfall.holders.iter().map(|(model, mib, held)| MemoryHolder {
+                    model: model.to_string(),
+                    mib: *mib,
+                    held: *held,
+                });
+                api.memory_shortfall = Some(Box::new(MemoryShortfallBody {
+                    needed_mib: shortfall.needed_mib,
+                    free_mib: shortfall.free_mib,
+                    missing_mib: shortfall.missing_mib,
+                    holders: holders.collect(),
                 }));
             }
             _ => {}

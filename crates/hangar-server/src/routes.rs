@@ -62,6 +62,7 @@ const INFERENCE: &[ErrorCode] = &[
     R(ModelQuarantined),
     // An auto-load that does not fit in the VRAM budget.
     R(InsufficientVram),
+    R(InsufficientMemory),
     // A list longer than `limits` allow (messages, inputs, documents, tools, stop sequences).
     H(LimitExceeded),
     // The request ran past `limits.request_timeout_s`.
@@ -81,6 +82,7 @@ const UPDATE: &[ErrorCode] = &[
     R(LoadFailed),
     R(SlotsPinned),
     R(InsufficientVram),
+    R(InsufficientMemory),
     R(AdminBusy),
 ];
 
@@ -109,6 +111,7 @@ const LOAD: &[ErrorCode] = &[
     R(LoadFailed),
     R(SlotsPinned),
     R(InsufficientVram),
+    R(InsufficientMemory),
     R(StateConflict),
     R(AdminBusy),
 ];
@@ -229,6 +232,7 @@ pub(crate) fn all() -> Vec<Route> {
                 R(LoadFailed),
                 R(SlotsPinned),
                 R(InsufficientVram),
+                R(InsufficientMemory),
                 R(StateConflict),
                 R(AdminBusy),
                 R(ModelQuarantined),
@@ -485,6 +489,7 @@ pub(crate) fn all() -> Vec<Route> {
                 R(LoadFailed),
                 R(SlotsPinned),
                 R(InsufficientVram),
+                R(InsufficientMemory),
                 R(StateConflict),
                 R(AdminBusy),
             ]),

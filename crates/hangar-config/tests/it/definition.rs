@@ -182,3 +182,19 @@ fn vram_budget_and_state_dir_parse_and_bad_budgets_name_their_path() {
     let empty = problems(serde_json::json!({ "state_dir": "" }));
     assert!(empty.contains("state_dir"), "{empty}");
 }
+
+#[test]
+fn ram_budget_is_mib_or_a_share_of_the_host_and_bad_ones_are_refused() {
+    use hangar_config::{BudgetAmount, Config};
+    let config = Config::from_value(&serde_json::json!({ "ram_budget": "75%" })).unwrap();
+    assert_eq!(config.ram_budget, Some(BudgetAmount::Percent(75.0)));
+    assert_eq!(config.ram_budget.unwrap().resolve(64_000), 48_000);
+    assert_eq!(config.to_effective_json()["ram_budget"], "75%");
+    let mib = Config::from_value(&serde_json::json!({ "ram_budget": 12000 })).unwrap();
+    assert_eq!(mib.ram_budget, Some(BudgetAmount::Mib(12000)));
+    assert_eq!(Config::from_value(&serde_json::json!({})).unwrap().ram_budget, None);
+    for bad in [serde_json::json!(0), serde_json::json!("0%"), serde_json::json!({ "0": 5 })] {
+        let err = Config::from_value(&serde_json::json!({ "ram_budget": bad })).unwrap_err();
+        assert!(err.to_string().contains("ram_budget:"), "{bad}: {err}");
+    }
+}

@@ -5,6 +5,7 @@
 mod control;
 mod decisions;
 mod gpu;
+mod host_memory;
 mod lifecycle;
 mod multi_model;
 mod properties;

@@ -19,8 +19,8 @@ use hangar_runtime::engine::{
 };
 
 use crate::wire::{
-    Capabilities, Failure, Lease, ModelState, PauseInfo, Placement, QuarantineInfo, VramDetail,
-    VramEstimateSource,
+    Capabilities, Failure, HostMemory, Lease, ModelState, PauseInfo, Placement, QuarantineInfo,
+    VramDetail, VramEstimateSource,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -97,6 +97,12 @@ pub struct ModelRow {
     /// when no placement was made (no `gpus` configured and no `vram_budget` with
     /// telemetry: the engine used the GPUs it sees).
     pub placement: Option<Placement>,
+    /// Hangar's addition for a model on the CPU: what it holds of the host's memory once
+    /// loaded in a child process (`process_tree_rss`: its engine's processes), or would
+    /// take and, in process, is counted as taking (`gguf_estimate`, `model_artifact_size`),
+    /// in MiB for its replicas (`mib`, `method`): what admission under `ram_budget` counts.
+    /// `null` for GPU and remote models.
+    pub host_memory: Option<HostMemory>,
     /// The runtime-only override of the current (or last) load; `{}` when none.
     pub load_override: Map<String, Value>,
     /// What the model supports.
@@ -299,6 +305,7 @@ fn write_row(out: &mut Vec<u8>, parts: &StaticParts, s: &ModelSnapshot) {
     name(out, b",\"vram_estimate_source\":", live.vram_estimate_source.into());
     value(out, b",\"vram_detail\":", &live.vram_detail);
     value(out, b",\"placement\":", &live.placement);
+    value(out, b",\"host_memory\":", &live.host_memory);
     value(out, b",\"load_override\":", s.load_override.fields());
     value(out, b",\"capabilities\":", &live.capabilities);
     value(out, b",\"runtime_details\":", &*s.runtime_details);
@@ -321,6 +328,7 @@ struct Live {
     vram_estimate_source: VramEstimateSource,
     vram_detail: Option<VramDetail>,
     placement: Option<Placement>,
+    host_memory: Option<HostMemory>,
     capabilities: Capabilities,
     pause: Option<PauseInfo>,
     leases: Vec<Lease>,
@@ -336,6 +344,7 @@ impl Live {
             vram_estimate_source: s.vram_estimate_source.into(),
             vram_detail: s.vram_detail.clone().map(Into::into),
             placement: s.placement.clone().map(Into::into),
+            host_memory: s.host_memory.map(Into::into),
             capabilities: (*s.capabilities).clone().into(),
             pause: s.pause.map(Into::into),
             leases: s.leases.iter().cloned().map(Into::into).collect(),
@@ -392,6 +401,7 @@ impl ModelRow {
             vram_estimate_source: live.vram_estimate_source,
             vram_detail: live.vram_detail,
             placement: live.placement,
+            host_memory: live.host_memory,
             load_override: s.load_override.fields().clone(),
             capabilities: live.capabilities,
             runtime_details: s.runtime_details.to_vec(),

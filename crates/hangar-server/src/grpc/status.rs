@@ -37,7 +37,9 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
             | R::AdminBusy
             | R::GenerationAborted
             | R::ModelQuarantined => Code::Unavailable,
-            R::QueueFull | R::TooManyLeases | R::InsufficientVram => Code::ResourceExhausted,
+            R::QueueFull | R::TooManyLeases | R::InsufficientVram | R::InsufficientMemory => {
+                Code::ResourceExhausted
+            }
             R::DeadlineExceeded => Code::DeadlineExceeded,
             // Triton answers a failed load with INTERNAL too.
             R::LoadFailed | R::BackendCrashed | R::RuntimeError => Code::Internal,

@@ -15,8 +15,8 @@ pub use engine::{Capabilities, FinishReason, Modality, ThinkingMode};
 pub use events::{EventKind, LeaseChange, ManagerCounters, ManagerEvent};
 pub use state::{LifecycleEvent, ModelState};
 pub use vram::{
-    GgufEstimate, Placement, PlacementSource, ProcessTreeFigure, VramDetail, VramEstimateSource,
-    VramMethod,
+    GgufEstimate, HostMemory, HostMethod, Placement, PlacementSource, ProcessTreeFigure,
+    VramDetail, VramEstimateSource, VramMethod,
 };
 pub use weights::{
     Comparison, TensorDigest, WeightsAction, WeightsDigest, WeightsFormat, WeightsReport,

@@ -182,3 +182,37 @@ impl From<hangar_runtime::Placement> for Placement {
         Self { gpus: p.gpus, source }
     }
 }
+
+/// What a model on the CPU holds (once loaded and measured) or would take of the host's
+/// memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HostMemory {
+    /// For the model's replicas, in MiB.
+    pub mib: u64,
+    /// How it was obtained.
+    pub method: HostMethod,
+}
+
+/// How a host-memory figure was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HostMethod {
+    /// The resident memory of the engine's process tree, after the load.
+    ProcessTreeRss,
+    /// The GGUF files plus the KV cache for the load's context.
+    GgufEstimate,
+    /// The size of the model's files.
+    ModelArtifactSize,
+}
+
+impl From<hangar_runtime::HostFigure> for HostMemory {
+    fn from(f: hangar_runtime::HostFigure) -> Self {
+        use hangar_runtime::HostMethod as M;
+        let method = match f.method {
+            M::ProcessTreeRss => HostMethod::ProcessTreeRss,
+            M::GgufEstimate => HostMethod::GgufEstimate,
+            M::ModelArtifactSize => HostMethod::ModelArtifactSize,
+        };
+        Self { mib: f.mib, method }
+    }
+}

@@ -1,0 +1,169 @@
+//! Host memory as a place: models that run on the CPU are admitted against `ram_budget`,
+//! the way GPU models are against `vram_budget` (the same grant, one place: the host).
+//!
+//! - **Who counts.** A model not on a GPU whose engine runs here (not `openai_remote`).
+//! - **Figures.** Once loaded, for engines in child processes: the resident memory
+//!   (`VmRSS`) of the engine's process tree. Otherwise, and before a load: the GGUF estimate
+//!   (weights plus KV cache), else the model files' size. In-process engines keep the
+//!   estimate: `hangard`'s own memory moves with every request it serves, so its growth
+//!   across a load is not the load's own.
+//! - **Mapped files count once.** Engines map model files: two loaded models on one file
+//!   share its pages. A file counts for the first loaded model in config order that maps
+//!   it; a load of a file some loaded model maps already needs only the rest of its figure.
+//! - **Free** is the budget minus what the loaded host models hold (accounted, not the
+//!   machine's free memory, which the page cache clouds).
+
+use std::path::PathBuf;
+
+use hangar_backend::Runtime;
+use hangar_config::{BackendKind, Device, LoadOverride, ModelConfig};
+use hangar_eviction::{Fit, GpuHolding, GpuRoom};
+use hangar_lifecycle::ModelState;
+
+use crate::entry::{ModelEntry, Slot};
+use crate::grant::{Place, Places};
+use crate::manager::Manager;
+use crate::vram::{VramMethod, admission_figure};
+
+/// How a host-memory figure was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum HostMethod {
+    /// The resident memory of the engine's process tree, after the load.
+    ProcessTreeRss,
+    /// The GGUF files plus the KV cache for the load's context.
+    GgufEstimate,
+    /// The size of the model's files.
+    ModelArtifactSize,
+}
+
+impl HostMethod {
+    /// The snake_case name the API shows.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// What a host model takes, in MiB, and how that was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostFigure {
+    /// For the model's replicas, in MiB.
+    pub mib: u64,
+    /// How it was obtained.
+    pub method: HostMethod,
+}
+
+/// Whether `model`'s memory is the host's: not on a GPU, and run on this machine.
+pub(crate) fn on_host(model: &ModelConfig) -> bool {
+    !model.device.contains(Device::GPU) && model.backend != BackendKind::OpenaiRemote
+}
+
+/// The machine's memory in MiB (`MemTotal`), when `/proc/meminfo` can be read.
+fn total_mib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    kib_field(&text, "MemTotal:").map(|kib| kib / 1024)
+}
+
+/// The `field` of a `/proc` status-like text, in KiB.
+fn kib_field(text: &str, field: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok())
+}
+
+/// The resident memory of `pid`, in MiB.
+fn rss_mib(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    kib_field(&text, "VmRSS:").map(|kib| kib.div_ceil(1024))
+}
+
+/// What a finished load of `runtimes` holds on the host, when they run in child
+/// processes: their process trees' resident memory.
+pub(crate) fn measure(runtimes: &[std::sync::Arc<dyn Runtime>]) -> Option<HostFigure> {
+    let roots: Vec<u32> = runtimes.iter().filter_map(|r| r.pid()).collect();
+    if roots.is_empty() {
+        return None;
+    }
+    let pids: Vec<u32> = roots.into_iter().flat_map(hangar_gpu::process_tree).collect();
+    let mib: u64 = pids.into_iter().filter_map(rss_mib).sum();
+    (mib > 0).then_some(HostFigure { mib, method: HostMethod::ProcessTreeRss })
+}
+
+/// The file a model maps (its `model_path`, canonical), whose pages loaded models share.
+fn mapped_file(model: &ModelConfig) -> Option<PathBuf> {
+    std::fs::canonicalize(model.model_path.as_deref()?).ok().filter(|p| p.is_file())
+}
+
+/// The best host figure of `entry`'s model for `replicas` under `load_override`: the one
+/// measured for the runtimes in service, else the estimate.
+pub(crate) fn figure(
+    entry: &ModelEntry,
+    slot: &Slot,
+    model: &ModelConfig,
+    replicas: u32,
+    load_override: &LoadOverride,
+) -> Option<HostFigure> {
+    if let Some(measured) = slot.host.filter(|_| slot.lifecycle.state() == ModelState::Loaded) {
+        return Some(measured);
+    }
+    let (mib, method) = admission_figure(entry, &slot.vram, model, replicas, load_override)?;
+    let method = match method {
+        VramMethod::GgufEstimate => HostMethod::GgufEstimate,
+        _ => HostMethod::ModelArtifactSize,
+    };
+    Some(HostFigure { mib, method })
+}
+
+impl Manager {
+    /// What a creation of `entry`'s `model` is granted against on the host: the budget
+    /// less what loaded host models hold, their holdings, and the model's figure (less a
+    /// file some loaded model maps already). `None` without a `ram_budget` or for a model
+    /// whose memory is not the host's.
+    pub(crate) fn host_places(
+        &self,
+        entry: &ModelEntry,
+        model: &ModelConfig,
+        replicas: u32,
+        load_override: &LoadOverride,
+    ) -> Option<Places> {
+        let budget = self.inner.ram_budget?;
+        if !on_host(model) {
+            return None;
+        }
+        let budget = budget.resolve(total_mib()?);
+        let mut holdings = Vec::new();
+        let mut files: Vec<PathBuf> = Vec::new();
+        for other in &self.inner.order {
+            if other.position == entry.position || !on_host(&other.config) {
+                continue;
+            }
+            let slot = other.lock();
+            if slot.lifecycle.state() != ModelState::Loaded {
+                continue;
+            }
+            let replicas = slot.phase.loaded_replicas().max(1);
+            let Some(held) = figure(other, &slot, &slot.effective, replicas, &slot.load_override)
+            else {
+                continue;
+            };
+            let mut mib = held.mib;
+            if let Some(file) = mapped_file(&slot.effective) {
+                if files.contains(&file) {
+                    mib = mib.saturating_sub(other.artifacts.mib.unwrap_or(0));
+                } else {
+                    files.push(file);
+                }
+            }
+            holdings.push(GpuHolding { model: other.config.name.clone(), gpu: 0, mib });
+        }
+        let held: u64 = holdings.iter().map(|h| h.mib).sum();
+        let free_mib =
+            i64::try_from(budget).unwrap_or(i64::MAX) - i64::try_from(held).unwrap_or(i64::MAX);
+        let slot = entry.lock();
+        let mut needed = figure(entry, &slot, model, replicas, load_override).map_or(0, |f| f.mib);
+        if mapped_file(model).is_some_and(|f| files.contains(&f)) {
+            needed = needed.saturating_sub(entry.artifacts.mib.unwrap_or(0));
+        }
+        let fit = Fit { needed_mib: needed, allowed: Vec::new(), split: 1 };
+        let gpus = vec![GpuRoom { index: 0, free_mib }];
+        Some(Places { on: Place::Host, gpus, holdings, fit })
+    }
+}
