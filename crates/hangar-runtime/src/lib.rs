@@ -31,9 +31,11 @@
 //!   an explicit load);
 //! - VRAM figures (a subprocess engine's process-tree memory, a load's GPU delta, a GGUF
 //!   model's weights plus KV cache, the files' size), kept in `state_dir` across restarts,
-//!   and admission by them under a `vram_budget`: a load that does not fit evicts least
-//!   recently used idle models for memory or is refused with `insufficient_vram`, and a
-//!   load after an unload waits (bounded) for the driver to show the memory released;
+//!   and admission by them under a `vram_budget`, each GPU a place of its own: a load is
+//!   placed on the GPU(s) where it fits with the fewest evictions, evicts least recently
+//!   used idle models there for memory or is refused with `insufficient_vram`, and a load
+//!   after an unload waits (bounded) for the driver to show the memory released; models on
+//!   the CPU are admitted the same way against a `ram_budget` (`insufficient_memory`);
 //! - start-up ([`Manager::load_enabled`]): the enabled models in config order, of each type
 //!   as many as it has slots, none evicting another; and readiness
 //!   ([`Manager::not_serving`]): each enabled model that is not serving, with a typed reason;
