@@ -59,6 +59,16 @@ fn victims(placed: &Placed) -> Vec<&str> {
     placed.plan.names().map(ModelName::as_str).collect()
 }
 
+/// [`plan_placement`] of a new llm (8 slots: slots never decide) on [`two`] GPUs.
+fn place_on_two(
+    loaded: &[LoadedModel],
+    free: [i64; 2],
+    holdings: &[GpuHolding],
+    fit: Fit,
+) -> Placed {
+    plan_placement(loaded, &incoming(), &limits(), &two(free), holdings, &fit)
+}
+
 /// Two 16 GiB GPUs with `free` GiB free on each.
 fn two(free: [i64; 2]) -> [GpuRoom; 2] {
     [GpuRoom { index: 0, free_mib: free[0] * 1024 }, GpuRoom { index: 1, free_mib: free[1] * 1024 }]
@@ -104,14 +114,7 @@ fn a_model_goes_where_there_is_room_without_evicting() {
 fn room_is_made_on_one_gpu_only_by_its_least_recently_used_model() {
     let loaded = [model("a", 1, false), model("b", 3, false), model("c", 2, false)];
     let holdings = [hold("a", 0, 12 * GIB), hold("b", 0, 2 * GIB), hold("c", 1, 14 * GIB)];
-    let placed = plan_placement(
-        &loaded,
-        &incoming(),
-        &limits(),
-        &two([2, 2]),
-        &holdings,
-        &fit(12 * GIB, &[], 1),
-    );
+    let placed = place_on_two(&loaded, [2, 2], &holdings, fit(12 * GIB, &[], 1));
     // One eviction either way: `a` was used before `c`, so it goes, from GPU 0 only (`b`,
     // used last, stays beside the new model).
     assert_eq!((placed.gpus.as_slice(), victims(&placed)), (&[0][..], vec!["a"]));
@@ -119,14 +122,7 @@ fn room_is_made_on_one_gpu_only_by_its_least_recently_used_model() {
     // Used at the same moment: GPU 0 after evicting `a` leaves 2 GiB free, GPU 1 after `c`
     // 4, so the most free memory decides.
     let loaded = [model("a", 1, false), model("b", 3, false), model("c", 1, false)];
-    let placed = plan_placement(
-        &loaded,
-        &incoming(),
-        &limits(),
-        &two([2, 2]),
-        &holdings,
-        &fit(12 * GIB, &[], 1),
-    );
+    let placed = place_on_two(&loaded, [2, 2], &holdings, fit(12 * GIB, &[], 1));
     assert_eq!((placed.gpus.as_slice(), victims(&placed)), (&[1][..], vec!["c"]));
 }
 
@@ -136,14 +132,7 @@ fn fewer_evictions_win_over_more_free_memory() {
     // (nothing left): one eviction beats two.
     let loaded = [model("a", 1, false), model("b", 2, false), model("c", 3, false)];
     let holdings = [hold("a", 0, 4 * GIB), hold("b", 0, 4 * GIB), hold("c", 1, 6 * GIB)];
-    let placed = plan_placement(
-        &loaded,
-        &incoming(),
-        &limits(),
-        &two([2, 2]),
-        &holdings,
-        &fit(8 * GIB, &[], 1),
-    );
+    let placed = place_on_two(&loaded, [2, 2], &holdings, fit(8 * GIB, &[], 1));
     assert_eq!((placed.gpus.as_slice(), victims(&placed)), (&[1][..], vec!["c"]));
 }
 
@@ -151,24 +140,10 @@ fn fewer_evictions_win_over_more_free_memory() {
 fn held_models_are_never_victims_so_the_other_gpu_is_chosen() {
     let loaded = [model("pinned", 1, true), model("idle", 5, false)];
     let holdings = [hold("pinned", 0, 14 * GIB), hold("idle", 1, 14 * GIB)];
-    let placed = plan_placement(
-        &loaded,
-        &incoming(),
-        &limits(),
-        &two([2, 2]),
-        &holdings,
-        &fit(8 * GIB, &[], 1),
-    );
+    let placed = place_on_two(&loaded, [2, 2], &holdings, fit(8 * GIB, &[], 1));
     assert_eq!((placed.gpus.as_slice(), victims(&placed)), (&[1][..], vec!["idle"]));
     // Only GPU 0 allowed: nothing may be evicted there, so nothing is evicted anywhere.
-    let placed = plan_placement(
-        &loaded,
-        &incoming(),
-        &limits(),
-        &two([2, 2]),
-        &holdings,
-        &fit(8 * GIB, &[0], 1),
-    );
+    let placed = place_on_two(&loaded, [2, 2], &holdings, fit(8 * GIB, &[0], 1));
     let Some(Refusal::NoRoom(short)) = &placed.refusal else { panic!("{placed:?}") };
     assert_eq!(short.len(), 1);
     assert_eq!(short[0].holders, [(name("pinned"), 14 * GIB, true)]);
@@ -192,14 +167,7 @@ fn allowed_gpus_narrow_the_choice() {
 fn a_split_victim_frees_its_share_on_every_gpu() {
     let loaded = [model("wide", 1, false), model("other", 2, false)];
     let holdings = [hold("wide", 0, 8 * GIB), hold("wide", 1, 8 * GIB), hold("other", 1, 4 * GIB)];
-    let placed = plan_placement(
-        &loaded,
-        &incoming(),
-        &limits(),
-        &two([0, 0]),
-        &holdings,
-        &fit(16 * GIB, &[], 2),
-    );
+    let placed = place_on_two(&loaded, [0, 0], &holdings, fit(16 * GIB, &[], 2));
     assert_eq!((placed.gpus.as_slice(), victims(&placed)), (&[0, 1][..], vec!["wide"]));
 }
 
@@ -210,14 +178,7 @@ fn with_as_many_evictions_either_way_the_least_recently_used_goes() {
     // a (GPU 0) was used after b (GPU 1): room is made on GPU 1, though GPU 0 comes first.
     let loaded = [model("a", 5, false), model("b", 1, false)];
     let holdings = [hold("a", 0, 12 * GIB), hold("b", 1, 12 * GIB)];
-    let placed = plan_placement(
-        &loaded,
-        &incoming(),
-        &limits(),
-        &two([2, 2]),
-        &holdings,
-        &fit(12 * GIB, &[], 1),
-    );
+    let placed = place_on_two(&loaded, [2, 2], &holdings, fit(12 * GIB, &[], 1));
     assert_eq!((placed.gpus.as_slice(), victims(&placed)), (&[1][..], vec!["b"]));
 }
 
