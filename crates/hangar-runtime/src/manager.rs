@@ -110,6 +110,7 @@ impl Manager {
     /// A manager for every model in `config`, loading them with `backends`. Nothing is
     /// loaded yet; see [`Manager::load_enabled`].
     pub fn new(config: &Config, backends: Backends) -> Self {
+        crate::place::warn_if_unmappable(config);
         let models = DashMap::with_capacity(config.models.len());
         let mut order = Vec::with_capacity(config.models.len());
         // Most models share their capabilities: one allocation each distinct value.

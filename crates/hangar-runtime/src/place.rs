@@ -68,6 +68,22 @@ impl Placement {
     }
 }
 
+/// Warns when placements cannot be trusted: `hangard` runs under a `CUDA_VISIBLE_DEVICES`
+/// that names GPUs otherwise than by index (UUIDs, MIG instances), which Hangar cannot
+/// match to NVML's indices, while `config` places models (a `vram_budget`, or a model's
+/// `gpus` or split). Its children would be pointed at NVML indices it may not own.
+pub(crate) fn warn_if_unmappable(config: &hangar_config::Config) {
+    let Ok(visible) = std::env::var("CUDA_VISIBLE_DEVICES") else { return };
+    let places = config.vram_budget.is_some()
+        || config.models.iter().any(|m| !m.gpus.is_empty() || m.gpu_split.get() > 1);
+    if places && !visible.trim().is_empty() && cuda_indices(&visible).is_none() {
+        tracing::warn!(
+            visible = %visible,
+            "CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG instance: placements use NVML's indices, which may name other GPUs; start hangard with CUDA_VISIBLE_DEVICES as indices, or unset"
+        );
+    }
+}
+
 /// The GPUs `hangard` may use, by its own `CUDA_VISIBLE_DEVICES` when that names indices.
 fn ours(gpus: Vec<GpuReading>) -> Vec<GpuReading> {
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok().and_then(|v| cuda_indices(&v));
