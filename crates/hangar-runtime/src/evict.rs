@@ -71,7 +71,10 @@ impl Lane<'_> {
         let overridden = c.load_override.fields().contains_key("gpus");
         let placement = Placement::of(&c.model, chosen, overridden);
         let gpus = placement.as_ref().map(|p| p.gpus.clone()).unwrap_or_default();
-        let before = if settled && c.measure { manager.gpu_used_mib(entry).await } else { None };
+        // The delta is read on the placement's GPUs only: other GPUs' memory moves with
+        // other models' work.
+        let before =
+            if settled && c.measure { manager.gpu_used_mib_on(entry, &gpus).await } else { None };
         let on_host = c.measure && crate::host::on_host(&c.model);
         // The spec's retry after evicting everything else is a load's; a reload or an
         // update that fails leaves the old runtimes serving and every other model loaded.
@@ -83,7 +86,7 @@ impl Lane<'_> {
         }
         .map_err(Outcome::Failed)?;
         if c.measure {
-            manager.record_load(entry, before, &runtimes, &c.load_override).await;
+            manager.record_load(entry, (before, &gpus), &runtimes, &c.load_override).await;
         }
         let host = if on_host { crate::host::measure(&runtimes) } else { None };
         Ok(Created { runtimes, placement, host })

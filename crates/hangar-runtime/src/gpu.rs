@@ -122,18 +122,24 @@ impl Manager {
     /// The GPUs' used memory in all, in MiB, when `entry`'s model is on a GPU and the probe
     /// can read it (read before and after a load).
     pub(crate) async fn gpu_used_mib(&self, entry: &ModelEntry) -> Option<u64> {
-        let gpus = self.read_gpus(entry.config.device).await?;
-        Some(gpus.iter().map(|g| g.used_mib).sum())
+        self.gpu_used_mib_on(entry, &[]).await
     }
 
-    /// Records what a successful load of `runtimes` under `load_override` took: the GPUs' used memory now minus
-    /// `before` (`None`: not measured, or an earlier unload's release may have landed in
-    /// between), and the memory of the engines' process trees when they run in child
-    /// processes; then saves the state file.
+    /// The used memory of the GPUs in `on` (empty: all), in MiB, as [`Self::gpu_used_mib`].
+    pub(crate) async fn gpu_used_mib_on(&self, entry: &ModelEntry, on: &[u32]) -> Option<u64> {
+        let gpus = self.read_gpus(entry.config.device).await?;
+        Some(used_on(&gpus, on))
+    }
+
+    /// Records what a successful load of `runtimes` under `load_override` took: the used
+    /// memory of the GPUs it was placed `on` (empty: all) now minus `before` (`None`: not
+    /// measured, or an earlier unload's release may have landed in between), and the
+    /// memory of the engines' process trees when they run in child processes; then saves
+    /// the state file.
     pub(crate) async fn record_load(
         &self,
         entry: &ModelEntry,
-        before: Option<u64>,
+        (before, on): (Option<u64>, &[u32]),
         runtimes: &[Arc<dyn Runtime>],
         load_override: &LoadOverride,
     ) {
@@ -151,7 +157,7 @@ impl Manager {
             .ok()
             .flatten()
         };
-        let after: u64 = gpus.iter().map(|g| g.used_mib).sum();
+        let after = used_on(&gpus, on);
         let replicas = runtimes.len() as u32;
         let load_override = load_override.fields().clone();
         let now = unix_ms(std::time::SystemTime::now());
@@ -229,6 +235,11 @@ impl Manager {
             used = Some(now);
         }
     }
+}
+
+/// The used memory of the GPUs in `on` (empty: all), in MiB.
+fn used_on(gpus: &[GpuReading], on: &[u32]) -> u64 {
+    gpus.iter().filter(|g| on.is_empty() || on.contains(&g.index)).map(|g| g.used_mib).sum()
 }
 
 /// The GPU memory a loaded model holds as admission counts it (0 for a model not on a GPU).

@@ -89,6 +89,12 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
     assert_eq!(b["placement"]["gpus"], json!([1]), "{b}");
     assert_eq!(child_env(&b, "CUDA_VISIBLE_DEVICES").as_deref(), Some("1"));
     assert_eq!(row(&server, "a").await["runtime_state"], "loaded");
+    // Measured on its own GPU: the delta and the engine's own memory there.
+    let b = row(&server, "b").await;
+    assert_eq!(
+        (&b["vram_estimate_mib"], &b["vram_detail"]["process_tree"]["gpus"]),
+        (&json!(12000), &json!([1]))
+    );
     assert_eq!(used(&script), [(0, 13000), (1, 13000)]);
     let (_, memory) = get(&server, "/v1/admin/gpu-memory").await;
     assert_eq!(memory["gpus"][0]["holders"], json!([{ "model": "a", "mib": 12000 }]), "{memory}");
