@@ -1,4 +1,4 @@
-//! The load lane, where every path that creates runtimes takes its turn ([`Lane`]), and
+//! The load lanes, where every path that creates runtimes takes its turn ([`Lane`]), and
 //! making room for a load: the eviction plan (slots, exclusive devices, the VRAM budget)
 //! made when the load leaves the queue, and its execution as graceful unloads.
 
@@ -43,8 +43,8 @@ pub(crate) struct Created {
     pub(crate) host: Option<crate::host::HostFigure>,
 }
 
-/// A turn in the load lane, granted by the control loop: the one lane and the model's
-/// runtimes, held while runtimes are created and until the caller has installed them
+/// A turn in a load lane, granted by the control loop: the lane of the model's places and
+/// its runtimes, held while runtimes are created and until the caller has installed them
 /// (dropping it ends the turn).
 pub(crate) struct Lane<'a> {
     manager: &'a Manager,

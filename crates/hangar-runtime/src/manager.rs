@@ -62,8 +62,9 @@ impl LoadOptions {
 /// The runtime manager: owns every configured model's runtime state and performs loads,
 /// unloads, evictions and request admission. Cheap to clone; clones share state.
 ///
-/// Loads take turns in one lane; eviction is planned when a load gets its turn. A load
-/// request is answered when the model is loaded or failed.
+/// Loads take turns in lanes by the places they use (loads on different GPUs run at once);
+/// eviction is planned when a load gets its turn. A load request is answered when the
+/// model is loaded or failed.
 ///
 /// Its control loop and housekeeping are tasks spawned on the Tokio runtime of the first
 /// call that needs them: use a manager within one runtime, which outlives it.
@@ -142,6 +143,7 @@ impl Manager {
             max_leases: config.limits.max_leases_per_model,
             quarantine: config.quarantine,
             limits: config.max_loaded_models,
+            lanes: config.models.iter().map(crate::place::lanes_of).collect(),
         };
         let control = crate::control::Control::new(&order, Arc::clone(&events), rules);
         Self {

@@ -13,6 +13,7 @@ use hangar_eviction::{Fit, GpuHolding, GpuRoom};
 use hangar_gpu::GpuReading;
 use hangar_lifecycle::ModelState;
 
+use crate::control::{LaneInfo, Lanes};
 use crate::entry::ModelEntry;
 use crate::grant::{Place, Places};
 use crate::manager::Manager;
@@ -66,6 +67,28 @@ impl Placement {
             source: no_choice,
         })
     }
+}
+
+/// Where `model`'s creations take memory, for the load lanes: an exclusive device (the
+/// NPU) everything; a remote server the remote lane; a model on the CPU the host; one on
+/// GPUs those it may use (all when any); in-process llama.cpp its own lane too.
+pub(crate) fn lanes_of(model: &ModelConfig) -> LaneInfo {
+    use hangar_config::BackendKind;
+    let lanes = if model.device.intersects(Device::EXCLUSIVE) {
+        Lanes::ALL
+    } else if model.backend == BackendKind::OpenaiRemote {
+        Lanes::REMOTE
+    } else if crate::host::on_host(model) {
+        Lanes::HOST
+    } else {
+        Lanes::gpus(&model.gpus)
+    };
+    let lanes = if model.backend == BackendKind::LlamaCpp {
+        lanes.with(Lanes::LLAMA_IN_PROCESS)
+    } else {
+        lanes
+    };
+    LaneInfo { lanes, model_type: model.model_type }
 }
 
 /// Warns when placements cannot be trusted: `hangard` runs under a `CUDA_VISIBLE_DEVICES`

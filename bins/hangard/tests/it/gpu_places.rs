@@ -176,3 +176,78 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
     assert_eq!(child_env(&b, "CUDA_VISIBLE_DEVICES").as_deref(), Some("1"));
     assert_eq!(row(&server, "split").await["runtime_state"], "unloaded", "it held GPU 1");
 }
+
+/// `hangard`'s running children (the engines it started).
+fn children(server: &Server) -> usize {
+    let pids = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok());
+    pids.filter(|&pid| {
+        crate::support::proc_stat(pid)
+            .is_some_and(|(state, ppid, _)| ppid == server.pid() && state != 'Z')
+    })
+    .count()
+}
+
+#[tokio::test]
+async fn loads_on_different_gpus_do_not_wait_for_each_other() {
+    let dir = temp_dir("gpu-lanes");
+    let library = hangar_gpu::fake::build(&dir).expect("a C compiler (cc) builds the fake NVML");
+    let script = library.with_file_name("nvml-script");
+    std::fs::write(&script, "gpu 0 1000 16384 NVIDIA Fake A\ngpu 1 1000 16384 NVIDIA Fake B\n")
+        .unwrap();
+    let on = |name: &str, gpu: u32| {
+        let mut m = model(&dir, name, 8000, 1);
+        m["gpus"] = json!([gpu]);
+        m
+    };
+    let config = json!({
+        "vram_budget": 15000,
+        "max_loaded_models": { "llm": 4 },
+        "children": { "pass_env": ["FAKE_VLLM_*"] },
+        "models": { "left": on("left", 0), "right": on("right", 1), "any": model(&dir, "any", 8000, 1) }
+    });
+    let env = [
+        ("HANGAR_NVML_LIBRARY", library.to_str().unwrap()),
+        ("FAKE_VLLM_NVML_SCRIPT", script.to_str().unwrap()),
+        ("FAKE_VLLM_GPU_MIB", r#"{"left": 8000, "right": 8000, "any": 8000}"#),
+        // Each engine takes 3 s to come up: long enough to see both starting.
+        ("FAKE_VLLM_STARTUP_DELAY_MS", "3000"),
+    ];
+    let server = Server::start_with(&config, &[], &env);
+    // Both engines start before either load is answered: their lanes (GPU 0, GPU 1) are
+    // apart. One lane for every load would start the second only after the first.
+    let answered = std::sync::atomic::AtomicUsize::new(0);
+    let load_one = |name: &'static str| {
+        let (server, answered) = (&server, &answered);
+        async move {
+            let answer = load(server, name, json!({})).await;
+            answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            answer
+        }
+    };
+    let loads = async { tokio::join!(load_one("left"), load_one("right")) };
+    let watch = async {
+        let mut both = false;
+        loop {
+            let answers = answered.load(std::sync::atomic::Ordering::SeqCst);
+            if answers == 2 {
+                break both;
+            }
+            both |= answers == 0 && children(&server) == 2;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    let (loads, both) = tokio::join!(loads, watch);
+    let ((l, _), (r, _)) = loads;
+    assert_eq!((l, r), (200, 200));
+    assert!(both, "the two engines never ran at once before either load was answered");
+    // A model that may use any GPU takes every GPU's lane, and makes room on one of them:
+    // left, the least recently used once right has served a request.
+    let chat = json!({ "model": "right", "messages": [{ "role": "user", "content": "hi" }] });
+    assert_eq!(post(&server, "/v1/chat/completions", chat).await.0, 200);
+    assert_eq!(load(&server, "any", json!({})).await.0, 200);
+    let states = [row(&server, "left").await, row(&server, "right").await]
+        .map(|r| r["runtime_state"].as_str().unwrap().to_owned());
+    assert_eq!(states, ["unloaded", "loaded"]);
+}

@@ -27,6 +27,8 @@ mod grant_tests;
 #[cfg(test)]
 mod idle_tests;
 #[cfg(test)]
+mod lane_tests;
+#[cfg(test)]
 mod lease_tests;
 #[cfg(test)]
 mod life_tests;
@@ -49,8 +51,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use step::{
-    Change, Command, GrantAsk, IdleSeen, LeaseCommand, LeaseRefusal, ModelId, Moved, ReleaseAnswer,
-    Rules, Stay, TurnKind,
+    Change, Command, GrantAsk, IdleSeen, LaneInfo, Lanes, LeaseCommand, LeaseRefusal, ModelId,
+    Moved, ReleaseAnswer, Rules, Stay, TurnKind,
 };
 
 use crate::entry::{ModelEntry, Slot};

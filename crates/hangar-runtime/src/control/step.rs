@@ -8,10 +8,11 @@
 //!   update, pause, continue, weights check, idle unload) at a time per model, in the order
 //!   asked; an operation that waited `admin_wait` is answered busy, and one that must not
 //!   wait (the idle unload) is answered busy at once when the turn is taken;
-//! - **the load lane and a model's runtimes** (here): creating runtimes takes the one lane
-//!   and the model's runtimes; destroying them takes the model's runtimes only. One holder
-//!   at a time; a destruction waiting goes before a creation of the same model; a creation
-//!   whose model's runtimes are busy lets the creations behind it go first;
+//! - **the load lanes and a model's runtimes** (here and `lanes.rs`): creating runtimes
+//!   takes a lane and the model's runtimes; destroying them takes the model's runtimes
+//!   only. One holder of a model's runtimes at a time; creations run at once only on
+//!   disjoint places; a destruction waiting goes before a creation of the same model; a
+//!   creation whose model's runtimes are busy lets the creations behind it go first;
 //! - **the requests pinning a model** (here): an unload waits until no request that
 //!   triggered the model's load still waits for admission. The loop reads the pin count
 //!   when it takes the command; the last pin to go posts [`Command::Unpinned`];
@@ -30,6 +31,7 @@
 
 mod grant;
 mod idle;
+mod lanes;
 mod lease;
 mod life;
 mod quarantine;
@@ -44,6 +46,7 @@ use tokio::time::Instant;
 
 pub(crate) use grant::GrantAsk;
 pub(crate) use idle::IdleSeen;
+pub(crate) use lanes::{LaneInfo, Lanes};
 pub(crate) use lease::{LeaseCommand, LeaseRefusal};
 pub(crate) use life::{Change, Moved, Stay};
 pub(crate) use release::ReleaseAnswer;
@@ -64,6 +67,9 @@ pub(crate) struct Rules {
     pub(crate) quarantine: hangar_config::QuarantinePolicy,
     /// How many models of each type may be loaded at once.
     pub(crate) limits: hangar_config::MaxLoadedModels,
+    /// Each model's places and type, for the load lanes (`lanes.rs`); a model not listed
+    /// takes every place.
+    pub(crate) lanes: Vec<LaneInfo>,
 }
 
 /// A model, by its position in config order.
@@ -115,7 +121,13 @@ impl Rules {
     #[cfg(test)]
     pub(crate) fn of(admin_wait: Duration, max_leases: u32) -> Self {
         let max_leases = NonZeroU32::new(max_leases).expect("at least one lease");
-        Self { admin_wait, max_leases, quarantine: Default::default(), limits: Default::default() }
+        Self {
+            admin_wait,
+            max_leases,
+            quarantine: Default::default(),
+            limits: Default::default(),
+            lanes: Vec::new(),
+        }
     }
 }
 
@@ -216,8 +228,8 @@ pub(crate) enum Effect<W, P = ()> {
 #[derive(Debug)]
 pub(crate) struct State<W> {
     models: Vec<Model<W>>,
-    /// The model whose creation holds the lane.
-    lane: Option<ModelId>,
+    /// The models whose creations hold a lane (`lanes.rs`), in the order granted.
+    lane: Vec<ModelId>,
     /// Creations waiting for the lane, in the order asked.
     creations: VecDeque<(ModelId, W)>,
     /// The deadline of every admin wait queued, in the order queued (so earliest first,
@@ -273,7 +285,7 @@ impl<W> State<W> {
     pub(crate) fn new(models: usize, rules: Rules) -> Self {
         Self {
             models: (0..models).map(|_| Model::new()).collect(),
-            lane: None,
+            lane: Vec::new(),
             creations: VecDeque::new(),
             deadlines: VecDeque::new(),
             rules,
@@ -316,10 +328,10 @@ impl<W> State<W> {
         self.models[model].leases.held()
     }
 
-    /// The model whose creation holds the lane.
+    /// The models whose creations hold a lane.
     #[cfg(test)]
-    pub(crate) fn lane(&self) -> Option<ModelId> {
-        self.lane
+    pub(crate) fn lane(&self) -> &[ModelId] {
+        &self.lane
     }
 
     /// Who holds `model`'s runtimes.
@@ -373,7 +385,7 @@ pub(crate) fn step<W, P>(
         }
         Command::Create { model, waiter } => {
             state.creations.push_back((model, waiter));
-            open_lane(state, &mut effects);
+            lanes::open(state, &mut effects);
         }
         Command::Destroy { model, waiter } => {
             state.models[model].destroys.push_back(waiter);
@@ -394,12 +406,12 @@ pub(crate) fn step<W, P>(
                     return effects;
                 }
                 state.models[model].runtimes = None;
-                // Only the lane's holder creates: its end frees the lane.
+                // Only a lane's holder creates: its end frees its lane.
                 if turn == TurnKind::Create {
-                    state.lane = None;
+                    state.lane.retain(|&m| m != model);
                 }
                 free_runtimes(state, model, &mut effects);
-                open_lane(state, &mut effects);
+                lanes::open(state, &mut effects);
             }
             TurnKind::Unpinned => {}
         },
@@ -483,22 +495,5 @@ fn free_runtimes<W, P>(state: &mut State<W>, model: ModelId, effects: &mut Vec<E
     {
         m.runtimes = Some(TurnKind::Destroy);
         effects.push(Effect::Grant { model, turn: TurnKind::Destroy, waiter });
-    }
-}
-
-/// Gives a free lane to the first waiting creation whose model's runtimes are free and
-/// whose model has no destruction waiting.
-fn open_lane<W, P>(state: &mut State<W>, effects: &mut Vec<Effect<W, P>>) {
-    if state.lane.is_some() {
-        return;
-    }
-    let models = &state.models;
-    let ready = state.creations.iter().position(|(model, _)| {
-        models[*model].runtimes.is_none() && models[*model].destroys.is_empty()
-    });
-    if let Some((model, waiter)) = ready.and_then(|i| state.creations.remove(i)) {
-        state.lane = Some(model);
-        state.models[model].runtimes = Some(TurnKind::Create);
-        effects.push(Effect::Grant { model, turn: TurnKind::Create, waiter });
     }
 }
