@@ -10,7 +10,7 @@ use hangar_config::LoadOverride;
 use hangar_config::{Device, ModelName};
 use hangar_gpu::{GpuProbe, GpuReading, Unavailable};
 
-use crate::control::ReleaseAnswer;
+use crate::control::{ALL_GPUS, GpuRelease, ReleaseAnswer};
 use crate::entry::{ModelEntry, Slot};
 use crate::journal::unix_ms;
 use crate::manager::Manager;
@@ -119,13 +119,8 @@ impl Manager {
         tokio::task::spawn_blocking(move || probe.read()).await.ok()?.ok()
     }
 
-    /// The GPUs' used memory in all, in MiB, when `entry`'s model is on a GPU and the probe
-    /// can read it (read before and after a load).
-    pub(crate) async fn gpu_used_mib(&self, entry: &ModelEntry) -> Option<u64> {
-        self.gpu_used_mib_on(entry, &[]).await
-    }
-
-    /// The used memory of the GPUs in `on` (empty: all), in MiB, as [`Self::gpu_used_mib`].
+    /// The used memory of the GPUs in `on` (empty: all), in MiB, when `entry`'s model is on
+    /// a GPU and the probe can read it (read before and after a load).
     pub(crate) async fn gpu_used_mib_on(&self, entry: &ModelEntry, on: &[u32]) -> Option<u64> {
         let gpus = self.read_gpus(entry.config.device).await?;
         Some(used_on(&gpus, on))
@@ -196,32 +191,54 @@ impl Manager {
         .await;
     }
 
-    /// Before a GPU model's runtimes are unloaded: the GPUs' used memory now and what the
-    /// unload should free. Only a measured figure is trusted: an estimate that is too high
-    /// would hold every next load for the whole [`RELEASE_WAIT`].
-    pub(crate) async fn before_release(&self, entry: &ModelEntry) -> Option<(u64, u64)> {
-        let held = match held_figure(entry, &entry.lock()) {
-            Some((mib, VramMethod::ProcessTree | VramMethod::ObservedLoadDelta)) => mib,
-            _ => 0,
+    /// Before a GPU model's runtimes are unloaded: on each GPU it holds memory on, the used
+    /// memory now and what the unload should free there (its figure shared evenly over its
+    /// placement, or over the GPUs its process tree was measured on; over [`ALL_GPUS`], the
+    /// sum, when neither is known). Only a measured figure is trusted: an estimate that is
+    /// too high would hold every next load for the whole [`RELEASE_WAIT`].
+    pub(crate) async fn before_release(&self, entry: &ModelEntry) -> Option<Vec<GpuRelease>> {
+        let (held, on) = {
+            let slot = entry.lock();
+            let held = match held_figure(entry, &slot) {
+                Some((mib, VramMethod::ProcessTree | VramMethod::ObservedLoadDelta)) => mib,
+                _ => 0,
+            };
+            let replicas = slot.phase.loaded_replicas().max(1);
+            let measured = slot.vram.get(VramMethod::ProcessTree, replicas, &slot.load_override);
+            let on = match (&slot.placement, measured) {
+                (Some(placement), _) => placement.gpus.clone(),
+                (None, Some(figure)) => figure.gpus.clone(),
+                (None, None) => Vec::new(),
+            };
+            (held, on)
         };
-        let used = self.gpu_used_mib(entry).await?;
-        (held > 0).then_some((used, held))
+        if held == 0 {
+            return None;
+        }
+        let gpus = self.read_gpus(entry.config.device).await?;
+        if on.is_empty() {
+            return Some(vec![(ALL_GPUS, used_on(&gpus, &[]), held)]);
+        }
+        let share = held.div_ceil(on.len() as u64);
+        Some(on.iter().map(|&gpu| (gpu, used_on(&gpus, &[gpu]), share)).collect())
     }
 
-    /// After an unload: the next GPU load waits until the memory shows as released (the
-    /// control loop keeps what is awaited, `control/step/release.rs`).
-    pub(crate) fn expect_release(&self, (used_before, held): (u64, u64)) {
-        self.inner.control.released(used_before, held);
+    /// After an unload: the next load on those GPUs waits until the memory shows as
+    /// released (the control loop keeps what is awaited, `control/step/release.rs`).
+    pub(crate) fn expect_release(&self, releases: Vec<GpuRelease>) {
+        self.inner.control.released(releases);
     }
 
-    /// Waits until the memory of earlier unloads shows as released in the probe, at most
-    /// until [`RELEASE_WAIT`] after the last unload; at once when none is pending or
-    /// `entry`'s model is not on a GPU. False when the wait ran out: memory may still be
-    /// released meanwhile, so a GPU delta measured now would be wrong.
+    /// Waits until the memory of earlier unloads on the GPUs `entry`'s model may use shows
+    /// as released in the probe, at most until [`RELEASE_WAIT`] after the last unload
+    /// there; at once when none is pending or the model is not on a GPU. False when the
+    /// wait ran out: memory may still be released meanwhile, so a GPU delta measured now
+    /// would be wrong.
     pub(crate) async fn wait_for_release(&self, entry: &ModelEntry) -> bool {
-        let mut used = None;
+        let mut used: Option<Vec<(u32, u64)>> = None;
         loop {
-            match self.inner.control.await_release(used).await {
+            let asked = self.inner.control.await_release(&entry.config.gpus, used.clone());
+            match asked.await {
                 ReleaseAnswer::Go { settled } => {
                     if !settled {
                         tracing::warn!(model = %entry.config.name, ?used, "the GPU memory of an unload did not show as released in time; loading anyway");
@@ -231,8 +248,9 @@ impl Manager {
                 ReleaseAnswer::Read => {}
                 ReleaseAnswer::Wait => tokio::time::sleep(RELEASE_POLL).await,
             }
-            let Some(now) = self.gpu_used_mib(entry).await else { return true };
-            used = Some(now);
+            let Some(gpus) = self.read_gpus(entry.config.device).await else { return true };
+            let each = gpus.iter().map(|g| (g.index, g.used_mib));
+            used = Some(each.chain([(ALL_GPUS, used_on(&gpus, &[]))]).collect());
         }
     }
 }

@@ -1,19 +1,27 @@
-//! GPU memory as the loop keeps it: the awaited release as a table against [`step`], and
-//! the measured figures. Waiters are plain numbers; no runtime, no clock, no GPU.
+//! GPU memory as the loop keeps it: the awaited release as a table against [`step`] (on one
+//! GPU, then per GPU), and the measured figures. Waiters are plain numbers; no runtime, no
+//! clock, no GPU.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::step::{ReleaseAnswer, Rules, State, step};
+use super::step::{ALL_GPUS, ReleaseAnswer, Rules, State, step};
 use super::testing::{Command, Effect, row};
 
+/// An unload on GPU 0.
 fn released(used_before: u64, held: u64) -> Command {
-    Command::Released { used_before, held }
+    Command::Released { releases: vec![(0, used_before, held)] }
 }
 
+/// A load on any GPU, with GPU 0's used memory.
 fn ask(used: Option<u64>) -> Command {
-    Command::AwaitRelease { used, waiter: 1 }
+    Command::AwaitRelease { on: Vec::new(), used: used.map(|u| vec![(0, u)]), waiter: 1 }
+}
+
+/// A load `on` some GPUs, with `used` memory by GPU.
+fn ask_on(on: &[u32], used: &[(u32, u64)]) -> Command {
+    Command::AwaitRelease { on: on.to_vec(), used: Some(used.to_vec()), waiter: 1 }
 }
 
 fn answer(effects: Vec<Effect>) -> ReleaseAnswer {
@@ -76,6 +84,49 @@ fn the_release_rule_as_a_table() {
     for (name, before, command, when, expected) in rows {
         let got =
             answer(row(1, Rules::of(Duration::from_secs(10), 1), before, command, (t0, when)));
+        assert_eq!(got, expected, "{name}");
+    }
+}
+
+#[test]
+fn releases_are_awaited_on_the_gpus_a_load_may_use() {
+    use ReleaseAnswer::{Go, Wait};
+    let t0 = Instant::now();
+    let settled = Go { settled: true };
+    let on_gpu_1 = || vec![Command::Released { releases: vec![(1, 10_000, 4_000)] }];
+    let unknown = || vec![Command::Released { releases: vec![(ALL_GPUS, 10_000, 4_000)] }];
+    // (name, commands before (at t0), the question, the answer)
+    let rows: Vec<(&str, Vec<Command>, Command, ReleaseAnswer)> = vec![
+        (
+            "a release on GPU 1 does not hold a load on GPU 0",
+            on_gpu_1(),
+            ask_on(&[0], &[(0, 5_000), (1, 10_000)]),
+            settled,
+        ),
+        (
+            "a load that may use GPU 1 waits for it",
+            on_gpu_1(),
+            ask_on(&[0, 1], &[(1, 9_000)]),
+            Wait,
+        ),
+        ("so does one on any GPU", on_gpu_1(), ask_on(&[], &[(1, 9_000)]), Wait),
+        ("and goes when it came down there", on_gpu_1(), ask_on(&[1], &[(1, 6_400)]), settled),
+        (
+            "a release of unknown GPUs holds every load, on the sum",
+            unknown(),
+            ask_on(&[0], &[(0, 1_000), (ALL_GPUS, 9_000)]),
+            Wait,
+        ),
+        ("until the sum came down", unknown(), ask_on(&[0], &[(ALL_GPUS, 6_400)]), settled),
+        (
+            "a GPU missing from the reading is not released",
+            on_gpu_1(),
+            ask_on(&[1], &[(0, 0)]),
+            Wait,
+        ),
+    ];
+    for (name, before, command, expected) in rows {
+        let got = answer(row(1, Rules::of(Duration::from_secs(10), 1), before, command, (t0, 0)));
         assert_eq!(got, expected, "{name}");
     }
 }

@@ -51,8 +51,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use step::{
-    Change, Command, GrantAsk, IdleSeen, LaneInfo, Lanes, LeaseCommand, LeaseRefusal, ModelId,
-    Moved, ReleaseAnswer, Rules, Stay, TurnKind,
+    ALL_GPUS, Change, Command, GpuRelease, GrantAsk, IdleSeen, LaneInfo, Lanes, LeaseCommand,
+    LeaseRefusal, ModelId, Moved, ReleaseAnswer, Rules, Stay, TurnKind,
 };
 
 use crate::entry::{ModelEntry, Slot};
@@ -234,9 +234,10 @@ impl Control {
         self.post(moving(model, change, apply, Waiter::Move(waiter)));
     }
 
-    /// An unload of a GPU model expects `held` MiB back from the GPUs' `used_before`.
-    pub(crate) fn released(&self, used_before: u64, held: u64) {
-        self.post(Command::Released { used_before, held });
+    /// An unload of a GPU model expects, on each GPU it names, `held` MiB back from its
+    /// `used_before`.
+    pub(crate) fn released(&self, releases: Vec<GpuRelease>) {
+        self.post(Command::Released { releases });
     }
 
     /// How long `model` has been idle, if past its timeout with nothing keeping it
@@ -253,10 +254,15 @@ impl Control {
         self.flush().await;
     }
 
-    /// Whether a GPU load waits for a release, given the GPUs' `used` memory (`None`: not
-    /// read yet). A loop that ended lets it go.
-    pub(crate) async fn await_release(&self, used: Option<u64>) -> ReleaseAnswer {
-        let command = |waiter| Command::AwaitRelease { used, waiter };
+    /// Whether a GPU load `on` some GPUs (empty: any) waits for a release, given each
+    /// GPU's `used` memory (`None`: not read yet). A loop that ended lets it go.
+    pub(crate) async fn await_release(
+        &self,
+        on: &[u32],
+        used: Option<Vec<(u32, u64)>>,
+    ) -> ReleaseAnswer {
+        let on = on.to_vec();
+        let command = |waiter| Command::AwaitRelease { on, used, waiter };
         self.request(Waiter::Release, command).await.unwrap_or(ReleaseAnswer::Go { settled: true })
     }
 

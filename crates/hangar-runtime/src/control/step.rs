@@ -49,7 +49,7 @@ pub(crate) use idle::IdleSeen;
 pub(crate) use lanes::{LaneInfo, Lanes};
 pub(crate) use lease::{LeaseCommand, LeaseRefusal};
 pub(crate) use life::{Change, Moved, Stay};
-pub(crate) use release::ReleaseAnswer;
+pub(crate) use release::{ALL_GPUS, GpuRelease, ReleaseAnswer};
 
 use crate::grant::{Grant, Refusal};
 use crate::lease::{Held, Lease, LeaseChange};
@@ -159,14 +159,15 @@ pub(crate) enum Command<W, P = ()> {
     MayLoad { model: ModelId, explicit: bool, waiter: W },
     /// Answered at once: every command posted before it has been taken.
     Flush { waiter: W },
-    /// An unload of a GPU model expects `held` MiB back from the GPUs' `used_before`.
-    Released { used_before: u64, held: u64 },
+    /// An unload of a GPU model expects, on each GPU it names, `held` MiB back from its
+    /// `used_before` (`release.rs`).
+    Released { releases: Vec<GpuRelease> },
     /// A load of the model was measured: these figures replace the ones of the same replica
     /// count, method and override.
     Measured { model: ModelId, figures: Vec<Figure> },
-    /// A GPU load asks whether to wait for a release, with the GPUs' used memory (`None`:
-    /// not read yet).
-    AwaitRelease { used: Option<u64>, waiter: W },
+    /// A load on the GPUs `on` (empty: any) asks whether to wait for a release there, with
+    /// each GPU's used memory and their sum under [`ALL_GPUS`] (`None`: not read yet).
+    AwaitRelease { on: Vec<u32>, used: Option<Vec<(u32, u64)>>, waiter: W },
     /// Move the model's lifecycle (`life.rs`); `apply` is performed if the move is decided,
     /// `wall_ms` dates a failure it records.
     Move { model: ModelId, change: Change, wall_ms: u64, apply: P, waiter: W },
@@ -237,8 +238,8 @@ pub(crate) struct State<W> {
     /// the same whatever the number of models.
     deadlines: VecDeque<(Instant, ModelId)>,
     rules: Rules,
-    /// The memory the last unloads should give back, if it has not shown yet.
-    release: Option<release::Release>,
+    /// The memory the last unloads should give back, by GPU, where it has not shown yet.
+    release: release::Releases,
     /// Leases taken so far (numbers their ids).
     next_lease: u64,
     /// When a model's lease may expire, earliest first; a renewal leaves its old deadline
@@ -289,7 +290,7 @@ impl<W> State<W> {
             creations: VecDeque::new(),
             deadlines: VecDeque::new(),
             rules,
-            release: None,
+            release: Default::default(),
             next_lease: 0,
             lease_deadlines: BinaryHeap::new(),
         }
@@ -447,11 +448,10 @@ pub(crate) fn step<W, P>(
         Command::Idle { model, seen, waiter } => {
             idle::idle(state, model, &seen, waiter, now, &mut effects);
         }
-        Command::Released { used_before, held } => {
-            release::released(state, used_before, held, now);
-        }
-        Command::AwaitRelease { used, waiter } => {
-            release::await_release(state, used, waiter, now, &mut effects);
+        Command::Released { releases } => release::released(state, releases, now),
+        Command::AwaitRelease { on, used, waiter } => {
+            let asked = (on.as_slice(), used.as_deref());
+            release::await_release(state, asked, waiter, now, &mut effects);
         }
         Command::Grant { model, ask, waiter } => {
             grant::grant(state, model, ask, waiter, now, &mut effects);

@@ -298,8 +298,12 @@ proptest! {
                     };
                     Command::Idle { model, seen, waiter }
                 }
-                Op::Released(used_before, held) => Command::Released { used_before, held },
-                Op::AwaitRelease(used) => Command::AwaitRelease { used, waiter },
+                Op::Released(used_before, held) => {
+                    Command::Released { releases: vec![(0, used_before, held)] }
+                }
+                Op::AwaitRelease(used) => {
+                    Command::AwaitRelease { on: Vec::new(), used: used.map(|u| vec![(0, u)]), waiter }
+                }
                 Op::Flush => Command::Flush { waiter },
                 Op::Advance(s) => { now += Duration::from_secs(s); Command::Tick }
             };

@@ -1,29 +1,43 @@
 //! The awaited release, decided in [`step`](super::step): after an unload of a GPU model,
-//! the next GPU load waits until the GPUs' used memory shows the model's memory given
-//! back, at most [`RELEASE_WAIT`] after the last unload (the driver frees memory late, and
-//! a load admitted or measured before that would count it twice).
+//! the next load on those GPUs waits until their used memory shows the model's memory
+//! given back, at most [`RELEASE_WAIT`] after the last unload there (the driver frees
+//! memory late, and a load admitted or measured before that would count it twice).
 //!
-//! - [`Command::Released`](super::Command::Released): an unload expects the GPUs' used
-//!   memory, `used_before` it, to come down by 90% of what the model held; a release still
-//!   pending is part of `used_before` if it has not shown yet, so the target is taken from
-//!   the lower of the two;
-//! - [`Command::AwaitRelease`](super::Command::AwaitRelease) with the GPUs' used memory
-//!   read by the caller (`None`: not read yet): go when nothing is pending or the memory
-//!   came down (settled), or when the wait ran out (not settled: a delta measured now
-//!   would be wrong); else wait, or read the GPUs first.
+//! Releases are kept per GPU, so a load on GPU 0 does not wait for one on GPU 1 (which a
+//! load running there at once could hide). A model whose GPUs are unknown (loaded with no
+//! placement and never measured per GPU) is awaited on [`ALL_GPUS`], their sum, which every
+//! GPU load waits for.
+//!
+//! - [`Command::Released`](super::Command::Released): an unload expects each GPU's used
+//!   memory, `used_before` it, to come down by 90% of what the model held there; a release
+//!   still pending there is part of `used_before` if it has not shown yet, so the target is
+//!   taken from the lower of the two;
+//! - [`Command::AwaitRelease`](super::Command::AwaitRelease), for a load `on` some GPUs
+//!   (empty: any), with the GPUs' used memory read by the caller (`None`: not read yet):
+//!   go when nothing is pending there or every pending release came down (settled), or
+//!   when the last wait ran out (not settled: a delta measured now would be wrong); else
+//!   wait, or read the GPUs first.
+
+use std::collections::BTreeMap;
 
 use tokio::time::Instant;
 
 use super::{Effect, State};
 use crate::gpu::RELEASE_WAIT;
 
-/// Memory an unload should give back: the GPUs' used memory in all should come down to
-/// `target_used_mib` by `deadline`.
+/// The key of a release awaited on the sum of every GPU's used memory.
+pub(crate) const ALL_GPUS: u32 = u32::MAX;
+
+/// Memory an unload should give back on one GPU (or [`ALL_GPUS`]): its used memory should
+/// come down to `target_used_mib` by `deadline`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Release {
     target_used_mib: u64,
     deadline: Instant,
 }
+
+/// The releases pending, by GPU.
+pub(super) type Releases = BTreeMap<u32, Release>;
 
 /// What a load waiting for a release does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,31 +50,57 @@ pub(crate) enum ReleaseAnswer {
     Wait,
 }
 
-/// An unload expects `held` MiB back from `used_before`.
-pub(super) fn released<W>(state: &mut State<W>, used_before: u64, held: u64, now: Instant) {
-    let base = state.release.map_or(used_before, |r| r.target_used_mib.min(used_before));
-    state.release = Some(Release {
-        target_used_mib: base.saturating_sub(held - held / 10),
-        deadline: now + RELEASE_WAIT,
-    });
+/// One GPU's side of an unload: `(gpu, used_before, held)` in MiB.
+pub(crate) type GpuRelease = (u32, u64, u64);
+
+/// What a waiting load asks with: the GPUs it may use (empty: any), and each GPU's used
+/// memory (`None`: not read yet).
+pub(super) type Asked<'a> = (&'a [u32], Option<&'a [(u32, u64)]>);
+
+/// An unload expects `held` MiB back from `used_before` on each GPU it names.
+pub(super) fn released<W>(state: &mut State<W>, releases: Vec<GpuRelease>, now: Instant) {
+    for (gpu, used_before, held) in releases {
+        let base =
+            state.release.get(&gpu).map_or(used_before, |r| r.target_used_mib.min(used_before));
+        let release = Release {
+            target_used_mib: base.saturating_sub(held - held / 10),
+            deadline: now + RELEASE_WAIT,
+        };
+        state.release.insert(gpu, release);
+    }
 }
 
-/// Answers a load waiting for the pending release with the GPUs' `used` memory.
+/// Answers a load `on` some GPUs (empty: any) waiting for the releases pending there, with
+/// each GPU's `used` memory (and [`ALL_GPUS`]' sum).
 pub(super) fn await_release<W, P>(
     state: &mut State<W>,
-    used: Option<u64>,
+    (on, used): Asked<'_>,
     waiter: W,
     now: Instant,
     effects: &mut Vec<Effect<W, P>>,
 ) {
-    let answer = match (state.release, used) {
-        (None, _) => ReleaseAnswer::Go { settled: true },
-        (Some(_), None) => ReleaseAnswer::Read,
-        (Some(r), Some(used)) if used <= r.target_used_mib || now >= r.deadline => {
-            state.release = None;
-            ReleaseAnswer::Go { settled: used <= r.target_used_mib }
+    let pending: Vec<(u32, Release)> = state
+        .release
+        .iter()
+        .filter(|(gpu, _)| **gpu == ALL_GPUS || on.is_empty() || on.contains(gpu))
+        .map(|(gpu, r)| (*gpu, *r))
+        .collect();
+    let answer = match used {
+        _ if pending.is_empty() => ReleaseAnswer::Go { settled: true },
+        None => ReleaseAnswer::Read,
+        Some(used) => {
+            let reading = |gpu: u32| used.iter().find(|(g, _)| *g == gpu).map(|(_, mib)| *mib);
+            let down =
+                |(gpu, r): &(u32, Release)| reading(*gpu).is_some_and(|u| u <= r.target_used_mib);
+            if pending.iter().all(|p| down(p) || now >= p.1.deadline) {
+                for (gpu, _) in &pending {
+                    state.release.remove(gpu);
+                }
+                ReleaseAnswer::Go { settled: pending.iter().all(down) }
+            } else {
+                ReleaseAnswer::Wait
+            }
         }
-        (Some(_), Some(_)) => ReleaseAnswer::Wait,
     };
     effects.push(Effect::Release { waiter, answer });
 }
