@@ -142,7 +142,8 @@ async fn loads_are_serialized() {
     for t in tasks {
         t.await.unwrap().unwrap();
     }
-    // Three one-second loads one after another take three seconds of virtual time.
+    // Three CPU models share the host's lane: three one-second loads one after another
+    // take three seconds of virtual time.
     assert!(start.elapsed() >= Duration::from_secs(3), "{:?}", start.elapsed());
 }
 

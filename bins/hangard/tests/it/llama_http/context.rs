@@ -5,12 +5,13 @@ use super::*;
 // 10. Load progress
 
 /// A tiny GGUF loads in milliseconds, too fast to catch llama.cpp's own progress reliably.
-/// Loads are serialized, though: a llama_cpp model whose load waits behind a slow one is
-/// `loading` for as long, and its row shows `load_progress` the whole time.
+/// Loads that share a place are serialized, though (both models here may use any GPU): a
+/// llama_cpp model whose load waits behind a slow one is `loading` for as long, and its row
+/// shows `load_progress` the whole time.
 #[tokio::test]
 async fn load_progress_shows_while_loading_and_is_null_otherwise() {
     let models = json!({
-        "slow": { "backend": "stub", "stub": { "load_delay_ms": 2000 } },
+        "slow": { "backend": "stub", "device": "gpu", "stub": { "load_delay_ms": 2000 } },
         "tiny": chat_model(json!({})),
     });
     let server = serve(models, &[]).await;
