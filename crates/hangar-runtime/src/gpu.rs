@@ -203,14 +203,7 @@ impl Manager {
                 Some((mib, VramMethod::ProcessTree | VramMethod::ObservedLoadDelta)) => mib,
                 _ => 0,
             };
-            let replicas = slot.phase.loaded_replicas().max(1);
-            let measured = slot.vram.get(VramMethod::ProcessTree, replicas, &slot.load_override);
-            let on = match (&slot.placement, measured) {
-                (Some(placement), _) => placement.gpus.clone(),
-                (None, Some(figure)) => figure.gpus.clone(),
-                (None, None) => Vec::new(),
-            };
-            (held, on)
+            (held, crate::place::held_gpus(&slot))
         };
         if held == 0 {
             return None;

@@ -107,6 +107,17 @@ pub(crate) fn warn_if_unmappable(config: &hangar_config::Config) {
     }
 }
 
+/// The GPUs a loaded model holds memory on: its placement, else the GPUs its process tree
+/// was measured on; empty when neither is known.
+pub(crate) fn held_gpus(slot: &crate::entry::Slot) -> Vec<u32> {
+    if let Some(placement) = &slot.placement {
+        return placement.gpus.clone();
+    }
+    let replicas = slot.phase.loaded_replicas().max(1);
+    let measured = slot.vram.get(VramMethod::ProcessTree, replicas, &slot.load_override);
+    measured.map(|f| f.gpus.clone()).unwrap_or_default()
+}
+
 /// The GPUs `hangard` may use, by its own `CUDA_VISIBLE_DEVICES` when that names indices.
 fn ours(gpus: Vec<GpuReading>) -> Vec<GpuReading> {
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok().and_then(|v| cuda_indices(&v));
@@ -166,16 +177,10 @@ impl Manager {
                 continue;
             }
             let mib = crate::gpu::vram_held(entry, &slot);
-            let replicas = slot.phase.loaded_replicas().max(1);
-            let measured = slot
-                .vram
-                .get(VramMethod::ProcessTree, replicas, &slot.load_override)
-                .map(|f| f.gpus.clone());
-            let on = match (&slot.placement, measured) {
-                (Some(placement), _) => placement.gpus.clone(),
-                (None, Some(gpus)) if !gpus.is_empty() => gpus,
-                _ => every.clone(),
-            };
+            let mut on = held_gpus(&slot);
+            if on.is_empty() {
+                on.clone_from(&every);
+            }
             let share = mib.div_ceil(on.len().max(1) as u64);
             holdings.extend(on.into_iter().map(|gpu| GpuHolding {
                 model: entry.config.name.clone(),
