@@ -14,6 +14,9 @@ pub(crate) struct Artifacts {
     pub(crate) mib: Option<u64>,
     /// The GGUF header's attention shape, for models llama.cpp runs.
     pub(crate) gguf: Option<GgufShape>,
+    /// The model file engines map (`model_path`, canonical, when it is a file) and its size
+    /// in MiB: loaded models on one file share its pages (`host.rs`).
+    pub(crate) mapped: Option<(std::path::PathBuf, u64)>,
 }
 
 impl Artifacts {
@@ -34,7 +37,12 @@ impl Artifacts {
             .as_deref()
             .filter(|_| llama)
             .and_then(|p| hangar_weights::gguf_shape(Path::new(p)).ok());
-        Self { mib: (bytes > 0).then(|| bytes.div_ceil(1 << 20)), gguf }
+        let mapped = config.model_path.as_deref().and_then(|p| {
+            let file = std::fs::canonicalize(p).ok()?;
+            let meta = std::fs::metadata(&file).ok().filter(std::fs::Metadata::is_file)?;
+            Some((file, meta.len().div_ceil(1 << 20)))
+        });
+        Self { mib: (bytes > 0).then(|| bytes.div_ceil(1 << 20)), gguf, mapped }
     }
 }
 

@@ -8,12 +8,12 @@
 //!   estimate: `hangard`'s own memory moves with every request it serves, so its growth
 //!   across a load is not the load's own.
 //! - **Mapped files count once.** Engines map model files: two loaded models on one file
-//!   share its pages. A file counts for the first loaded model in config order that maps
+//!   share its pages (the file is resolved once, at start-up: no file system call here). A file counts for the first loaded model in config order that maps
 //!   it; a load of a file some loaded model maps already needs only the rest of its figure.
 //! - **Free** is the budget minus what the loaded host models hold (accounted, not the
 //!   machine's free memory, which the page cache clouds).
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use hangar_backend::Runtime;
 use hangar_config::{BackendKind, Device, LoadOverride, ModelConfig};
@@ -87,11 +87,6 @@ pub(crate) fn measure(runtimes: &[std::sync::Arc<dyn Runtime>]) -> Option<HostFi
     (mib > 0).then_some(HostFigure { mib, method: HostMethod::ProcessTreeRss })
 }
 
-/// The file a model maps (its `model_path`, canonical), whose pages loaded models share.
-fn mapped_file(model: &ModelConfig) -> Option<PathBuf> {
-    std::fs::canonicalize(model.model_path.as_deref()?).ok().filter(|p| p.is_file())
-}
-
 /// The best host figure of `entry`'s model for `replicas` under `load_override`: the one
 /// measured for the runtimes in service, else the estimate.
 pub(crate) fn figure(
@@ -130,7 +125,7 @@ impl Manager {
         }
         let budget = budget.resolve(total_mib()?);
         let mut holdings = Vec::new();
-        let mut files: Vec<PathBuf> = Vec::new();
+        let mut files: Vec<&Path> = Vec::new();
         for other in &self.inner.order {
             if other.position == entry.position || !on_host(&other.config) {
                 continue;
@@ -145,9 +140,9 @@ impl Manager {
                 continue;
             };
             let mut mib = held.mib;
-            if let Some(file) = mapped_file(&slot.effective) {
-                if files.contains(&file) {
-                    mib = mib.saturating_sub(other.artifacts.mib.unwrap_or(0));
+            if let Some((file, file_mib)) = &other.artifacts.mapped {
+                if files.contains(&file.as_path()) {
+                    mib = mib.saturating_sub(*file_mib);
                 } else {
                     files.push(file);
                 }
@@ -159,8 +154,10 @@ impl Manager {
             i64::try_from(budget).unwrap_or(i64::MAX) - i64::try_from(held).unwrap_or(i64::MAX);
         let slot = entry.lock();
         let mut needed = figure(entry, &slot, model, replicas, load_override).map_or(0, |f| f.mib);
-        if mapped_file(model).is_some_and(|f| files.contains(&f)) {
-            needed = needed.saturating_sub(entry.artifacts.mib.unwrap_or(0));
+        if let Some((file, file_mib)) = &entry.artifacts.mapped
+            && files.contains(&file.as_path())
+        {
+            needed = needed.saturating_sub(*file_mib);
         }
         let fit = Fit { needed_mib: needed, allowed: Vec::new(), split: 1 };
         let gpus = vec![GpuRoom { index: 0, free_mib }];
