@@ -84,10 +84,14 @@ async fn cpu_models_are_admitted_against_the_host_memory_budget() {
 async fn without_a_ram_budget_cpu_models_load_by_slots_only() {
     let dir = std::env::temp_dir().join(format!("hangar-host-none-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // Each file (sparse) is 1 TiB, more than any machine's memory: admission by host
+    // memory, even against all of it, would refuse them.
+    let tib = 1 << 20;
     let (m, _) = manager(json!({
         "max_loaded_models": { "llm": 8 },
-        "models": { "a": cpu(&dir, "a.gguf", 3000), "b": cpu(&dir, "b.gguf", 3000) }
+        "models": { "a": cpu(&dir, "a.gguf", tib), "b": cpu(&dir, "b.gguf", tib) }
     }));
+    assert_eq!(m.model("a").unwrap().host_memory.map(|f| f.mib), Some(tib), "the figure is known");
     load(&m, "a").await.unwrap();
     load(&m, "b").await.unwrap();
     assert_eq!((state(&m, "a"), state(&m, "b")), (ModelState::Loaded, ModelState::Loaded));
