@@ -49,13 +49,20 @@ fn used(script: &Path) -> Vec<(u32, u64)> {
         .collect()
 }
 
-#[tokio::test]
-async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_needed() {
-    let dir = temp_dir("gpu-places");
-    let library = hangar_gpu::fake::build(&dir).expect("a C compiler (cc) builds the fake NVML");
+/// The fake NVML, built in `dir`, and its script: two 16 GiB GPUs with 1,000 MiB in use
+/// on each.
+fn two_gpus(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let library = hangar_gpu::fake::build(dir).expect("a C compiler (cc) builds the fake NVML");
     let script = library.with_file_name("nvml-script");
     std::fs::write(&script, "gpu 0 1000 16384 NVIDIA Fake A\ngpu 1 1000 16384 NVIDIA Fake B\n")
         .unwrap();
+    (library, script)
+}
+
+#[tokio::test]
+async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_needed() {
+    let dir = temp_dir("gpu-places");
+    let (library, script) = two_gpus(&dir);
     let config = json!({
         "vram_budget": 15000,
         "max_loaded_models": { "llm": 4 },
@@ -192,10 +199,7 @@ fn children(server: &Server) -> usize {
 #[tokio::test]
 async fn loads_on_different_gpus_do_not_wait_for_each_other() {
     let dir = temp_dir("gpu-lanes");
-    let library = hangar_gpu::fake::build(&dir).expect("a C compiler (cc) builds the fake NVML");
-    let script = library.with_file_name("nvml-script");
-    std::fs::write(&script, "gpu 0 1000 16384 NVIDIA Fake A\ngpu 1 1000 16384 NVIDIA Fake B\n")
-        .unwrap();
+    let (library, script) = two_gpus(&dir);
     let on = |name: &str, gpu: u32| {
         let mut m = model(&dir, name, 8000, 1);
         m["gpus"] = json!([gpu]);
