@@ -74,7 +74,7 @@ impl Lane<'_> {
         // The delta is read on the placement's GPUs only: other GPUs' memory moves with
         // other models' work.
         let before =
-            if settled && c.measure { manager.gpu_used_mib_on(entry, &gpus).await } else { None };
+            if settled && c.measure { manager.gpu_used_on(entry, &gpus).await } else { None };
         let on_host = c.measure && crate::host::on_host(&c.model);
         // The spec's retry after evicting everything else is a load's; a reload or an
         // update that fails leaves the old runtimes serving and every other model loaded.

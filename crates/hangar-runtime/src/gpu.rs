@@ -119,22 +119,22 @@ impl Manager {
         tokio::task::spawn_blocking(move || probe.read()).await.ok()?.ok()
     }
 
-    /// The used memory of the GPUs in `on` (empty: all), in MiB, when `entry`'s model is on
+    /// The used memory of each GPU in `on` (empty: all), in MiB, when `entry`'s model is on
     /// a GPU and the probe can read it (read before and after a load).
-    pub(crate) async fn gpu_used_mib_on(&self, entry: &ModelEntry, on: &[u32]) -> Option<u64> {
+    pub(crate) async fn gpu_used_on(&self, entry: &ModelEntry, on: &[u32]) -> Option<Used> {
         let gpus = self.read_gpus(entry.config.device).await?;
-        Some(used_on(&gpus, on))
+        Some(each_used(&gpus, on))
     }
 
     /// Records what a successful load of `runtimes` under `load_override` took: the used
     /// memory of the GPUs it was placed `on` (empty: all) now minus `before` (`None`: not
-    /// measured, or an earlier unload's release may have landed in between), and the
-    /// memory of the engines' process trees when they run in child processes; then saves
-    /// the state file.
+    /// measured, or an earlier unload's release may have landed in between), per GPU when
+    /// it was placed, and the memory of the engines' process trees (per GPU) when they run
+    /// in child processes; then saves the state file.
     pub(crate) async fn record_load(
         &self,
         entry: &ModelEntry,
-        (before, on): (Option<u64>, &[u32]),
+        (before, on): (Option<Used>, &[u32]),
         runtimes: &[Arc<dyn Runtime>],
         load_override: &LoadOverride,
     ) {
@@ -152,27 +152,34 @@ impl Manager {
             .ok()
             .flatten()
         };
-        let after = used_on(&gpus, on);
+        let after = each_used(&gpus, on);
         let replicas = runtimes.len() as u32;
         let load_override = load_override.fields().clone();
         let now = unix_ms(std::time::SystemTime::now());
-        let figure = |method, mib, gpus| Figure {
+        let figure = |method, mib, gpus, per_gpu| Figure {
             replicas,
             load_override: load_override.clone(),
             method,
             mib,
             gpus,
+            per_gpu,
             measured_unix_ms: now,
         };
-        let delta = before.map(|before| after.saturating_sub(before));
+        let delta = before.map(|before| load_delta(&before, &after));
         let mut figures = Vec::new();
-        if let Some(delta) = delta {
-            figures.push(figure(VramMethod::ObservedLoadDelta, delta, Vec::new()));
+        if let Some(per_gpu) = &delta {
+            let mib = per_gpu.iter().map(|&(_, mib)| mib).sum();
+            // Without a placement, the other GPUs' deltas are other models' work too: the
+            // sum is kept, not the split.
+            let (gpus, per_gpu) =
+                if on.is_empty() { (Vec::new(), Vec::new()) } else { (on.to_vec(), per_gpu.clone()) };
+            figures.push(figure(VramMethod::ObservedLoadDelta, mib, gpus, per_gpu));
         }
         if let Some(tree) = &tree {
-            figures.push(figure(VramMethod::ProcessTree, tree.mib, tree.gpus.clone()));
+            let (gpus, per_gpu) = (tree.gpus.clone(), tree.per_gpu.clone());
+            figures.push(figure(VramMethod::ProcessTree, tree.mib, gpus, per_gpu));
         }
-        tracing::debug!(model = %entry.config.name, replicas, delta, tree = ?tree.as_ref().map(|t| t.mib), "GPU memory taken by the load");
+        tracing::debug!(model = %entry.config.name, replicas, ?delta, tree = ?tree.as_ref().map(|t| t.mib), "GPU memory taken by the load");
         self.inner.control.measured(entry.position, figures).await;
         self.save_state().await;
     }
@@ -192,28 +199,27 @@ impl Manager {
     }
 
     /// Before a GPU model's runtimes are unloaded: on each GPU it holds memory on, the used
-    /// memory now and what the unload should free there (its figure shared evenly over its
-    /// placement, or over the GPUs its process tree was measured on; over [`ALL_GPUS`], the
-    /// sum, when neither is known). Only a measured figure is trusted: an estimate that is
+    /// memory now and what the unload should free there (its figure over its placement, or
+    /// over the GPUs its process tree was measured on, as `place::held_shares` spreads it;
+    /// over [`ALL_GPUS`], the sum, when neither is known). Only a measured figure is trusted: an estimate that is
     /// too high would hold every next load for the whole [`RELEASE_WAIT`].
     pub(crate) async fn before_release(&self, entry: &ModelEntry) -> Option<Vec<GpuRelease>> {
-        let (held, on) = {
+        let (held, shares) = {
             let slot = entry.lock();
             let held = match held_figure(entry, &slot) {
                 Some((mib, VramMethod::ProcessTree | VramMethod::ObservedLoadDelta)) => mib,
                 _ => 0,
             };
-            (held, crate::place::held_gpus(&slot))
+            (held, crate::place::held_shares(entry, &slot, &[]))
         };
         if held == 0 {
             return None;
         }
         let gpus = self.read_gpus(entry.config.device).await?;
-        if on.is_empty() {
+        if shares.is_empty() {
             return Some(vec![(ALL_GPUS, used_on(&gpus, &[]), held)]);
         }
-        let share = held.div_ceil(on.len() as u64);
-        Some(on.iter().map(|&gpu| (gpu, used_on(&gpus, &[gpu]), share)).collect())
+        Some(shares.into_iter().map(|(gpu, mib)| (gpu, used_on(&gpus, &[gpu]), mib)).collect())
     }
 
     /// After an unload: the next load on those GPUs waits until the memory shows as
@@ -246,6 +252,32 @@ impl Manager {
             used = Some(each.chain([(ALL_GPUS, used_on(&gpus, &[]))]).collect());
         }
     }
+}
+
+/// The used memory of each GPU, in MiB, by GPU ascending.
+pub(crate) type Used = Vec<(u32, u64)>;
+
+/// The used memory of each GPU in `on` (empty: all), in MiB.
+fn each_used(gpus: &[GpuReading], on: &[u32]) -> Used {
+    let mut used: Used = gpus
+        .iter()
+        .filter(|g| on.is_empty() || on.contains(&g.index))
+        .map(|g| (g.index, g.used_mib))
+        .collect();
+    used.sort_unstable();
+    used
+}
+
+/// What a load took on each GPU: the used memory `after` less `before`, on the GPUs read
+/// both times (a GPU whose memory went down took nothing).
+fn load_delta(before: &Used, after: &Used) -> Used {
+    after
+        .iter()
+        .filter_map(|&(gpu, now)| {
+            let (_, then) = before.iter().find(|&&(g, _)| g == gpu)?;
+            Some((gpu, now.saturating_sub(*then)))
+        })
+        .collect()
 }
 
 /// The used memory of the GPUs in `on` (empty: all), in MiB.
@@ -283,4 +315,18 @@ fn holders(gpus: &[GpuReading], engines: Vec<(ModelName, Vec<u32>)>) -> Vec<GpuH
     }
     holders.sort_by(|a, b| (a.gpu, b.mib, &a.model).cmp(&(b.gpu, a.mib, &b.model)));
     holders
+}
+
+#[cfg(test)]
+mod tests {
+    use super::load_delta;
+
+    #[test]
+    fn a_loads_delta_is_per_gpu_and_never_negative() {
+        let before = vec![(0, 1000), (1, 5000), (2, 700)];
+        let after = vec![(0, 4000), (1, 4500), (3, 100)];
+        // GPU 1 went down (another model's release landed): it took nothing; GPUs read
+        // only once are left out.
+        assert_eq!(load_delta(&before, &after), [(0, 3000), (1, 0)]);
+    }
 }

@@ -99,7 +99,7 @@ pub use quarantine::{Failure, FailureKind, QuarantineInfo, RECENT_FAILURES};
 pub use snapshot::{ModelFilter, ModelSnapshot, ModelStatus, VramEstimateSource};
 pub use start_up::{NotServing, NotServingInfo, NotServingReason, StartUp};
 pub use state::VRAM_STATE_FILE;
-pub use vram::{ProcessTreeFigure, VramDetail, VramMethod};
+pub use vram::{GpuShare, ProcessTreeFigure, VramDetail, VramMethod};
 pub use weights::{WeightUpdate, WeightsAction, WeightsReport};
 
 /// What the weights checker reports about weight files, re-exported from the digests.

@@ -3,8 +3,10 @@
 //! budget on each GPU Hangar may use, what each loaded model holds where, and what the new
 //! runtimes need.
 //!
-//! A loaded model holds its admission figure spread evenly over its placement; a model
-//! loaded without one (no budget or no telemetry then) over the GPUs its process tree was
+//! A loaded model holds its admission figure over its placement, in the proportions it was
+//! measured to take on each of those GPUs (a split's shares need not be even: the first GPU
+//! of a llama.cpp layer split also holds the output layer), else evenly; a model loaded
+//! without a placement (no budget or no telemetry then) over the GPUs its process tree was
 //! measured on, else over every GPU (on a one-GPU machine, that GPU). GPUs outside
 //! `hangard`'s own `CUDA_VISIBLE_DEVICES` (when it names indices) are not Hangar's to use.
 
@@ -26,6 +28,10 @@ pub struct Placement {
     pub gpus: Vec<u32>,
     /// Who chose them.
     pub source: PlacementSource,
+    /// What admission counts the loaded model as holding on each of them, in MiB: its
+    /// figure in the split measured on these GPUs, else shared evenly; empty when it is
+    /// not loaded or has no figure (filled in by snapshots).
+    pub holds: Vec<crate::vram::GpuShare>,
 }
 
 /// Who chose a placement.
@@ -60,11 +66,12 @@ impl Placement {
         if !chosen.is_empty() {
             let choice = model.gpus.len() != split;
             let source = if choice { PlacementSource::Chosen } else { no_choice };
-            return Some(Self { gpus: chosen, source });
+            return Some(Self { gpus: chosen, source, holds: Vec::new() });
         }
         (!model.gpus.is_empty()).then(|| Self {
             gpus: model.gpus.iter().copied().take(split).collect(),
             source: no_choice,
+            holds: Vec::new(),
         })
     }
 }
@@ -116,6 +123,41 @@ pub(crate) fn held_gpus(slot: &crate::entry::Slot) -> Vec<u32> {
     let replicas = slot.phase.loaded_replicas().max(1);
     let measured = slot.vram.get(VramMethod::ProcessTree, replicas, &slot.load_override);
     measured.map(|f| f.gpus.clone()).unwrap_or_default()
+}
+
+/// `mib` spread over the GPUs `on` (ascending): in the proportions of `measured` (what a
+/// load took on exactly those GPUs), else evenly; each share rounded up.
+pub(crate) fn spread(mib: u64, on: &[u32], measured: Option<&[(u32, u64)]>) -> Vec<(u32, u64)> {
+    let total: u64 = measured.map_or(0, |m| m.iter().map(|&(_, part)| part).sum());
+    if let Some(measured) = measured.filter(|_| total > 0) {
+        let share = |part: u64| {
+            let exact = (u128::from(mib) * u128::from(part)).div_ceil(u128::from(total));
+            u64::try_from(exact).unwrap_or(u64::MAX)
+        };
+        return measured.iter().map(|&(gpu, part)| (gpu, share(part))).collect();
+    }
+    let share = mib.div_ceil(on.len().max(1) as u64);
+    on.iter().map(|&gpu| (gpu, share)).collect()
+}
+
+/// What a loaded model holds on each GPU, by its best figure ([`spread`] over the GPUs it
+/// holds memory on, or over `every` GPU when those are unknown); empty without a figure.
+pub(crate) fn held_shares(
+    entry: &ModelEntry,
+    slot: &crate::entry::Slot,
+    every: &[u32],
+) -> Vec<(u32, u64)> {
+    let mib = crate::gpu::vram_held(entry, slot);
+    if mib == 0 {
+        return Vec::new();
+    }
+    let mut on = held_gpus(slot);
+    if on.is_empty() {
+        on = every.to_vec();
+    }
+    let replicas = slot.phase.loaded_replicas().max(1);
+    let measured = slot.vram.measured_split(replicas, &slot.load_override, &on);
+    spread(mib, &on, measured)
 }
 
 /// The GPUs `hangard` may use, by its own `CUDA_VISIBLE_DEVICES` when that names indices.
@@ -176,18 +218,30 @@ impl Manager {
             if slot.lifecycle.state() != ModelState::Loaded {
                 continue;
             }
-            let mib = crate::gpu::vram_held(entry, &slot);
-            let mut on = held_gpus(&slot);
-            if on.is_empty() {
-                on.clone_from(&every);
-            }
-            let share = mib.div_ceil(on.len().max(1) as u64);
-            holdings.extend(on.into_iter().map(|gpu| GpuHolding {
-                model: entry.config.name.clone(),
-                gpu,
-                mib: share,
+            holdings.extend(held_shares(entry, &slot, &every).into_iter().map(|(gpu, mib)| {
+                GpuHolding { model: entry.config.name.clone(), gpu, mib }
             }));
         }
         holdings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    #[test]
+    fn a_figure_is_spread_as_measured_on_the_same_gpus_else_evenly() {
+        // As measured: 3:1 on GPUs 0 and 1, scaled to the figure, rounded up.
+        assert_eq!(spread(4000, &[0, 1], Some(&[(0, 3000), (1, 1000)])), [(0, 3000), (1, 1000)]);
+        assert_eq!(spread(2001, &[0, 1], Some(&[(0, 3000), (1, 1000)])), [(0, 1501), (1, 501)]);
+        // Evenly, rounded up, without a measured split (or an empty one).
+        assert_eq!(spread(2001, &[2, 3], None), [(2, 1001), (3, 1001)]);
+        assert_eq!(spread(900, &[1, 2, 3], Some(&[(1, 0), (2, 0), (3, 0)])), [
+            (1, 300),
+            (2, 300),
+            (3, 300)
+        ]);
+        assert_eq!(spread(900, &[], None), []);
     }
 }

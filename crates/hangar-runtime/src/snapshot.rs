@@ -14,7 +14,7 @@ use crate::entry::{ModelEntry, Slot};
 use crate::journal::unix_ms;
 use crate::pause::PauseInfo;
 use crate::phase::Phase;
-use crate::vram::VramMethod;
+use crate::vram::{GpuShare, VramMethod};
 
 /// Where a VRAM estimate comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
@@ -212,7 +212,13 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         vram_estimate_replica_count: vram.1,
         vram_estimate_source: vram.2,
         vram_detail: crate::vram::vram_detail(entry, slot, replicas),
-        placement: slot.placement.clone(),
+        placement: slot.placement.clone().map(|mut p| {
+            if state == ModelState::Loaded {
+                let shares = crate::place::held_shares(entry, slot, &[]);
+                p.holds = shares.into_iter().map(|(gpu, mib)| GpuShare { gpu, mib }).collect();
+            }
+            p
+        }),
         host_memory: crate::host::on_host(&entry.config)
             .then(|| {
                 crate::host::figure(entry, slot, &slot.effective, replicas, &slot.load_override)

@@ -41,8 +41,19 @@ pub struct ProcessTreeFigure {
     pub replica_count: u32,
     /// The GPUs the processes held memory on.
     pub gpus: Vec<u32>,
+    /// What they held on each of those GPUs (a split's shares need not be even).
+    pub per_gpu: Vec<GpuShare>,
     /// When it was measured, Unix milliseconds.
     pub measured_unix_ms: u64,
+}
+
+/// What a model holds on one GPU, in MiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuShare {
+    /// The GPU (NVML index).
+    pub gpu: u32,
+    /// What the model holds there.
+    pub mib: u64,
 }
 
 /// The VRAM figures beyond the spec's three sources, and the one admission uses.
@@ -71,6 +82,10 @@ pub(crate) struct Figure {
     pub(crate) mib: u64,
     #[serde(default)]
     pub(crate) gpus: Vec<u32>,
+    /// What the load took on each GPU of its placement, by GPU ascending (empty when not
+    /// measured per GPU).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) per_gpu: Vec<(u32, u64)>,
     pub(crate) measured_unix_ms: u64,
 }
 
@@ -98,6 +113,23 @@ impl ObservedVram {
                 .filter(|f| f.method == method && f.load_override == *load_override.fields())
         };
         same().find(|f| f.replicas == replicas).or_else(|| same().next())
+    }
+
+    /// The proportions a measured figure for `replicas` under `load_override` took on the
+    /// GPUs `on`, when one was measured per GPU on exactly those GPUs (the process tree's
+    /// first, then the load's delta).
+    pub(crate) fn measured_split(
+        &self,
+        replicas: u32,
+        load_override: &LoadOverride,
+        on: &[u32],
+    ) -> Option<&[(u32, u64)]> {
+        let measured = [VramMethod::ProcessTree, VramMethod::ObservedLoadDelta];
+        measured.into_iter().find_map(|m| {
+            let f = self.get(m, replicas, load_override)?;
+            let gpus = f.per_gpu.iter().map(|&(gpu, _)| gpu);
+            (!f.per_gpu.is_empty() && gpus.eq(on.iter().copied())).then_some(&f.per_gpu[..])
+        })
     }
 
     /// The `method` figure scaled to `replicas` (per replica times the count).
@@ -166,6 +198,7 @@ pub(crate) fn vram_detail(entry: &ModelEntry, slot: &Slot, replicas: u32) -> Opt
             mib: f.mib,
             replica_count: f.replicas,
             gpus: f.gpus.clone(),
+            per_gpu: f.per_gpu.iter().map(|&(gpu, mib)| GpuShare { gpu, mib }).collect(),
             measured_unix_ms: f.measured_unix_ms,
         });
     Some(VramDetail {

@@ -238,20 +238,19 @@ impl Collector for ModelGauges {
                 ConstGauge::new(mib_bytes(mib)).encode(family.encode_family(&labels)?)?;
             }
         }
-        // Where each placed model's admission figure sits: an even share on each of its GPUs.
+        // Where each placed model's admission figure sits, GPU by GPU.
         let mut family = encoder.encode_descriptor(
             "hangar_model_gpu_memory_bytes",
             "What admission counts each loaded, placed model as holding on each of its GPUs \
-             (its admission figure shared evenly over its placement)",
+             (its admission figure in the split measured there, else shared evenly)",
             None,
             gauge.metric_type(),
         )?;
         for (m, label) in models.iter().zip(&labels) {
-            let (Some(placement), Some(detail)) = (&m.placement, &m.vram_detail) else { continue };
-            let share = detail.admission_mib.div_ceil(placement.gpus.len().max(1) as u64);
-            for gpu in &placement.gpus {
-                let labels = ModelGpuLabels { model: label.clone(), gpu: gpu.to_string() };
-                ConstGauge::new(mib_bytes(share)).encode(family.encode_family(&labels)?)?;
+            let Some(placement) = &m.placement else { continue };
+            for share in &placement.holds {
+                let labels = ModelGpuLabels { model: label.clone(), gpu: share.gpu.to_string() };
+                ConstGauge::new(mib_bytes(share.mib)).encode(family.encode_family(&labels)?)?;
             }
         }
         encode_gpus(&self.0, &mut encoder)?;

@@ -1,7 +1,8 @@
 //! GPUs as separate places, end to end: the real `hangard` on a fake NVML with two 16 GiB
 //! GPUs and the fake `vllm serve`, whose engine core takes its memory on the GPUs its
-//! `CUDA_VISIBLE_DEVICES` names (split evenly over several). Each GPU has its own budget;
-//! the figures before a load are the model files' size (sparse files here).
+//! `CUDA_VISIBLE_DEVICES` names (split evenly over several, or unevenly as a list says).
+//! Each GPU has its own budget; the figures before a load are the model files' size
+//! (sparse files here).
 
 use std::path::Path;
 
@@ -71,6 +72,7 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
             "a": model(&dir, "a", 12000, 1), "b": model(&dir, "b", 12000, 1),
             "c": model(&dir, "c", 12000, 1), "big": model(&dir, "big", 20000, 1),
             "split": model(&dir, "split", 20000, 2),
+            "tall": model(&dir, "tall", 14500, 1),
         }
     });
     let env = [
@@ -78,7 +80,7 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
         ("FAKE_VLLM_NVML_SCRIPT", script.to_str().unwrap()),
         (
             "FAKE_VLLM_GPU_MIB",
-            r#"{"a": 12000, "b": 12000, "c": 12000, "big": 20000, "split": 20000}"#,
+            r#"{"a": 12000, "b": 12000, "c": 12000, "big": 20000, "split": [12000, 8000]}"#,
         ),
     ];
     let server = Server::start_with(&config, &[], &env);
@@ -86,7 +88,12 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
     // a goes to GPU 0 (both are free: the lower index), under PCI bus order.
     let (status, a) = load(&server, "a", json!({})).await;
     assert_eq!(status, 200, "{a}");
-    assert_eq!(a["placement"], json!({ "gpus": [0], "source": "chosen" }), "{a}");
+    let holds = json!([{ "gpu": 0, "mib": 12000 }]);
+    assert_eq!(
+        a["placement"],
+        json!({ "gpus": [0], "source": "chosen", "holds": holds }),
+        "measured on GPU 0: {a}"
+    );
     assert_eq!(child_env(&a, "CUDA_VISIBLE_DEVICES").as_deref(), Some("0"));
     assert_eq!(child_env(&a, "CUDA_DEVICE_ORDER").as_deref(), Some("PCI_BUS_ID"));
 
@@ -141,15 +148,24 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
         assert_eq!(row(&server, model).await["runtime_state"], "loaded", "{model} kept");
     }
 
-    // Split over both GPUs, 10,000 MiB on each: a and c make room, and the engine is told
-    // to split (vLLM's tensor parallelism) over the two GPUs it sees.
+    // Split over both GPUs, 10,000 MiB on each by its files: a and c make room, and the
+    // engine is told to split (vLLM's tensor parallelism) over the two GPUs it sees. It
+    // takes 12,000 on the first and 8,000 on the second, and that split is its figure.
     let (status, split) = load(&server, "split", json!({})).await;
     assert_eq!(status, 200, "{split}");
-    assert_eq!(split["placement"], json!({ "gpus": [0, 1], "source": "chosen" }), "{split}");
+    let split_holds = json!([{ "gpu": 0, "mib": 12000 }, { "gpu": 1, "mib": 8000 }]);
+    assert_eq!(
+        split["placement"],
+        json!({ "gpus": [0, 1], "source": "chosen", "holds": split_holds }),
+        "{split}"
+    );
     assert_eq!(child_env(&split, "CUDA_VISIBLE_DEVICES").as_deref(), Some("0,1"));
     let command = split["runtime_details"][0]["command"].as_str().unwrap().to_owned();
     assert!(command.contains(" --tensor-parallel-size 2"), "{command}");
-    assert_eq!(used(&script), [(0, 11000), (1, 11000)]);
+    assert_eq!(used(&script), [(0, 13000), (1, 9000)]);
+    let tree = &row(&server, "split").await["vram_detail"]["process_tree"];
+    let per_gpu = json!([{ "gpu": 0, "mib": 12000 }, { "gpu": 1, "mib": 8000 }]);
+    assert_eq!((&tree["mib"], &tree["per_gpu"]), (&json!(20000), &per_gpu), "{tree}");
     for model in ["a", "c"] {
         assert_eq!(row(&server, model).await["runtime_state"], "unloaded", "{model} evicted");
     }
@@ -165,20 +181,29 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
     let constraints = &row(&server, "b").await["load_constraints"]["gpus"];
     assert_eq!(constraints["kind"], "gpu_list", "{constraints}");
 
-    // Prometheus labels the split model's memory by GPU: its figure, shared evenly.
+    // Prometheus labels the split model's memory by GPU, as measured there.
     let metrics = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
-    for gpu in [0, 1] {
+    for (gpu, mib) in [(0, 12000), (1, 8000)] {
         let line = format!(
             "hangar_model_gpu_memory_bytes{{model=\"split\",gpu=\"{gpu}\"}} {}",
-            10000 * MIB
+            mib * MIB
         );
         assert!(metrics.lines().any(|l| l == line), "no `{line}` in:\n{metrics}");
     }
+    // Admission counts the measured split too: on GPU 1, 6,000 MiB free and the split
+    // model's 8,000 are 500 short of 14,500 (an even share, 10,000, would have evicted it
+    // for nothing).
+    let (status, refused) = load(&server, "tall", json!({ "gpus": [1] })).await;
+    assert_eq!(status, 507, "{refused}");
+    let sides = &refused["error"]["vram_shortfall"]["gpus"];
+    assert_eq!((&sides[0]["gpu"], &sides[0]["missing_mib"]), (&json!(1), &json!(500)), "{sides}");
+    assert_eq!(row(&server, "split").await["runtime_state"], "loaded", "nothing evicted");
     assert!(!metrics.contains("hangar_model_gpu_memory_bytes{model=\"a\""), "a is gone");
 
     let (status, b) = load(&server, "b", json!({ "gpus": [1] })).await;
     assert_eq!(status, 200, "{b}");
-    assert_eq!(b["placement"], json!({ "gpus": [1], "source": "override" }), "{b}");
+    let holds = json!([{ "gpu": 1, "mib": 12000 }]);
+    assert_eq!(b["placement"], json!({ "gpus": [1], "source": "override", "holds": holds }), "{b}");
     assert_eq!(b["load_override"], json!({ "gpus": [1] }), "{b}");
     assert_eq!(child_env(&b, "CUDA_VISIBLE_DEVICES").as_deref(), Some("1"));
     assert_eq!(row(&server, "split").await["runtime_state"], "unloaded", "it held GPU 1");

@@ -153,6 +153,7 @@ fn a_measured_figure_replaces_its_like_and_is_published() {
         method,
         mib,
         gpus: Vec::new(),
+        per_gpu: Vec::new(),
         measured_unix_ms: 0,
     };
     let t0 = Instant::now();

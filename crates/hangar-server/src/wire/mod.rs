@@ -15,7 +15,7 @@ pub use engine::{Capabilities, FinishReason, Modality, ThinkingMode};
 pub use events::{EventKind, LeaseChange, ManagerCounters, ManagerEvent};
 pub use state::{LifecycleEvent, ModelState};
 pub use vram::{
-    GgufEstimate, HostMemory, HostMethod, Placement, PlacementSource, ProcessTreeFigure,
+    GgufEstimate, GpuShare, HostMemory, HostMethod, Placement, PlacementSource, ProcessTreeFigure,
     VramDetail, VramEstimateSource, VramMethod,
 };
 pub use weights::{
@@ -101,8 +101,11 @@ mod tests {
     fn twins_of_measurements_digests_and_request_enums_encode_alike() {
         use hangar_runtime::digest;
         use hangar_runtime::engine;
-        let tree =
-            json!({ "mib": 5120, "replica_count": 2, "gpus": [0, 1], "measured_unix_ms": 7 });
+        let tree = json!({
+            "mib": 5120, "replica_count": 2, "gpus": [0, 1],
+            "per_gpu": [{ "gpu": 0, "mib": 3072 }, { "gpu": 1, "mib": 2048 }],
+            "measured_unix_ms": 7,
+        });
         let gguf = json!({
             "mib": 900, "replica_count": 1, "weights_mib": 600, "kv_cache_mib": 300,
             "n_ctx": 4096, "type_k": "f16", "type_v": "q8_0", "layers": 24,

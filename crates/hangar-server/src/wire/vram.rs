@@ -46,8 +46,19 @@ pub struct ProcessTreeFigure {
     pub replica_count: u32,
     /// The GPUs the processes held memory on.
     pub gpus: Vec<u32>,
+    /// What they held on each of those GPUs (a split's shares need not be even).
+    pub per_gpu: Vec<GpuShare>,
     /// When it was measured, Unix milliseconds.
     pub measured_unix_ms: u64,
+}
+
+/// What a model holds on one GPU, in MiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GpuShare {
+    /// The GPU (NVML index).
+    pub gpu: u32,
+    /// What the model holds there.
+    pub mib: u64,
 }
 
 /// The VRAM figures beyond the spec's three sources, and the one admission uses.
@@ -116,6 +127,7 @@ impl From<hangar_runtime::ProcessTreeFigure> for ProcessTreeFigure {
             mib: v.mib,
             replica_count: v.replica_count,
             gpus: v.gpus,
+            per_gpu: v.per_gpu.into_iter().map(|s| GpuShare { gpu: s.gpu, mib: s.mib }).collect(),
             measured_unix_ms: v.measured_unix_ms,
         }
     }
@@ -158,6 +170,10 @@ pub struct Placement {
     /// `chosen`: the grant chose among the allowed GPUs by their free memory; `override`:
     /// the load request's `gpus` left no choice.
     pub source: PlacementSource,
+    /// What admission counts the loaded model as holding on each of its GPUs, in MiB: its
+    /// figure in the split measured on these GPUs, else shared evenly; empty when it is not
+    /// loaded or has no figure.
+    pub holds: Vec<GpuShare>,
 }
 
 /// Who chose a placement.
@@ -179,7 +195,8 @@ impl From<hangar_runtime::Placement> for Placement {
             hangar_runtime::PlacementSource::Chosen => PlacementSource::Chosen,
             hangar_runtime::PlacementSource::Override => PlacementSource::Override,
         };
-        Self { gpus: p.gpus, source }
+        let holds = p.holds.into_iter().map(|s| GpuShare { gpu: s.gpu, mib: s.mib }).collect();
+        Self { gpus: p.gpus, source, holds }
     }
 }
 
