@@ -338,8 +338,17 @@ def eviction(ctx, deadline):
     env = child_environ(details[0].get("pid"))
     f["b_placement"] = placement
     f["b_child_cuda"] = {k: env.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
-    ctx.check("eviction", "b_is_placed_on_gpu_0", placement == {"gpus": [0], "source": "chosen"},
+    placed = {k: (placement or {}).get(k) for k in ("gpus", "source")}
+    held_on = [x.get("gpu") for x in (placement or {}).get("holds") or []]
+    ctx.check("eviction", "b_is_placed_on_gpu_0",
+              placed == {"gpus": [0], "source": "chosen"} and held_on == [0],
               f"placement {placement}")
+    # What the GPU child keeps on the host (its runtime, pinned buffers) is measured too.
+    host = (row.get("host_memory") if isinstance(row, dict) else None) or {}
+    f["b_host_memory"] = host
+    ctx.check("eviction", "b_host_part_is_measured",
+              host.get("method") == "process_tree_rss" and (host.get("mib") or 0) > 0,
+              f"host_memory {host}")
     ctx.check("eviction", "b_child_sees_gpu_0_in_pci_bus_order",
               env.get("CUDA_VISIBLE_DEVICES") == "0" and env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID",
               f"child environment {f['b_child_cuda']}")

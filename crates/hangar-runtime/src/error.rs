@@ -182,7 +182,7 @@ pub enum ManagerError {
     InsufficientMemory {
         /// The model that was to load.
         model: String,
-        /// What it needs, what is free and missing, and which CPU models hold the memory.
+        /// What it needs, what is free and missing, and which models hold the memory.
         shortfall: Box<hangar_eviction::VramShortfall>,
     },
     /// A call that acts on one model named none, and more (or no) models are loaded.

@@ -39,7 +39,7 @@ pub(crate) struct Creation {
 pub(crate) struct Created {
     pub(crate) runtimes: Vec<Arc<dyn Runtime>>,
     pub(crate) placement: Option<Placement>,
-    /// What they hold on the host, when they run on the CPU and were measured.
+    /// What they hold on the host, when they run in child processes and were measured.
     pub(crate) host: Option<crate::host::HostFigure>,
 }
 
@@ -75,7 +75,7 @@ impl Lane<'_> {
         // other models' work.
         let before =
             if settled && c.measure { manager.gpu_used_on(entry, &gpus).await } else { None };
-        let on_host = c.measure && crate::host::on_host(&c.model);
+        let local = c.measure && crate::host::local(&c.model);
         // The spec's retry after evicting everything else is a load's; a reload or an
         // update that fails leaves the old runtimes serving and every other model loaded.
         let runtimes = match c.ask {
@@ -88,7 +88,7 @@ impl Lane<'_> {
         if c.measure {
             manager.record_load(entry, (before, &gpus), &runtimes, &c.load_override).await;
         }
-        let host = if on_host { crate::host::measure(&runtimes) } else { None };
+        let host = if local { crate::host::measure(&runtimes) } else { None };
         Ok(Created { runtimes, placement, host })
     }
 }
@@ -114,12 +114,19 @@ impl Manager {
         c: &Creation,
     ) -> Result<(bool, Vec<u32>), Refusal> {
         let settled = self.wait_for_release(entry).await;
-        let places = self.places_for(entry, &c.model, c.replicas, &c.load_override).await;
+        let (model, replicas, load_override) = (&c.model, c.replicas, &c.load_override);
+        let places = self.places_for(entry, model, replicas, load_override).await;
+        // A GPU model's part of the host's memory is granted too (a CPU model's `places`
+        // are the host's already).
+        let host = if crate::host::on_host(model) {
+            None
+        } else {
+            self.host_places(entry, model, replicas, load_override)
+        };
         let incoming = incoming(entry);
         let loaded = self.loaded_models(c.spare_enabled);
-        let ask = c.ask;
-        let grant =
-            self.inner.control.grant(entry.position, GrantAsk { ask, loaded, incoming, places });
+        let ask = GrantAsk { ask: c.ask, loaded, incoming, places, host };
+        let grant = self.inner.control.grant(entry.position, ask);
         let grant = grant.await?;
         self.execute(grant.plan, &entry.config.name).await.map_err(Refusal::Held)?;
         Ok((self.wait_for_release(entry).await && settled, grant.gpus))

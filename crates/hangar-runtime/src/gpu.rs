@@ -171,8 +171,11 @@ impl Manager {
             let mib = per_gpu.iter().map(|&(_, mib)| mib).sum();
             // Without a placement, the other GPUs' deltas are other models' work too: the
             // sum is kept, not the split.
-            let (gpus, per_gpu) =
-                if on.is_empty() { (Vec::new(), Vec::new()) } else { (on.to_vec(), per_gpu.clone()) };
+            let (gpus, per_gpu) = if on.is_empty() {
+                (Vec::new(), Vec::new())
+            } else {
+                (on.to_vec(), per_gpu.clone())
+            };
             figures.push(figure(VramMethod::ObservedLoadDelta, mib, gpus, per_gpu));
         }
         if let Some(tree) = &tree {

@@ -101,9 +101,68 @@ pub(crate) struct Grant {
 }
 
 /// The one decision every path that creates runtimes goes through: the placement and the
-/// eviction plan for `ask` given the loaded models and, under a VRAM budget, each GPU's
-/// memory (`None`: no admission by memory).
+/// eviction plan for `ask` given the loaded models and, under a budget, the memory the
+/// model's runtimes take (`places`: each GPU's, or the host's for a model on the CPU;
+/// `None`: no admission by memory) and, for a GPU model under a `ram_budget`, its part of
+/// the host's memory (`host`).
+///
+/// The host part is granted after the placement, by memory only (the slot is granted
+/// already), among the models the placement keeps: its victims' host memory counts as
+/// free, and any more victims are the host's least recently used. A refusal means that
+/// even every model not held would not make room on the host ([`Refusal::Host`]).
 pub(crate) fn decide(
+    ask: Ask,
+    loaded: &[LoadedModel],
+    incoming: &Incoming,
+    limits: &hangar_config::MaxLoadedModels,
+    places: Option<&Places>,
+    host: Option<&Places>,
+) -> Result<Grant, Refusal> {
+    let grant = decide_placed(ask, loaded, incoming, limits, places)?;
+    match host {
+        Some(host) if ask != Ask::Retry => with_host_part(grant, loaded, incoming, host),
+        _ => Ok(grant),
+    }
+}
+
+/// `grant` with the evictions that make room on the host for the host part `host` of the
+/// runtimes too (see [`decide`]).
+fn with_host_part(
+    mut grant: Grant,
+    loaded: &[LoadedModel],
+    incoming: &Incoming,
+    host: &Places,
+) -> Result<Grant, Refusal> {
+    let gone = |name: &hangar_config::ModelName| grant.plan.victims.iter().any(|v| v.name == *name);
+    let freed: u64 = host.holdings.iter().filter(|h| gone(&h.model)).map(|h| h.mib).sum();
+    let freed = i64::try_from(freed).unwrap_or(i64::MAX);
+    let rooms: Vec<GpuRoom> = host
+        .gpus
+        .iter()
+        .map(|r| GpuRoom { index: r.index, free_mib: r.free_mib.saturating_add(freed) })
+        .collect();
+    let kept: Vec<LoadedModel> = loaded.iter().filter(|m| !gone(&m.name)).cloned().collect();
+    let holdings: Vec<GpuHolding> =
+        host.holdings.iter().filter(|h| !gone(&h.model)).cloned().collect();
+    let placed = plan_second_copy_placed(&kept, &incoming.name, &rooms, &holdings, &host.fit);
+    if let Some(refusal) = placed.refusal {
+        // Told as the host alone sees it (the memory free now, every holder): the
+        // placement's victims are evictable too, so that refuses as well.
+        let alone =
+            plan_second_copy_placed(loaded, &incoming.name, &host.gpus, &host.holdings, &host.fit);
+        let refusal = alone.refusal.unwrap_or(refusal);
+        return Err(Refusal::Host(refusal.shortfall(&host.fit)));
+    }
+    if placed.plan.is_blocked() {
+        let held = placed.plan.blocked_by.iter().map(ToString::to_string).collect();
+        return Err(Refusal::Held(held));
+    }
+    grant.plan.victims.extend(placed.plan.victims);
+    Ok(grant)
+}
+
+/// The placement and plan for `ask` in the memory of `places` alone.
+fn decide_placed(
     ask: Ask,
     loaded: &[LoadedModel],
     incoming: &Incoming,
@@ -267,7 +326,7 @@ mod tests {
             };
             let memory =
                 row.memory.map(|(free, needed)| Places::one_gpu(free, needed, &row.loaded));
-            let got = decide(row.ask, &row.loaded, &incoming, &limits, memory.as_ref());
+            let got = decide(row.ask, &row.loaded, &incoming, &limits, memory.as_ref(), None);
             let got = got
                 .map(|grant| {
                     grant.plan.victims.iter().map(|v| v.name.to_string()).collect::<Vec<_>>()
@@ -289,18 +348,18 @@ mod tests {
         };
         let loaded = [loaded("a", 1, 1000, true)];
         let host = Places { on: Place::Host, ..Places::one_gpu(500, 2000, &loaded) };
-        let refused = decide(Ask::Load, &loaded, &incoming, &limits, Some(&host));
+        let refused = decide(Ask::Load, &loaded, &incoming, &limits, Some(&host), None);
         assert!(
             matches!(refused, Err(Refusal::Host(ref s)) if s.missing_mib == 1500),
             "{refused:?}"
         );
         let gpus = Places::one_gpu(500, 2000, &loaded);
-        let refused = decide(Ask::Load, &loaded, &incoming, &limits, Some(&gpus));
+        let refused = decide(Ask::Load, &loaded, &incoming, &limits, Some(&gpus), None);
         assert!(matches!(refused, Err(Refusal::Vram(_))), "{refused:?}");
         let roomy = Places::one_gpu(4000, 2000, &loaded);
-        let granted = decide(Ask::Load, &loaded, &incoming, &limits, Some(&roomy)).unwrap();
+        let granted = decide(Ask::Load, &loaded, &incoming, &limits, Some(&roomy), None).unwrap();
         assert_eq!(granted.gpus, [0]);
-        let unplaced = decide(Ask::Load, &loaded, &incoming, &limits, None).unwrap();
+        let unplaced = decide(Ask::Load, &loaded, &incoming, &limits, None, None).unwrap();
         assert!(unplaced.gpus.is_empty(), "no budget: no placement");
     }
 }
@@ -379,7 +438,7 @@ mod properties {
         let places = memory.map(|m| Places::one_gpu(m.free_mib, m.needed_mib, &loaded));
         let already = loaded.iter().any(|m| m.name == incoming.name);
         let vram = |m: &LoadedModel| i128::from(m.vram_mib);
-        match decide(ask, &loaded, &incoming, &limits, places.as_ref()) {
+        match decide(ask, &loaded, &incoming, &limits, places.as_ref(), None) {
             Ok(Grant { plan, gpus }) => {
                 prop_assert!(gpus.len() <= 1, "one GPU at most: {gpus:?}");
                 let mut seen = std::collections::HashSet::new();

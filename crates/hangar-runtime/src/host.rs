@@ -1,10 +1,16 @@
 //! Host memory as a place: models that run on the CPU are admitted against `ram_budget`,
-//! the way GPU models are against `vram_budget` (the same grant, one place: the host).
+//! the way GPU models are against `vram_budget` (the same grant, one place: the host), and
+//! GPU models by their part of the host's memory too.
 //!
-//! - **Who counts.** A model not on a GPU whose engine runs here (not `openai_remote`).
+//! - **Who counts.** Every model whose engine runs here (not `openai_remote`): a model not
+//!   on a GPU with all of its figure; a GPU model with its host part, once known.
 //! - **Figures.** Once loaded, for engines in child processes: the resident memory
-//!   (`VmRSS`) of the engine's process tree. Otherwise, and before a load: the GGUF estimate
-//!   (weights plus KV cache), else the model files' size. In-process engines keep the
+//!   (`VmRSS`) of the engine's process tree (for a GPU child, what stays on the host: its
+//!   runtime, CPU layers, pinned buffers; llama.cpp unmaps the file ranges it offloaded).
+//!   Otherwise, and before a load: for a model on the CPU, the GGUF estimate (weights plus
+//!   KV cache), else the model files' size; for a GPU model, the GGUF estimate's share of
+//!   the layers `n_gpu_layers` leaves on the CPU, else nothing until measured (a fully
+//!   offloaded model, or an engine whose host share the files do not tell, like vLLM's). In-process engines keep the
 //!   estimate: `hangard`'s own memory moves with every request it serves, so its growth
 //!   across a load is not the load's own.
 //! - **Mapped files count once.** Engines map model files: two loaded models on one file
@@ -16,11 +22,12 @@
 use std::path::Path;
 
 use hangar_backend::Runtime;
-use hangar_config::{BackendKind, Device, LoadOverride, ModelConfig};
+use hangar_config::{BackendKind, BackendSettings, Device, LoadOverride, ModelConfig};
 use hangar_eviction::{Fit, GpuHolding, GpuRoom};
 use hangar_lifecycle::ModelState;
 
 use crate::entry::{ModelEntry, Slot};
+use crate::estimate::gguf_estimate;
 use crate::grant::{Place, Places};
 use crate::manager::Manager;
 use crate::vram::{VramMethod, admission_figure};
@@ -55,7 +62,12 @@ pub struct HostFigure {
 
 /// Whether `model`'s memory is the host's: not on a GPU, and run on this machine.
 pub(crate) fn on_host(model: &ModelConfig) -> bool {
-    !model.device.contains(Device::GPU) && model.backend != BackendKind::OpenaiRemote
+    !model.device.contains(Device::GPU) && local(model)
+}
+
+/// Whether `model` runs on this machine (its memory is the host's in whole or in part).
+pub(crate) fn local(model: &ModelConfig) -> bool {
+    model.backend != BackendKind::OpenaiRemote
 }
 
 /// The machine's memory in MiB (`MemTotal`), when `/proc/meminfo` can be read.
@@ -76,7 +88,7 @@ fn rss_mib(pid: u32) -> Option<u64> {
 }
 
 /// What a finished load of `runtimes` holds on the host, when they run in child
-/// processes: their process trees' resident memory.
+/// processes: their process trees' resident memory (on the CPU or beside a GPU).
 pub(crate) fn measure(runtimes: &[std::sync::Arc<dyn Runtime>]) -> Option<HostFigure> {
     let roots: Vec<u32> = runtimes.iter().filter_map(|r| r.pid()).collect();
     if roots.is_empty() {
@@ -99,6 +111,9 @@ pub(crate) fn figure(
     if let Some(measured) = slot.host.filter(|_| slot.lifecycle.state() == ModelState::Loaded) {
         return Some(measured);
     }
+    if !on_host(model) {
+        return beside_gpu(entry, model, replicas);
+    }
     let (mib, method) = admission_figure(entry, &slot.vram, model, replicas, load_override)?;
     let method = match method {
         VramMethod::GgufEstimate => HostMethod::GgufEstimate,
@@ -107,11 +122,30 @@ pub(crate) fn figure(
     Some(HostFigure { mib, method })
 }
 
+/// A GPU model's host part before it is measured: the share of its GGUF estimate on the
+/// layers llama.cpp keeps on the CPU (`n_gpu_layers` under the header's layer count);
+/// `None` when every layer is offloaded or the files do not tell.
+fn beside_gpu(entry: &ModelEntry, model: &ModelConfig, replicas: u32) -> Option<HostFigure> {
+    let gpu_layers = match &model.settings {
+        BackendSettings::LlamaCpp(s) => s.gguf_n_gpu_layers,
+        BackendSettings::LlamaServer(s) => s.llama_server_n_gpu_layers,
+        _ => None,
+    };
+    // Unset or negative: llama.cpp offloads every layer.
+    let gpu_layers = u64::try_from(gpu_layers?).ok()?;
+    let estimate = gguf_estimate(&entry.artifacts, model, replicas)?;
+    let layers = u64::from(estimate.layers);
+    let on_cpu = layers.checked_sub(gpu_layers).filter(|&n| n > 0)?;
+    let mib = (estimate.mib * on_cpu).div_ceil(layers);
+    Some(HostFigure { mib, method: HostMethod::GgufEstimate })
+}
+
 impl Manager {
     /// What a creation of `entry`'s `model` is granted against on the host: the budget
-    /// less what loaded host models hold, their holdings, and the model's figure (less a
-    /// file some loaded model maps already). `None` without a `ram_budget` or for a model
-    /// whose memory is not the host's.
+    /// less what loaded local models hold there, their holdings, and the model's figure
+    /// (its host part for a GPU model; for a model on the CPU, less a file some loaded
+    /// CPU model maps already). `None` without a `ram_budget`, for a remote model, or for
+    /// a GPU model whose host part is not known.
     pub(crate) fn host_places(
         &self,
         entry: &ModelEntry,
@@ -120,14 +154,14 @@ impl Manager {
         load_override: &LoadOverride,
     ) -> Option<Places> {
         let budget = self.inner.ram_budget?;
-        if !on_host(model) {
+        if !local(model) {
             return None;
         }
         let budget = budget.resolve(total_mib()?);
         let mut holdings = Vec::new();
         let mut files: Vec<&Path> = Vec::new();
         for other in &self.inner.order {
-            if other.position == entry.position || !on_host(&other.config) {
+            if other.position == entry.position || !local(&other.config) {
                 continue;
             }
             let slot = other.lock();
@@ -140,7 +174,10 @@ impl Manager {
                 continue;
             };
             let mut mib = held.mib;
-            if let Some((file, file_mib)) = &other.artifacts.mapped {
+            // A GPU model maps only the ranges it keeps on the CPU: its file is not shared.
+            if let Some((file, file_mib)) =
+                other.artifacts.mapped.as_ref().filter(|_| on_host(&other.config))
+            {
                 if files.contains(&file.as_path()) {
                     mib = mib.saturating_sub(*file_mib);
                 } else {
@@ -153,8 +190,14 @@ impl Manager {
         let free_mib =
             i64::try_from(budget).unwrap_or(i64::MAX) - i64::try_from(held).unwrap_or(i64::MAX);
         let slot = entry.lock();
-        let mut needed = figure(entry, &slot, model, replicas, load_override).map_or(0, |f| f.mib);
+        let needed = figure(entry, &slot, model, replicas, load_override);
+        let mut needed = match needed {
+            Some(figure) => figure.mib,
+            None if on_host(model) => 0,
+            None => return None,
+        };
         if let Some((file, file_mib)) = &entry.artifacts.mapped
+            && on_host(model)
             && files.contains(&file.as_path())
         {
             needed = needed.saturating_sub(*file_mib);

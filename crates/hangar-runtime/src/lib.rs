@@ -65,6 +65,8 @@ mod events;
 mod evict;
 mod gpu;
 mod grant;
+#[cfg(test)]
+mod grant_host_tests;
 mod host;
 mod journal;
 mod lease;

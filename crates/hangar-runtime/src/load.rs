@@ -282,7 +282,7 @@ impl Manager {
         };
         let incoming = incoming(entry);
         let loaded = self.loaded_models(c.spare_enabled);
-        let ask = GrantAsk { ask: Ask::Retry, loaded, incoming, places: None };
+        let ask = GrantAsk { ask: Ask::Retry, loaded, incoming, places: None, host: None };
         match self.inner.control.grant(entry.position, ask).await {
             Ok(grant) if !grant.plan.is_empty() => {
                 tracing::warn!(model = %entry.config.name, error = %first, "load failed; evicting every other model and retrying once");

@@ -218,9 +218,13 @@ impl Manager {
             if slot.lifecycle.state() != ModelState::Loaded {
                 continue;
             }
-            holdings.extend(held_shares(entry, &slot, &every).into_iter().map(|(gpu, mib)| {
-                GpuHolding { model: entry.config.name.clone(), gpu, mib }
-            }));
+            holdings.extend(
+                held_shares(entry, &slot, &every).into_iter().map(|(gpu, mib)| GpuHolding {
+                    model: entry.config.name.clone(),
+                    gpu,
+                    mib,
+                }),
+            );
         }
         holdings
     }
@@ -237,11 +241,10 @@ mod tests {
         assert_eq!(spread(2001, &[0, 1], Some(&[(0, 3000), (1, 1000)])), [(0, 1501), (1, 501)]);
         // Evenly, rounded up, without a measured split (or an empty one).
         assert_eq!(spread(2001, &[2, 3], None), [(2, 1001), (3, 1001)]);
-        assert_eq!(spread(900, &[1, 2, 3], Some(&[(1, 0), (2, 0), (3, 0)])), [
-            (1, 300),
-            (2, 300),
-            (3, 300)
-        ]);
+        assert_eq!(
+            spread(900, &[1, 2, 3], Some(&[(1, 0), (2, 0), (3, 0)])),
+            [(1, 300), (2, 300), (3, 300)]
+        );
         assert_eq!(spread(900, &[], None), []);
     }
 }

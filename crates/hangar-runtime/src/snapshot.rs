@@ -87,8 +87,9 @@ pub struct ModelSnapshot {
     pub vram_detail: Option<crate::vram::VramDetail>,
     /// The GPUs the runtimes in service were placed on; `None` without a placement.
     pub placement: Option<crate::place::Placement>,
-    /// For a model on the CPU: what it holds (once loaded and measured) or would take of
-    /// the host's memory, and how that was obtained; `None` for GPU and remote models.
+    /// What the model holds (once loaded and measured) or would take of the host's memory,
+    /// and how that was obtained: all of it for a model on the CPU, the host part of a GPU
+    /// model (`None` until measured when its files do not tell); `None` for remote models.
     pub host_memory: Option<crate::host::HostFigure>,
     /// The runtime-only override of the current (or last) load; empty when none.
     pub load_override: LoadOverride,
@@ -219,7 +220,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
             }
             p
         }),
-        host_memory: crate::host::on_host(&entry.config)
+        host_memory: crate::host::local(&entry.config)
             .then(|| {
                 crate::host::figure(entry, slot, &slot.effective, replicas, &slot.load_override)
             })

@@ -34,7 +34,8 @@ pub struct ApiError {
     pub memory_shortfall: Option<Box<MemoryShortfallBody>>,
 }
 
-/// Why a model on the CPU does not fit in the host-memory budget (`insufficient_memory`).
+/// Why a model (on the CPU, or a GPU model's host part) does not fit in the host-memory
+/// budget (`insufficient_memory`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MemoryShortfallBody {
     /// What the model is expected to take, in MiB (`host_memory.mib`, less a model file
@@ -44,7 +45,7 @@ pub struct MemoryShortfallBody {
     pub free_mib: i64,
     /// What is still missing after evicting every model that may be evicted, in MiB.
     pub missing_mib: u64,
-    /// Loaded CPU models holding host memory, largest first.
+    /// Loaded models holding host memory, largest first.
     pub holders: Vec<MemoryHolder>,
 }
 

@@ -52,6 +52,7 @@ const CHECKS: &[&str] = &[
     "b_evicts_a_for_memory",
     "b_is_placed_on_gpu_0",
     "b_child_sees_gpu_0_in_pci_bus_order",
+    "b_host_part_is_measured",
     "b_is_leased",
     "a_is_refused_507_insufficient_vram",
     "the_refusal_evicts_nothing",

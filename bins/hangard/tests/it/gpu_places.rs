@@ -184,10 +184,8 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
     // Prometheus labels the split model's memory by GPU, as measured there.
     let metrics = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
     for (gpu, mib) in [(0, 12000), (1, 8000)] {
-        let line = format!(
-            "hangar_model_gpu_memory_bytes{{model=\"split\",gpu=\"{gpu}\"}} {}",
-            mib * MIB
-        );
+        let line =
+            format!("hangar_model_gpu_memory_bytes{{model=\"split\",gpu=\"{gpu}\"}} {}", mib * MIB);
         assert!(metrics.lines().any(|l| l == line), "no `{line}` in:\n{metrics}");
     }
     // Admission counts the measured split too: on GPU 1, 6,000 MiB free and the split

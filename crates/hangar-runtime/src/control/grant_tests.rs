@@ -41,7 +41,11 @@ fn grant(ask: Ask, pin_a: bool, waiter: u32) -> Command {
         model_type: ModelType::Llm,
         device: Device::GPU,
     };
-    Command::Grant { model: NEW, ask: GrantAsk { ask, loaded, incoming, places: None }, waiter }
+    Command::Grant {
+        model: NEW,
+        ask: GrantAsk { ask, loaded, incoming, places: None, host: None },
+        waiter,
+    }
 }
 
 fn lease(model: ModelId, command: LeaseCommand<u32>) -> Command {
@@ -238,7 +242,7 @@ proptest! {
                     let mib: BTreeMap<String, u64> = loaded.iter().map(|(_, m)| (m.name.to_string(), m.vram_mib)).collect();
                     let models: Vec<LoadedModel> = loaded.iter().map(|(_, m)| m.clone()).collect();
                     let places = memory.map(|m| Places::one_gpu(m.free_mib, m.needed_mib, &models));
-                    let asked = GrantAsk { ask, loaded, incoming, places };
+                    let asked = GrantAsk { ask, loaded, incoming, places, host: None };
                     let effects = step(&mut state, Command::Grant { model: NEW, ask: asked, waiter: 1 }, now);
                     let held = |name: &str| {
                         let id = NAMES.iter().position(|n| *n == name).unwrap();

@@ -286,7 +286,7 @@ proptest! {
                     let models: Vec<LoadedModel> = loaded.iter().map(|(_, m)| m.clone()).collect();
                     let places = memory.map(|(free, needed)| Places::one_gpu(free, needed, &models));
                     let ask = [Ask::Load, Ask::SecondCopy, Ask::Retry][waiter as usize % 3];
-                    Command::Grant { model, ask: GrantAsk { ask, loaded, incoming, places }, waiter }
+                    Command::Grant { model, ask: GrantAsk { ask, loaded, incoming, places, host: None }, waiter }
                 }
                 Op::Idle(model, secs) => {
                     let seen = IdleSeen {

@@ -101,7 +101,9 @@ pub struct ModelRow {
     /// loaded in a child process (`process_tree_rss`: its engine's processes), or would
     /// take and, in process, is counted as taking (`gguf_estimate`, `model_artifact_size`),
     /// in MiB for its replicas (`mib`, `method`): what admission under `ram_budget` counts.
-    /// `null` for GPU and remote models.
+    /// For a GPU model, its host part: measured once loaded in a child, estimated before
+    /// from the layers `n_gpu_layers` leaves on the CPU, else `null`. `null` for remote
+    /// models.
     pub host_memory: Option<HostMemory>,
     /// The runtime-only override of the current (or last) load; `{}` when none.
     pub load_override: Map<String, Value>,

@@ -200,8 +200,8 @@ impl From<hangar_runtime::Placement> for Placement {
     }
 }
 
-/// What a model on the CPU holds (once loaded and measured) or would take of the host's
-/// memory.
+/// What a model holds (once loaded and measured) or would take of the host's memory: all
+/// of it on the CPU, its host part beside a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct HostMemory {
     /// For the model's replicas, in MiB.

@@ -141,25 +141,38 @@ async fn a_weight_update_swaps_the_child_and_a_failed_one_keeps_the_old_serving(
     assert_eq!(llama_server_children(server.pid()), [second], "no child of the failed update");
 }
 
+/// The resident memory (`VmRSS`) of `pid`, in KiB.
+fn vm_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn a_cpu_childs_host_memory_is_its_process_trees_resident_memory() {
+async fn a_childs_host_memory_is_its_process_trees_resident_memory() {
     let cpu = chat_model(json!({ "device": "cpu", "llama_server_n_gpu_layers": 0 }));
-    let mut settings = config(json!({ "chat": cpu }));
+    // On a GPU, one of its two layers (this llama-server may have no GPU: it keeps both).
+    let beside = chat_model(json!({ "device": "gpu", "llama_server_n_gpu_layers": 1 }));
+    let mut settings = config(json!({ "chat": cpu, "beside": beside }));
     settings["ram_budget"] = json!("90%");
     let server = Server::start(&settings, &[]);
     let before = row(&server, "chat").await["host_memory"].clone();
     assert_eq!(before["method"], "gguf_estimate", "{before}");
-    let pid = load_ok(&server, "chat", json!({})).await;
-    let loaded = row(&server, "chat").await["host_memory"].clone();
-    assert_eq!(loaded["method"], "process_tree_rss", "{loaded}");
-    // What the child holds now, as the kernel counts it (it grows a little as it serves).
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let rss_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
-        .unwrap();
-    let mib = loaded["mib"].as_u64().unwrap();
-    assert!(mib > 0 && mib <= rss_kib.div_ceil(1024) + 64, "{mib} MiB against VmRSS {rss_kib} kB");
+    // Beside a GPU, the layer left on the CPU: half of the same estimate.
+    let half = row(&server, "beside").await["host_memory"].clone();
+    let estimate = before["mib"].as_u64().unwrap();
+    assert_eq!(half, json!({ "mib": estimate.div_ceil(2), "method": "gguf_estimate" }));
+    for model in ["chat", "beside"] {
+        let pid = load_ok(&server, model, json!({})).await;
+        let loaded = row(&server, model).await["host_memory"].clone();
+        assert_eq!(loaded["method"], "process_tree_rss", "{model}: {loaded}");
+        // What the child holds now, as the kernel counts it (it grows a little as it serves).
+        let rss_kib = vm_rss_kib(pid);
+        let mib = loaded["mib"].as_u64().unwrap();
+        assert!(mib > 0 && mib <= rss_kib.div_ceil(1024) + 64, "{mib} MiB, VmRSS {rss_kib} kB");
+    }
     assert_eq!(unload(&server, "chat").await.0, 200);
     assert_eq!(row(&server, "chat").await["host_memory"], before, "back to the estimate");
 }

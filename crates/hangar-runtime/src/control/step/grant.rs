@@ -24,8 +24,11 @@ pub(crate) struct GrantAsk {
     pub(crate) loaded: Vec<(ModelId, LoadedModel)>,
     /// The model the runtimes are for.
     pub(crate) incoming: Incoming,
-    /// Each GPU's memory under a VRAM budget; `None`: no admission by memory.
+    /// The memory the runtimes take under a budget (each GPU's, or the host's for a model
+    /// on the CPU); `None`: no admission by memory.
     pub(crate) places: Option<Places>,
+    /// A GPU model's part of the host's memory under a `ram_budget`.
+    pub(crate) host: Option<Places>,
 }
 
 /// Whether the loop holds `model`: a live or reserved lease, or its runtimes being
@@ -54,7 +57,8 @@ pub(super) fn grant<W, P>(
         })
         .collect();
     let limits = &state.rules.limits;
-    let answer = decide(asked.ask, &loaded, &asked.incoming, limits, asked.places.as_ref());
+    let (places, host) = (asked.places.as_ref(), asked.host.as_ref());
+    let answer = decide(asked.ask, &loaded, &asked.incoming, limits, places, host);
     effects.push(Effect::Granted { model, waiter, answer });
 }
 
