@@ -49,7 +49,7 @@ use async_trait::async_trait;
 use hangar_backend::{
     Backend, Capabilities, EmbedRequest, Embeddings, GenerateEvent, GenerateRequest,
     GenerateSummary, LoadError, LoadRequest, Modality, RerankRequest, Rerankings, Runtime,
-    RuntimeDetails, RuntimeError,
+    RuntimeDetails, RuntimeError, SleepLevel,
 };
 use hangar_config::{BackendKind, ModelConfig, ModelType, PromptFormat};
 pub use llama_cpp_2;
@@ -128,6 +128,7 @@ pub fn capabilities(model: &ModelConfig) -> Capabilities {
         max_parallel_sequences: Some(parallel_sequences(model)),
         dispatch_ahead: 0,
         resumable: true,
+        sleep_levels: vec![SleepLevel::Context],
     }
 }
 
@@ -398,6 +399,26 @@ impl Runtime for LlamaCppRuntime {
 
     async fn health(&self) -> Result<(), RuntimeError> {
         self.sender().map(drop)
+    }
+
+    /// Drops the replica's context (KV cache, compute buffers, its prompt cache) and keeps
+    /// the weights where they were loaded: llama.cpp cannot move offloaded weights back to
+    /// the host, so the only level is [`SleepLevel::Context`].
+    async fn sleep(&self, level: SleepLevel) -> Result<(), RuntimeError> {
+        if level != SleepLevel::Context {
+            return Err(RuntimeError::Unsupported {
+                message: format!(
+                    "llama_cpp sleeps at level context only, not {}: llama.cpp cannot move loaded weights to host memory",
+                    level.as_str()
+                ),
+            });
+        }
+        self.call(|reply| Command::Sleep { reply }).await
+    }
+
+    /// Creates the replica's context again.
+    async fn wake(&self) -> Result<(), RuntimeError> {
+        self.call(|reply| Command::Wake { reply }).await
     }
 
     /// Closes the command channel, so the worker finishes what it has queued, drops

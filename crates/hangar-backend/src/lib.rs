@@ -4,7 +4,7 @@
 //! assume about engines:
 //!
 //! - the [`Backend`] trait (load one replica of a model → a [`Runtime`]) and the [`Runtime`]
-//!   trait (generate, embed, rerank, health, unload);
+//!   trait (generate, embed, rerank, health, sleep and wake, unload);
 //! - [`Capabilities`] as data (modalities, multi-turn, thinking modes, parallel sequences);
 //! - the error taxonomy: [`LoadError`] (not-found vs other load failures, which drive
 //!   different eviction rules) and [`RuntimeError`] (crash vs bad request vs cancelled);
@@ -192,6 +192,31 @@ pub trait Runtime: Send + Sync + 'static {
     /// Releases the runtime's resources (process, memory). Called once, after in-flight
     /// work has drained.
     async fn unload(&self);
+
+    /// Puts the runtime to sleep at `level`, one of its [`Capabilities::sleep_levels`]: it
+    /// gives back what the level says and keeps the rest, and serves nothing until
+    /// [`Runtime::wake`]. Called with no request in flight; asleep already is Ok.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Unsupported`] for a runtime that cannot sleep (the default) or not at
+    /// `level`; [`RuntimeError::Crashed`] when the engine died; other variants when the
+    /// engine refused (it then serves as before).
+    async fn sleep(&self, level: SleepLevel) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported {
+            message: format!("this engine cannot sleep (level {})", level.as_str()),
+        })
+    }
+
+    /// Wakes a sleeping runtime: it takes back what sleep gave back and serves again.
+    /// Awake already is Ok.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Unsupported`] for a runtime that cannot sleep (the default);
+    /// [`RuntimeError::Crashed`] when the engine died; [`RuntimeError::Failed`] when it
+    /// could not take its memory back (it stays asleep).
+    async fn wake(&self) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported { message: "this engine cannot sleep".into() })
+    }
 
     /// Whether this runtime passes OpenAI-compatible requests through to its engine
     /// ([`Runtime::forward`]) instead of taking typed ones. False by default.

@@ -72,6 +72,10 @@ pub struct Capabilities {
     /// back in the queue without its client noticing.
     #[serde(skip)]
     pub resumable: bool,
+    /// How deeply a runtime can sleep ([`Runtime::sleep`](crate::Runtime::sleep)), lightest
+    /// first; empty when it cannot (it is unloaded instead).
+    #[serde(skip)]
+    pub sleep_levels: Vec<SleepLevel>,
 }
 
 impl Default for Capabilities {
@@ -83,7 +87,33 @@ impl Default for Capabilities {
             max_parallel_sequences: None,
             dispatch_ahead: 0,
             resumable: false,
+            sleep_levels: Vec::new(),
         }
+    }
+}
+
+/// How deeply a runtime sleeps: what it gives back, and so what waking costs. A sleeping
+/// runtime keeps its engine (process, thread, loaded file) and serves nothing until woken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum SleepLevel {
+    /// The context goes (KV cache, compute buffers, the prompt cache with them); the
+    /// weights stay where they were loaded. Waking creates a context again. What llama.cpp
+    /// can do: it cannot move offloaded weights back to the host.
+    Context,
+    /// vLLM's level 1: the weights move to host memory and the KV cache is discarded; waking
+    /// copies the weights back.
+    WeightsToHost,
+    /// vLLM's level 2: the weights and the KV cache are discarded; waking reloads the
+    /// weights from disk.
+    WeightsDiscarded,
+}
+
+impl SleepLevel {
+    /// The snake_case name the API shows.
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

@@ -135,6 +135,7 @@ fn stub_capabilities(settings: &StubSettings) -> Capabilities {
         max_parallel_sequences: settings.max_parallel_sequences.and_then(NonZeroU32::new),
         dispatch_ahead: settings.dispatch_ahead.unwrap_or(0),
         resumable: true,
+        sleep_levels: Vec::new(),
     }
 }
 

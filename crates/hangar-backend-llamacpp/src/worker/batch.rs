@@ -56,7 +56,8 @@ fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
 }
 
 impl Worker<'_> {
-    /// Serves generations until the command channel closes and every sequence has left.
+    /// Serves generations until the command channel closes and every sequence has left, or
+    /// until a sleep is asked with nothing in flight.
     pub(super) fn serve(&mut self, commands: &mut mpsc::Receiver<Command>) {
         let mut slots: Vec<Slot> = (0..self.n_seq).map(|_| Slot::default()).collect();
         let mut batch = LlamaBatch::new(self.n_batch(), 1);
@@ -72,6 +73,10 @@ impl Worker<'_> {
             }
             while let Ok(command) = commands.try_recv() {
                 self.receive(command, &mut waiting, &slots);
+            }
+            let idle = waiting.is_empty() && slots.iter().all(|s| s.sequence.is_none());
+            if self.leaves_for_sleep(idle) {
+                break;
             }
             while slots.iter().any(|s| s.sequence.is_none()) {
                 let Some(sequence) = waiting.pop_front() else { break };
@@ -120,6 +125,10 @@ impl Worker<'_> {
             }
             Command::Slots { reply } => {
                 let _ = reply.send(self.slot_states(slots));
+            }
+            Command::Sleep { reply } => self.ask_sleep(reply),
+            Command::Wake { reply } => {
+                let _ = reply.send(Ok(()));
             }
         }
     }

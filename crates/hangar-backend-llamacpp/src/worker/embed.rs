@@ -11,7 +11,7 @@ use super::{Command, Worker, count, failed, unsupported};
 
 impl Worker<'_> {
     /// An embedding or reranking model's loop: one command after another until the channel
-    /// closes (each input is one pooled pass over the whole context).
+    /// closes or a sleep is asked (each input is one pooled pass over the whole context).
     pub(super) fn serve_one_by_one(&mut self, commands: &mut mpsc::Receiver<Command>) {
         while let Some(command) = commands.blocking_recv() {
             match command {
@@ -26,6 +26,13 @@ impl Worker<'_> {
                 }
                 Command::Slots { reply } => {
                     let _ = reply.send(Vec::new());
+                }
+                Command::Sleep { reply } => {
+                    self.ask_sleep(reply);
+                    return;
+                }
+                Command::Wake { reply } => {
+                    let _ = reply.send(Ok(()));
                 }
             }
         }

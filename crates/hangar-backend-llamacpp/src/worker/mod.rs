@@ -20,6 +20,7 @@ mod generate;
 mod output;
 mod prepare;
 mod sampling;
+mod sleep;
 mod utf8;
 
 use std::path::{Path, PathBuf};
@@ -64,6 +65,14 @@ pub(crate) enum Command {
     /// What each sequence slot holds.
     Slots {
         reply: oneshot::Sender<Vec<SlotState>>,
+    },
+    /// Drop the context, keep the weights, serve nothing until woken.
+    Sleep {
+        reply: Reply,
+    },
+    /// Create the context again.
+    Wake {
+        reply: Reply,
     },
 }
 
@@ -169,7 +178,9 @@ fn load_model(llama: &LlamaBackend, spec: &WorkerSpec) -> Result<Arc<SharedModel
 }
 
 /// The worker's body: load the weights (unless another replica shares them), create the
-/// context, report readiness, serve until the channel closes, drop all.
+/// context, report readiness, serve until the channel closes, drop all. Asked to sleep, it
+/// drops the context (KV cache, compute buffers) and keeps the weights until asked to wake,
+/// when it creates the context again (`sleep.rs`).
 pub(crate) fn run(
     llama: &LlamaBackend,
     spec: WorkerSpec,
@@ -187,67 +198,79 @@ pub(crate) fn run(
             }
         },
     };
-    let model = &shared.model;
-    // Every sequence gets the configured context (or the model's training context).
-    let n_ctx_seq = spec.settings.gguf_n_ctx.unwrap_or_else(|| model.n_ctx_train()).max(1);
-    let plan = settings::ContextPlan {
-        n_ctx: n_ctx_seq.saturating_mul(spec.n_seq),
-        n_seq: spec.n_seq,
-        threads: spec.threads.threads.max(1),
-    };
-    let ctx_params = settings::context_params(&spec.settings, spec.model_type, plan);
-    let (context, errors) = {
-        let _serialized =
-            shared.new_context.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        capture::errors_during(|| model.new_context(llama, ctx_params))
-    };
-    let context = match context {
-        Ok(context) => context,
-        Err(e) => {
-            let message = if errors.is_empty() {
-                format!("cannot create context: {e}")
-            } else {
-                format!("cannot create context: {}", errors.join("; "))
-            };
-            let _ = ready.send(Err(LoadError::Failed { message }));
-            return;
+    let mut up = Up::Load(ready);
+    loop {
+        let worker = match Worker::new(llama, &shared, &spec) {
+            Ok(worker) => worker,
+            Err(message) => {
+                let Up::Wake(reply) = up else {
+                    let _ = up.answer_load(Err(LoadError::Failed { message }));
+                    return;
+                };
+                // Still asleep: the context's memory could not be had back.
+                let _ = reply.send(Err(failed(message)));
+                match sleep::asleep(&mut commands) {
+                    Some(reply) => up = Up::Wake(reply),
+                    None => return,
+                }
+                continue;
+            }
+        };
+        match up {
+            Up::Load(ready) => {
+                if ready.send(Ok((worker.info(), Arc::clone(&shared)))).is_err() {
+                    return; // the load was abandoned
+                }
+            }
+            Up::Wake(reply) => {
+                let _ = reply.send(Ok(()));
+            }
         }
-    };
-    let n_seq = spec.n_seq as usize;
-    let mut worker = Worker { model, context, spec, utf8: &shared.utf8, n_seq, seatings: 0 };
-    let info = RuntimeInfo {
-        n_ctx: worker.context.n_ctx(),
-        n_ctx_seq: count(worker.n_ctx()),
-        n_seq_max: worker.spec.n_seq,
-        n_batch: worker.context.n_batch(),
-        n_ctx_train: model.n_ctx_train(),
-        n_threads: plan.threads,
-        n_threads_batch: plan.threads,
-        threads_from: worker.spec.threads.from,
-        cores_available: worker.spec.threads.cores,
-    };
-    if ready.send(Ok((info, Arc::clone(&shared)))).is_err() {
-        return; // the load was abandoned
+        let slept = worker.serve_until_sleep(&mut commands);
+        // The worker and its context are gone here, on the thread that created them; the
+        // weights go when the model's last replica goes.
+        let Some(reply) = slept else { return };
+        let _ = reply.send(Ok(()));
+        match sleep::asleep(&mut commands) {
+            Some(reply) => up = Up::Wake(reply),
+            None => return,
+        }
     }
-    if worker.spec.model_type == ModelType::Llm {
-        worker.serve(&mut commands);
-    } else {
-        worker.serve_one_by_one(&mut commands);
-    }
-    // The context is dropped here, on the thread that created it; the weights when the
-    // model's last replica goes.
 }
+
+/// Whom a ready context answers: the load, or a wake.
+enum Up {
+    Load(oneshot::Sender<Ready>),
+    Wake(Reply),
+}
+
+impl Up {
+    /// Answers the load (a wake has no load to answer).
+    fn answer_load(self, ready: Ready) -> Result<(), Ready> {
+        match self {
+            Up::Load(sender) => sender.send(ready),
+            Up::Wake(_) => Ok(()),
+        }
+    }
+}
+
+/// Where a sleep or a wake is answered.
+pub(crate) type Reply = oneshot::Sender<Result<(), RuntimeError>>;
 
 /// What a ready worker thread owns: its context (on the shared weights) and its settings.
 struct Worker<'m> {
     model: &'m LlamaModel,
     context: LlamaContext<'m>,
-    spec: WorkerSpec,
+    spec: &'m WorkerSpec,
     utf8: &'m Utf8Guard,
     /// Sequence slots of the context.
     n_seq: usize,
     /// Sequences seated so far (orders the slots by last use).
     seatings: u64,
+    /// A sleep asked for, answered when the worker leaves its loop for it.
+    sleep: Option<Reply>,
+    /// The threads its context runs.
+    threads: u32,
 }
 
 fn failed(message: impl std::fmt::Display) -> RuntimeError {
@@ -264,7 +287,74 @@ fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-impl Worker<'_> {
+impl<'m> Worker<'m> {
+    /// A worker on `shared`'s weights with a new context: every sequence gets the
+    /// configured context (or the model's training context).
+    ///
+    /// # Errors
+    /// llama.cpp's reason when it cannot create the context.
+    fn new(
+        llama: &LlamaBackend,
+        shared: &'m SharedModel,
+        spec: &'m WorkerSpec,
+    ) -> Result<Self, String> {
+        let model = &shared.model;
+        let n_ctx_seq = spec.settings.gguf_n_ctx.unwrap_or_else(|| model.n_ctx_train()).max(1);
+        let plan = settings::ContextPlan {
+            n_ctx: n_ctx_seq.saturating_mul(spec.n_seq),
+            n_seq: spec.n_seq,
+            threads: spec.threads.threads.max(1),
+        };
+        let ctx_params = settings::context_params(&spec.settings, spec.model_type, plan);
+        let (context, errors) = {
+            let _serialized =
+                shared.new_context.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            capture::errors_during(|| model.new_context(llama, ctx_params))
+        };
+        let context = context.map_err(|e| match errors.is_empty() {
+            true => format!("cannot create context: {e}"),
+            false => format!("cannot create context: {}", errors.join("; ")),
+        })?;
+        let n_seq = spec.n_seq as usize;
+        let utf8 = &shared.utf8;
+        Ok(Self {
+            model,
+            context,
+            spec,
+            utf8,
+            n_seq,
+            seatings: 0,
+            sleep: None,
+            threads: plan.threads,
+        })
+    }
+
+    /// What llama.cpp made of the settings.
+    fn info(&self) -> RuntimeInfo {
+        RuntimeInfo {
+            n_ctx: self.context.n_ctx(),
+            n_ctx_seq: count(self.n_ctx()),
+            n_seq_max: self.spec.n_seq,
+            n_batch: self.context.n_batch(),
+            n_ctx_train: self.model.n_ctx_train(),
+            n_threads: self.threads,
+            n_threads_batch: self.threads,
+            threads_from: self.spec.threads.from,
+            cores_available: self.spec.threads.cores,
+        }
+    }
+
+    /// Serves until the command channel closes (`None`) or a sleep is asked with nothing
+    /// in flight (its reply); the context is dropped on return.
+    fn serve_until_sleep(mut self, commands: &mut mpsc::Receiver<Command>) -> Option<Reply> {
+        if self.spec.model_type == ModelType::Llm {
+            self.serve(commands);
+        } else {
+            self.serve_one_by_one(commands);
+        }
+        self.sleep.take()
+    }
+
     /// The context one sequence may use: its share of llama.cpp's, or the configured
     /// `gguf_n_ctx` when that is smaller (llama.cpp pads each sequence's context to a multiple
     /// of 256; the operator's limit is the one requests see).

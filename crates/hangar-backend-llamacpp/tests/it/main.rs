@@ -5,5 +5,6 @@
 mod batching;
 mod engine;
 mod memory;
+mod sleep;
 mod structured;
 mod support;
