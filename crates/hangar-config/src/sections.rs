@@ -406,6 +406,11 @@ pub struct StubSettings {
     pub thinking: Option<bool>,
     /// Fixed reply text; when unset, the reply is derived from the prompt.
     pub reply: Option<String>,
+    /// Whether the stub can sleep (at level `context`): asleep, it gives its pretend GPU
+    /// memory back and serves nothing until woken.
+    pub sleeps: Option<bool>,
+    /// Once woken, the stub replies this instead (an engine that wakes wrong).
+    pub reply_after_wake: Option<String>,
 }
 
 impl Section for StubSettings {

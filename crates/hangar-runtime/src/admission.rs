@@ -372,7 +372,8 @@ impl Manager {
     /// Admits a request to a model: checks `work` against the model's type and
     /// capabilities, then waits for a slot on its least-loaded replica. With auto-load on
     /// (globally or for the model), an unloaded or failed model is loaded first, and the
-    /// request is guaranteed to run before the model can be evicted.
+    /// request is guaranteed to run before the model can be evicted. A sleeping model is
+    /// woken while the request waits in its queue.
     ///
     /// # Errors
     /// [`ManagerError::ModelTypeMismatch`], [`ManagerError::ThinkingUnsupported`] and
@@ -383,18 +384,26 @@ impl Manager {
         let entry = self.entry(name)?;
         check_work(&entry, &entry.lock(), work)?;
         let auto = entry.config.auto_load_or(self.inner.auto_load);
-        let ready = {
+        let (ready, asleep) = {
             let mut slot = entry.lock();
             let state = slot.lifecycle.state();
-            match state {
+            let asleep =
+                slot.phase.serving().is_some_and(|s| s.asleep.is_some() && s.pause.is_none());
+            let ready = match state {
                 ModelState::Loaded => {
                     ModelEntry::touch(&mut slot);
                     slot.phase.scheduler().map(|s| (s.clone(), slot.generation))
                 }
                 ModelState::Unloaded | ModelState::Failed | ModelState::Loading if auto => None,
                 _ => return Err(refusal(&entry, &slot)),
-            }
+            };
+            (ready, asleep)
         };
+        // A sleeping model: the request waits in its queue while the model wakes (while an
+        // operator's pause holds it, the resume wakes it).
+        if asleep {
+            self.wake_soon(&entry);
+        }
         let (scheduler, generation, pin) = match ready {
             Some((s, g)) => (s, g, None),
             None => {

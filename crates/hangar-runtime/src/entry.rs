@@ -37,6 +37,8 @@ pub(crate) struct ModelEntry {
     pub(crate) interrupts: Interrupts,
     /// What start-up decided for the model, for readiness.
     pub(crate) start_up: crate::start_up::MarkCell,
+    /// A wake for waiting requests is on its way (`sleep.rs`).
+    pub(crate) waking: std::sync::atomic::AtomicBool,
 }
 
 pub(crate) struct Slot {
@@ -112,6 +114,7 @@ impl ModelEntry {
             logs: ModelLogs::default(),
             interrupts: Interrupts::default(),
             start_up: Default::default(),
+            waking: Default::default(),
         }
     }
 

@@ -78,6 +78,16 @@ pub enum EventKind {
     },
     /// The model continued after a pause.
     Resumed,
+    /// The model's runtimes went to sleep (it stays loaded).
+    Slept {
+        /// How deeply.
+        level: hangar_backend::SleepLevel,
+    },
+    /// They woke and passed the wake check.
+    Woke {
+        /// How long waking and the check took, in milliseconds.
+        wake_ms: u64,
+    },
     /// A lease was taken, renewed, released, expired or revoked.
     Lease {
         /// What happened.

@@ -77,11 +77,13 @@ mod pause;
 mod phase;
 mod place;
 mod quarantine;
+mod sleep;
 mod snapshot;
 mod start_up;
 mod state;
 mod unload;
 mod vram;
+mod wake_check;
 mod weights;
 
 pub use admission::{RequestGuard, Work};
@@ -98,6 +100,7 @@ pub use manager::{Backends, LoadOptions, Manager};
 pub use pause::{PauseCause, PauseInfo, PauseMode};
 pub use place::{Placement, PlacementSource};
 pub use quarantine::{Failure, FailureKind, QuarantineInfo, RECENT_FAILURES};
+pub use sleep::Residency;
 pub use snapshot::{ModelFilter, ModelSnapshot, ModelStatus, VramEstimateSource};
 pub use start_up::{NotServing, NotServingInfo, NotServingReason, StartUp};
 pub use state::VRAM_STATE_FILE;
@@ -116,8 +119,8 @@ pub mod engine {
     pub use hangar_backend::{
         Capabilities, ChatMessage, EmbedRequest, FinishReason, ForwardRequest, ForwardRoute,
         GenerateEvent, GenerateRequest, GenerateSummary, LOG_CAPACITY, LogLine, Modality,
-        OutputFormat, Prompt, RerankRequest, Role, RuntimeError, SamplingParams, ThinkingMode,
-        ToolCall, ToolChoice, ToolDefinition, ToolUse, Translation,
+        OutputFormat, Prompt, RerankRequest, Role, RuntimeError, SamplingParams, SleepLevel,
+        ThinkingMode, ToolCall, ToolChoice, ToolDefinition, ToolUse, Translation,
     };
     pub use hangar_coalesce::Coalesced;
     pub use hangar_config::{

@@ -527,6 +527,6 @@ fn install(slot: &mut Slot, created: Created, max_queue: usize) -> Phase {
     let scheduler = Scheduler::new(runtimes, target, max_queue).dispatch_ahead(caps.dispatch_ahead);
     slot.capabilities = Arc::new(caps);
     ModelEntry::touch(slot);
-    let serving = Serving { scheduler, details, pause: None, weight_version: None };
+    let serving = Serving { scheduler, details, pause: None, weight_version: None, asleep: None };
     std::mem::replace(&mut slot.phase, Phase::Up(serving))
 }

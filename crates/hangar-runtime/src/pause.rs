@@ -240,22 +240,31 @@ impl Manager {
     }
 
     /// Ends `entry`'s pause, if any (its admin turn held by the caller).
-    pub(crate) async fn resume_entry(&self, entry: &ModelEntry) {
+    pub(crate) async fn resume_entry(&self, entry: &Arc<ModelEntry>) {
         let (events, name) = (Arc::clone(&self.inner.events), entry.config.name.clone());
         let apply = Apply::new(move |slot| {
             if let Some(serving) = slot.phase.serving_mut() {
                 serving.pause = None;
-                serving.scheduler.resume();
+                // A sleeping model's gate stays closed until it wakes.
+                if serving.asleep.is_none() {
+                    serving.scheduler.resume();
+                }
             }
             events.journal.record(&name, EventKind::Resumed);
         });
         let _ = self.inner.control.change(entry.position, Change::Resume, apply).await;
+        let waiting = entry.lock().phase.serving().is_some_and(|s| {
+            s.asleep.is_some() && s.pause.is_none() && s.scheduler.stats().queue_depth > 0
+        });
+        if waiting {
+            self.wake_soon(entry);
+        }
     }
 
     /// Restores a pause taken before an operation that paused the model itself (its admin
     /// turn held by the caller): none, or the one `before` (whose scheduler pause still
     /// holds).
-    pub(crate) async fn restore_pause(&self, entry: &ModelEntry, before: Option<Paused>) {
+    pub(crate) async fn restore_pause(&self, entry: &Arc<ModelEntry>, before: Option<Paused>) {
         match before {
             None => self.resume_entry(entry).await,
             Some(before) => self.set_pause(entry, before).await,

@@ -33,6 +33,8 @@ pub(crate) struct Serving {
     pub(crate) pause: Option<Paused>,
     /// The `weight_version` a weight update set; `None` for the weights a load loaded.
     pub(crate) weight_version: Option<String>,
+    /// The sleep the runtimes are in (`sleep.rs`); `None` while awake.
+    pub(crate) asleep: Option<crate::sleep::Asleep>,
 }
 
 impl Phase {

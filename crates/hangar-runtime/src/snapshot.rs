@@ -91,6 +91,9 @@ pub struct ModelSnapshot {
     /// and how that was obtained: all of it for a model on the CPU, the host part of a GPU
     /// model (`None` until measured when its files do not tell); `None` for remote models.
     pub host_memory: Option<crate::host::HostFigure>,
+    /// Where the runtimes in service reside (awake, or asleep at a level); `None` unless
+    /// the model is loaded or unloading.
+    pub residency: Option<crate::sleep::Residency>,
     /// The runtime-only override of the current (or last) load; empty when none.
     pub load_override: LoadOverride,
     /// What the model supports (from the loaded runtime once loaded, else from config).
@@ -225,6 +228,10 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
                 crate::host::figure(entry, slot, &slot.effective, replicas, &slot.load_override)
             })
             .flatten(),
+        residency: slot
+            .phase
+            .serving()
+            .map(|s| s.asleep.as_ref().map_or(crate::sleep::Residency::Awake, |a| a.residency())),
         load_override: slot.load_override.clone(),
         capabilities: Arc::clone(&slot.capabilities),
         runtime_details: serving.map_or_else(|| Arc::new([]) as _, |s| Arc::clone(&s.details)),

@@ -162,10 +162,16 @@ impl Manager {
     /// an earlier load (`generation`) are ignored: the loop decides, with the move.
     pub(crate) fn crashed(&self, entry: &Arc<ModelEntry>, generation: u64, reason: &str) {
         let message = format!("backend crashed: {}", crate::journal::bounded(reason));
+        self.fail_runtimes(entry, generation, message);
+    }
+
+    /// Marks a model failed with `message` (its runtimes of `generation` cannot serve: a
+    /// crash, a failed wake), as [`Manager::crashed`] says.
+    pub(crate) fn fail_runtimes(&self, entry: &Arc<ModelEntry>, generation: u64, message: String) {
+        let reason = message.clone();
         let change = Change::Crash { generation, message: message.clone() };
         let (control, events) = (self.inner.control.clone(), Arc::clone(&self.inner.events));
-        let (name, position, reason) =
-            (entry.config.name.clone(), entry.position, reason.to_owned());
+        let (name, position) = (entry.config.name.clone(), entry.position);
         let apply = Apply::new(move |slot| {
             let Phase::Up(serving) = std::mem::replace(&mut slot.phase, Phase::Down) else {
                 return;
@@ -175,7 +181,7 @@ impl Manager {
             let scheduler = serving.scheduler;
             scheduler.close(AdmissionError::ModelFailed { last_error: message });
             Events::bump(&events.crashes);
-            tracing::error!(model = %name, reason, "backend crashed; model marked failed");
+            tracing::error!(model = %name, reason, "runtimes cannot serve; model marked failed");
             tokio::spawn(async move {
                 let _runtimes = control.destroy(position).await;
                 scheduler.drained().await;

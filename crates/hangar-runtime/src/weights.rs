@@ -228,6 +228,8 @@ impl Manager {
             match serving.scheduler.replace_runtimes(runtimes) {
                 Ok(old) => {
                     serving.details = details;
+                    // The new runtimes are awake (the loop's move says the same).
+                    serving.asleep = None;
                     if weight_version.is_some() {
                         serving.weight_version = weight_version;
                     }

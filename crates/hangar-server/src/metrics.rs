@@ -164,7 +164,7 @@ struct StateLabels {
 
 type Gauge = (&'static str, &'static str, fn(&ModelSnapshot) -> u32);
 
-const GAUGES: [Gauge; 5] = [
+const GAUGES: [Gauge; 6] = [
     (
         "hangar_model_inflight_requests",
         "Requests admitted and not finished (running + queued)",
@@ -179,6 +179,11 @@ const GAUGES: [Gauge; 5] = [
         "hangar_model_quarantined",
         "1 while the model is quarantined for failing to load or crashing too often",
         |m| u32::from(m.quarantine.is_some()),
+    ),
+    (
+        "hangar_model_asleep",
+        "1 while the loaded model's runtimes sleep (a request wakes them)",
+        |m| u32::from(matches!(m.residency, Some(hangar_runtime::Residency::Asleep { .. }))),
     ),
 ];
 

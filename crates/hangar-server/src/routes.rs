@@ -72,6 +72,19 @@ const INFERENCE: &[ErrorCode] = &[
 /// Errors of pause and continue.
 const PAUSE: &[ErrorCode] = &[R(UnknownModel), R(StateConflict), R(AdminBusy)];
 
+/// Errors of a sleep.
+const SLEEP: &[ErrorCode] = &[
+    R(UnknownModel),
+    R(StateConflict),
+    R(Unsupported),
+    R(AdminBusy),
+    R(RuntimeError),
+    R(BackendCrashed),
+];
+
+/// Errors of a wake.
+const WAKE: &[ErrorCode] = &[R(UnknownModel), R(AdminBusy), R(RuntimeError), R(BackendCrashed)];
+
 /// Errors of a weight update.
 const UPDATE: &[ErrorCode] = &[
     R(InvalidRequest),
@@ -190,6 +203,22 @@ pub(crate) fn all() -> Vec<Route> {
             )
             .ok::<admin::ModelRow>()
             .errors(&[R(UnknownModel), R(AdminBusy)]),
+        Route::new(post.clone(), "/v1/admin/models/{name}/sleep", Admin, api!(admin::sleep))
+            .admin()
+            .doc(
+                "Put a model to sleep",
+                "Keeps the model loaded (its slot, its readiness) and gives back what other models need: its gate closes (new requests wait in its queue), running requests finish, each replica answers a short deterministic check (the reference for its wake), then sleeps at the lightest level its engine can (`context`: the KV cache and compute buffers go, the weights stay where they were loaded — llama.cpp in process; `weights_to_host` and `weights_discarded`: vLLM's levels 1 and 2). A request for a sleeping model waits in its queue while the model wakes. The row's `residency` says where it resides. A sleeping model is answered as it is; an engine that cannot sleep is 400 unsupported (unload it instead); an engine that refuses leaves the model serving, with its error.",
+            )
+            .ok::<admin::ModelRow>()
+            .errors(SLEEP),
+        Route::new(post.clone(), "/v1/admin/models/{name}/wake", Admin, api!(admin::wake))
+            .admin()
+            .doc(
+                "Wake a sleeping model",
+                "Each replica takes back what it gave and answers the check it answered before sleeping; when every answer agrees, the model serves again (unless an operator's pause holds it). A replica that cannot wake or answers otherwise fails the model (`failed`, its `last_error` saying why; the answer is 500 runtime_error): a woken engine can say it is healthy and still answer wrong. A model that is awake, or not loaded, is answered as it is.",
+            )
+            .ok::<admin::ModelRow>()
+            .errors(WAKE),
         Route::new(
             post.clone(),
             "/v1/admin/models/{name}/update-weights-from-disk",

@@ -64,7 +64,12 @@ impl StubGpu {
         mib
     }
 
-    /// A replica unloads: gives back `mib`.
+    /// A sleeping replica wakes: takes back the `mib` it gave.
+    pub(crate) fn take_back(&self, mib: u64) {
+        self.state().held_mib += mib;
+    }
+
+    /// A replica unloads (or sleeps): gives back `mib`.
     pub(crate) fn give(&self, mib: u64) {
         let mut s = self.state();
         s.held_mib = s.held_mib.saturating_sub(mib);

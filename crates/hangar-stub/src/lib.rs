@@ -51,7 +51,7 @@ use tokio::sync::mpsc;
 use hangar_backend::{
     Backend, Capabilities, EmbedRequest, Embeddings, FinishReason, GenerateEvent, GenerateRequest,
     GenerateSummary, LoadError, LoadRequest, Modality, Prompt, RerankRequest, Rerankings, Runtime,
-    RuntimeError, ThinkingMode,
+    RuntimeError, SleepLevel, ThinkingMode,
 };
 
 mod gpu;
@@ -135,7 +135,11 @@ fn stub_capabilities(settings: &StubSettings) -> Capabilities {
         max_parallel_sequences: settings.max_parallel_sequences.and_then(NonZeroU32::new),
         dispatch_ahead: settings.dispatch_ahead.unwrap_or(0),
         resumable: true,
-        sleep_levels: Vec::new(),
+        sleep_levels: if settings.sleeps == Some(true) {
+            vec![SleepLevel::Context]
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -231,6 +235,10 @@ pub struct StubRuntime {
     live: LiveGuard,
     /// The pretend GPU and the memory this replica holds on it.
     gpu: Option<(Arc<StubGpu>, u64)>,
+    /// Asleep: its pretend GPU memory given back, serving nothing.
+    asleep: AtomicBool,
+    /// Woken at least once (for `reply_after_wake`).
+    woken: AtomicBool,
 }
 
 impl StubRuntime {
@@ -243,6 +251,8 @@ impl StubRuntime {
             crashed: OnceLock::new(),
             live,
             gpu: None,
+            asleep: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
         }
     }
 
@@ -255,6 +265,9 @@ impl StubRuntime {
     fn admit(&self, wanted: ModelType, call: &str) -> Result<(), RuntimeError> {
         if let Some(e) = self.crash_error() {
             return Err(e);
+        }
+        if self.asleep.load(Ordering::SeqCst) {
+            return Err(RuntimeError::Failed { message: format!("stub: {call} while asleep") });
         }
         if self.model_type != wanted {
             return Err(RuntimeError::Unsupported {
@@ -312,12 +325,15 @@ impl Runtime for StubRuntime {
             });
         }
         let prompt = prompt_text(&request.prompt);
-        let words: Box<dyn Iterator<Item = String> + Send> = match &self.settings.reply {
-            Some(reply) => Box::new(
-                reply.split_whitespace().map(str::to_owned).collect::<Vec<_>>().into_iter(),
-            ),
-            None => Box::new(derived_reply(&prompt)),
-        };
+        let woken_wrong =
+            self.settings.reply_after_wake.as_ref().filter(|_| self.woken.load(Ordering::SeqCst));
+        let words: Box<dyn Iterator<Item = String> + Send> =
+            match woken_wrong.or(self.settings.reply.as_ref()) {
+                Some(reply) => Box::new(
+                    reply.split_whitespace().map(str::to_owned).collect::<Vec<_>>().into_iter(),
+                ),
+                None => Box::new(derived_reply(&prompt)),
+            };
         let max_tokens = request.params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
         let stops: Vec<&str> =
             request.params.stop.iter().map(String::as_str).filter(|s| !s.is_empty()).collect();
@@ -397,10 +413,41 @@ impl Runtime for StubRuntime {
         }
     }
 
-    /// Waits `unload_delay_ms`, then stops counting this runtime as live.
+    /// With `sleeps`: gives its pretend GPU memory back and serves nothing until woken.
+    async fn sleep(&self, level: SleepLevel) -> Result<(), RuntimeError> {
+        if !self.capabilities.sleep_levels.contains(&level) {
+            let message = format!("stub: cannot sleep at level {}", level.as_str());
+            return Err(RuntimeError::Unsupported { message });
+        }
+        if !self.asleep.swap(true, Ordering::SeqCst)
+            && let Some((gpu, mib)) = &self.gpu
+        {
+            gpu.give(*mib);
+        }
+        Ok(())
+    }
+
+    /// Takes its pretend GPU memory back and serves again (with `reply_after_wake`, wrong).
+    async fn wake(&self) -> Result<(), RuntimeError> {
+        if self.capabilities.sleep_levels.is_empty() {
+            return Err(RuntimeError::Unsupported { message: "stub: cannot sleep".into() });
+        }
+        if self.asleep.swap(false, Ordering::SeqCst) {
+            if let Some((gpu, mib)) = &self.gpu {
+                gpu.take_back(*mib);
+            }
+            self.woken.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Waits `unload_delay_ms`, then stops counting this runtime as live (its pretend GPU
+    /// memory given back, unless asleep, when it was given already).
     async fn unload(&self) {
         sleep_ms(self.settings.unload_delay_ms).await;
-        if let Some((gpu, mib)) = &self.gpu {
+        if let Some((gpu, mib)) = &self.gpu
+            && !self.asleep.swap(true, Ordering::SeqCst)
+        {
             gpu.give(*mib);
         }
         self.live.release();

@@ -15,6 +15,7 @@ mod gpu_places;
 mod llama_control;
 mod llama_http;
 mod llama_server;
+mod llama_sleep;
 mod remote_tls;
 mod serve;
 mod soak;

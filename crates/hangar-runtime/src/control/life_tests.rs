@@ -11,6 +11,8 @@ use tokio::time::Instant;
 
 use super::step::{Change, Rules, State, Stay, step};
 use super::testing::{Command, Effect, acquire, mv, row};
+use hangar_backend::SleepLevel;
+
 use crate::pause::{PauseCause, PauseMode};
 
 fn start(waiter: u32) -> Command {
@@ -40,6 +42,14 @@ fn pause(waiter: u32) -> Command {
 
 fn resume(waiter: u32) -> Command {
     mv(0, Change::Resume, waiter)
+}
+
+fn sleep(waiter: u32) -> Command {
+    mv(0, Change::Sleep { level: SleepLevel::Context }, waiter)
+}
+
+fn wake(waiter: u32) -> Command {
+    mv(0, Change::Wake, waiter)
 }
 
 /// The moves as lines (`W: from -> to (gen G)` or `W: stays …`); other effects left out.
@@ -199,6 +209,44 @@ fn the_lifecycle_as_a_table() {
             resume(1),
             "1: stays NotPaused",
         ),
+        ("a loaded model sleeps, loaded still", up(), sleep(1), "1: loaded -> loaded (gen 1)"),
+        ("only a loaded one", vec![start(0)], sleep(1), "1: stays NotFrom(Loading)"),
+        ("a sleeping one wakes", with(up(), sleep(0)), wake(1), "1: loaded -> loaded (gen 1)"),
+        ("an awake one does not", up(), wake(1), "1: stays NotAsleep"),
+        (
+            "a paused model sleeps and wakes paused",
+            chain(vec![up(), vec![pause(0), sleep(0), wake(0)]]),
+            resume(1),
+            "1: loaded -> loaded (gen 1)",
+        ),
+        (
+            "a reload's runtimes are awake",
+            chain(vec![up(), vec![sleep(0), mv(0, Change::Reload, 0)]]),
+            wake(1),
+            "1: stays NotAsleep",
+        ),
+        (
+            "so are a swap's",
+            chain(vec![up(), vec![sleep(0), mv(0, Change::Swap, 0)]]),
+            wake(1),
+            "1: stays NotAsleep",
+        ),
+        (
+            "an unload ends the sleep with the runtimes",
+            chain(vec![
+                up(),
+                vec![sleep(0), unload(false, false, 0), mv(0, Change::UnloadDone, 0)],
+                up(),
+            ]),
+            wake(1),
+            "1: stays NotAsleep",
+        ),
+        (
+            "a crash too",
+            chain(vec![up(), vec![sleep(0), crash(1, 0)], up()]),
+            wake(1),
+            "1: stays NotAsleep",
+        ),
     ];
     for (name, before, command, expected) in rows {
         let got = moves(row(2, Rules::of(Duration::from_secs(10), 4), before, command, (t0, 0)));
@@ -220,6 +268,8 @@ enum Op {
     Replacing,
     Pause,
     Resume,
+    Sleep,
+    Wake,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -235,6 +285,8 @@ fn op() -> impl Strategy<Value = Op> {
         Just(Op::Replacing),
         Just(Op::Pause),
         Just(Op::Resume),
+        Just(Op::Sleep),
+        Just(Op::Wake),
     ]
 }
 
@@ -248,7 +300,7 @@ proptest! {
         let now = Instant::now();
         let mut state = State::new(1, Rules::of(Duration::from_secs(10), 8));
         let (mut world, mut generation, mut held) = (ModelState::Unloaded, 0u64, false);
-        let mut paused = false;
+        let (mut paused, mut asleep) = (false, false);
         let mut answered = BTreeSet::new();
         for (waiter, op) in (1u32..).zip(ops) {
             let change = match op {
@@ -263,6 +315,8 @@ proptest! {
                 Op::Replacing => { step(&mut state, Command::Replacing { model: 0 }, now); held = true; continue }
                 Op::Pause => Change::Pause { mode: PauseMode::Abort, cause: PauseCause::Operator },
                 Op::Resume => Change::Resume,
+                Op::Sleep => Change::Sleep { level: SleepLevel::Context },
+                Op::Wake => Change::Wake,
             };
             let asked = change.clone();
             let effects = step(&mut state, mv(0, change, waiter), now);
@@ -295,6 +349,15 @@ proptest! {
                         Change::LoadDone { .. } | Change::UnloadDone | Change::Crash { .. } => paused = false,
                         _ => {}
                     }
+                    // Invariant: a sleep only of a loaded model, a wake only of a sleeping
+                    // one; any new runtimes (a load, a reload, a swap) and runtimes that go
+                    // (an unload, a crash) are awake; a pause is kept apart from it.
+                    match asked {
+                        Change::Sleep { .. } => { prop_assert_eq!(world, ModelState::Loaded); asleep = true; }
+                        Change::Wake => { prop_assert!(asleep); asleep = false; }
+                        Change::Pause { .. } | Change::Resume | Change::StartUnload { .. } => {}
+                        _ => asleep = false,
+                    }
                     (world, generation) = (moved.to, moved.generation);
                 }
                 Effect::Stays { why, .. } => {
@@ -310,11 +373,13 @@ proptest! {
                         }
                         Stay::NotFrom(from) => prop_assert_eq!(*from, world),
                         Stay::NotPaused => prop_assert!(!paused, "a pause not ended"),
+                        Stay::NotAsleep => prop_assert!(!asleep, "a sleep not ended"),
                     }
                 }
                 _ => unreachable!(),
             }
             prop_assert_eq!(state.lifecycle(0), world);
+            prop_assert_eq!(state.asleep(0).is_some(), asleep);
         }
     }
 }

@@ -16,7 +16,7 @@
 //! - **the requests pinning a model** (here): an unload waits until no request that
 //!   triggered the model's load still waits for admission. The loop reads the pin count
 //!   when it takes the command; the last pin to go posts [`Command::Unpinned`];
-//! - **the lifecycle and the pause** (`life.rs`): every state change, along the transition
+//! - **the lifecycle, the pause and the sleep** (`life.rs`): every state change, along the transition
 //!   table, with the holds, the runtimes' generation and the pause;
 //! - **leases** (`lease.rs`): reserved before their load, granted after it, never while an
 //!   explicit unload of the model is decided, dropped when they expire or an unload
@@ -315,6 +315,12 @@ impl<W> State<W> {
     #[cfg(test)]
     pub(crate) fn lifecycle(&self, model: ModelId) -> hangar_lifecycle::ModelState {
         self.models[model].life.state()
+    }
+
+    /// How deeply `model`'s runtimes sleep, as the loop decided it.
+    #[cfg(test)]
+    pub(crate) fn asleep(&self, model: ModelId) -> Option<hangar_backend::SleepLevel> {
+        self.models[model].life.asleep()
     }
 
     /// Whether the loop holds `model` at `now` (a live or reserved lease, a replacement).

@@ -9,6 +9,7 @@ mod host_memory;
 mod lifecycle;
 mod multi_model;
 mod properties;
+mod sleep;
 mod start_up;
 mod support;
 mod vram_properties;

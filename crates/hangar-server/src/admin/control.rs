@@ -97,6 +97,18 @@ pub(crate) async fn resume(ctx: Ctx) -> Result<Response, ApiError> {
     Ok(json_response(StatusCode::OK, &ctx.state.rows.row(&snapshot)))
 }
 
+/// `POST /v1/admin/models/{name}/sleep`.
+pub(crate) async fn sleep(ctx: Ctx) -> Result<Response, ApiError> {
+    let snapshot = ctx.state.manager.sleep(ctx.name()).await?;
+    Ok(json_response(StatusCode::OK, &ctx.state.rows.row(&snapshot)))
+}
+
+/// `POST /v1/admin/models/{name}/wake`.
+pub(crate) async fn wake(ctx: Ctx) -> Result<Response, ApiError> {
+    let snapshot = ctx.state.manager.wake(ctx.name()).await?;
+    Ok(json_response(StatusCode::OK, &ctx.state.rows.row(&snapshot)))
+}
+
 /// `POST /v1/admin/models/{name}/update-weights-from-disk`.
 pub(crate) async fn update_weights(ctx: Ctx) -> Result<Response, ApiError> {
     let body: UpdateWeightsBody = parse_json(&ctx.body, true)?;

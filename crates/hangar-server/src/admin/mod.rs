@@ -19,8 +19,8 @@ use serde_json::{Map, Value, json};
 
 pub(crate) use control::{
     LeaseBody, LeaseResponse, PauseBody, RenewBody, UpdateWeightsBody, WeightsCheckerBody,
-    WeightsCheckerResponse, acquire_lease, pause, release_lease, renew_lease, resume,
-    update_weights, weights_checker,
+    WeightsCheckerResponse, acquire_lease, pause, release_lease, renew_lease, resume, sleep,
+    update_weights, wake, weights_checker,
 };
 pub(crate) use events::{EventOut, EventsQuery, events};
 pub(crate) use logs::{LogLineOut, LogsQuery, LogsResponse, logs};

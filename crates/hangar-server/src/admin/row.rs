@@ -20,7 +20,7 @@ use hangar_runtime::engine::{
 
 use crate::wire::{
     Capabilities, Failure, HostMemory, Lease, ModelState, PauseInfo, Placement, QuarantineInfo,
-    VramDetail, VramEstimateSource,
+    Residency, VramDetail, VramEstimateSource,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -116,6 +116,10 @@ pub struct ModelRow {
     pub runtime_details: Vec<Map<String, Value>>,
     /// The pause in effect (`mode`, `cause`, `since_unix_ms`); `null` when not paused.
     pub pause: Option<PauseInfo>,
+    /// Hangar's warm tier: where the loaded runtimes reside — `awake`, or `asleep` at a
+    /// `level` since `since_unix_ms` (the model stays `loaded`; a request wakes it);
+    /// `null` unless loaded or unloading.
+    pub residency: Option<Residency>,
     /// The version label of the loaded weights that the last weight update set; `null` for
     /// the weights a load loaded.
     pub weight_version: Option<String>,
@@ -312,6 +316,7 @@ fn write_row(out: &mut Vec<u8>, parts: &StaticParts, s: &ModelSnapshot) {
     value(out, b",\"capabilities\":", &live.capabilities);
     value(out, b",\"runtime_details\":", &*s.runtime_details);
     value(out, b",\"pause\":", &live.pause);
+    value(out, b",\"residency\":", &live.residency);
     value(out, b",\"weight_version\":", &s.weight_version);
     value(out, b",\"weights_path\":", &s.weights_path);
     out.extend_from_slice(if s.pinned { b",\"pinned\":true" } else { b",\"pinned\":false" });
@@ -333,6 +338,7 @@ struct Live {
     host_memory: Option<HostMemory>,
     capabilities: Capabilities,
     pause: Option<PauseInfo>,
+    residency: Option<Residency>,
     leases: Vec<Lease>,
     failures: Vec<Failure>,
     quarantine: Option<QuarantineInfo>,
@@ -349,6 +355,7 @@ impl Live {
             host_memory: s.host_memory.map(Into::into),
             capabilities: (*s.capabilities).clone().into(),
             pause: s.pause.map(Into::into),
+            residency: s.residency.map(Into::into),
             leases: s.leases.iter().cloned().map(Into::into).collect(),
             failures: s.failures.iter().cloned().map(Into::into).collect(),
             quarantine: s.quarantine.map(Into::into),
@@ -408,6 +415,7 @@ impl ModelRow {
             capabilities: live.capabilities,
             runtime_details: s.runtime_details.to_vec(),
             pause: live.pause,
+            residency: live.residency,
             weight_version: s.weight_version.clone(),
             weights_path: s.weights_path.clone(),
             pinned: s.pinned,

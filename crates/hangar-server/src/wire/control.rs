@@ -190,3 +190,62 @@ impl From<hangar_runtime::QuarantineInfo> for QuarantineInfo {
         }
     }
 }
+
+/// How deeply a model's runtimes sleep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SleepLevel {
+    /// The context went (KV cache, compute buffers); the weights stay where they were
+    /// loaded (llama.cpp in process).
+    Context,
+    /// vLLM's level 1: the weights moved to host memory, the KV cache discarded.
+    WeightsToHost,
+    /// vLLM's level 2: the weights and the KV cache discarded (reloaded from disk on wake).
+    WeightsDiscarded,
+}
+
+impl From<hangar_runtime::engine::SleepLevel> for SleepLevel {
+    fn from(v: hangar_runtime::engine::SleepLevel) -> Self {
+        match v {
+            hangar_runtime::engine::SleepLevel::Context => Self::Context,
+            hangar_runtime::engine::SleepLevel::WeightsToHost => Self::WeightsToHost,
+            hangar_runtime::engine::SleepLevel::WeightsDiscarded => Self::WeightsDiscarded,
+        }
+    }
+}
+
+/// Whether a loaded model's runtimes are awake or asleep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResidencyState {
+    /// Serving, or ready to.
+    Awake,
+    /// Asleep: a request waits in the queue while the model wakes.
+    Asleep,
+}
+
+/// Where a loaded model's runtimes reside, as the admin row shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Residency {
+    /// Awake or asleep.
+    pub state: ResidencyState,
+    /// How deeply it sleeps; `null` awake.
+    pub level: Option<SleepLevel>,
+    /// Since when it sleeps, Unix milliseconds; `null` awake.
+    pub since_unix_ms: Option<u64>,
+}
+
+impl From<hangar_runtime::Residency> for Residency {
+    fn from(v: hangar_runtime::Residency) -> Self {
+        match v {
+            hangar_runtime::Residency::Awake => {
+                Self { state: ResidencyState::Awake, level: None, since_unix_ms: None }
+            }
+            hangar_runtime::Residency::Asleep { level, since_unix_ms } => Self {
+                state: ResidencyState::Asleep,
+                level: Some(level.into()),
+                since_unix_ms: Some(since_unix_ms),
+            },
+        }
+    }
+}

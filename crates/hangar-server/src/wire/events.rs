@@ -57,6 +57,16 @@ pub enum EventKind {
     },
     /// The model continued after a pause.
     Resumed,
+    /// The model's runtimes went to sleep (it stays loaded).
+    Slept {
+        /// How deeply.
+        level: super::SleepLevel,
+    },
+    /// They woke and passed the wake check.
+    Woke {
+        /// How long waking and the check took, in milliseconds.
+        wake_ms: u64,
+    },
     /// A lease was taken, renewed, released, expired or revoked.
     Lease {
         /// What happened.
@@ -141,6 +151,8 @@ impl From<hangar_runtime::EventKind> for EventKind {
                 Self::Paused { mode: mode.into(), cause: cause.into() }
             }
             hangar_runtime::EventKind::Resumed => Self::Resumed,
+            hangar_runtime::EventKind::Slept { level } => Self::Slept { level: level.into() },
+            hangar_runtime::EventKind::Woke { wake_ms } => Self::Woke { wake_ms },
             hangar_runtime::EventKind::Lease { change, id, owner } => {
                 Self::Lease { change: change.into(), id, owner }
             }

@@ -10,7 +10,10 @@ mod state;
 mod vram;
 mod weights;
 
-pub use control::{Failure, FailureKind, Lease, PauseCause, PauseInfo, PauseMode, QuarantineInfo};
+pub use control::{
+    Failure, FailureKind, Lease, PauseCause, PauseInfo, PauseMode, QuarantineInfo, Residency,
+    ResidencyState, SleepLevel,
+};
 pub use engine::{Capabilities, FinishReason, Modality, ThinkingMode};
 pub use events::{EventKind, LeaseChange, ManagerCounters, ManagerEvent};
 pub use state::{LifecycleEvent, ModelState};

@@ -8,7 +8,8 @@
 //! unload only of a model nothing holds (a live or reserved lease, a replacement, its
 //! definition's pin), a crash report only about the runtimes in service (their
 //! generation), a pause only of a loaded model, which lasts across a reload or a weight
-//! swap and ends with its runtimes; a failed load or a crash counts for the quarantine. A move decided is
+//! swap and ends with its runtimes; a sleep only of a loaded model, which ends with its
+//! runtimes (new ones are awake); a failed load or a crash counts for the quarantine. A move decided is
 //! performed by the shell — `apply`, then the published lifecycle, the journal — before
 //! any answer of the same step; one refused leaves `apply` undone.
 
@@ -16,6 +17,8 @@ use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState};
 use tokio::time::Instant;
 
 use super::{Effect, ModelId, State, grant, quarantine};
+use hangar_backend::SleepLevel;
+
 use crate::pause::{PauseCause, PauseMode};
 use crate::quarantine::FailureKind;
 
@@ -45,6 +48,11 @@ pub(crate) enum Change {
     Pause { mode: PauseMode, cause: PauseCause },
     /// The pause ends (if there is one).
     Resume,
+    /// The model's runtimes went to sleep at `level` (a loaded model only): it stays
+    /// loaded. New runtimes (a load, a reload, a swap) and runtimes that go end it.
+    Sleep { level: SleepLevel },
+    /// They woke (a sleeping model only).
+    Wake,
 }
 
 /// A move decided.
@@ -71,6 +79,8 @@ pub(crate) enum Stay {
     Stale,
     /// A resume of a model that is not paused.
     NotPaused,
+    /// A wake of a model that is not asleep.
+    NotAsleep,
 }
 
 /// One model's lifecycle as the loop keeps it, with its pause.
@@ -81,6 +91,8 @@ pub(super) struct Life {
     generation: u64,
     /// The pause in effect.
     pause: Option<(PauseMode, PauseCause)>,
+    /// How deeply its runtimes sleep, while they do.
+    asleep: Option<SleepLevel>,
 }
 
 impl Life {
@@ -90,6 +102,12 @@ impl Life {
 
     pub(super) fn paused(&self) -> bool {
         self.pause.is_some()
+    }
+
+    /// How deeply its runtimes sleep, while they do.
+    #[cfg(test)]
+    pub(super) fn asleep(&self) -> Option<SleepLevel> {
+        self.asleep
     }
 }
 
@@ -137,6 +155,10 @@ pub(super) fn change<W, P>(
         Change::Pause { .. } => return refuse(effects, model, waiter, Stay::NotFrom(from)),
         Change::Resume if life.pause.is_some() => (None, None, None),
         Change::Resume => return refuse(effects, model, waiter, Stay::NotPaused),
+        Change::Sleep { .. } if from == ModelState::Loaded => (None, None, None),
+        Change::Sleep { .. } => return refuse(effects, model, waiter, Stay::NotFrom(from)),
+        Change::Wake if life.asleep.is_some() => (None, None, None),
+        Change::Wake => return refuse(effects, model, waiter, Stay::NotAsleep),
     };
     let to = match event {
         None => from,
@@ -153,8 +175,18 @@ pub(super) fn change<W, P>(
         Change::Resume | Change::LoadDone { .. } | Change::UnloadDone | Change::Crash { .. } => {
             life.pause = None;
         }
-        Change::StartLoad | Change::Reload | Change::Swap | Change::StartUnload { .. } => {}
+        Change::StartLoad
+        | Change::Reload
+        | Change::Swap
+        | Change::StartUnload { .. }
+        | Change::Sleep { .. }
+        | Change::Wake => {}
     }
+    life.asleep = match change {
+        Change::Sleep { level } => Some(level),
+        Change::Pause { .. } | Change::Resume | Change::StartUnload { .. } => life.asleep,
+        _ => None,
+    };
     // The last error a failed load or a crash leaves (the lifecycle keeps the same).
     let moved = Moved { from, to, event, error, generation: life.generation };
     effects.push(Effect::Moved { model, moved, apply, waiter });

@@ -1,0 +1,266 @@
+//! Sleep and wake, the warm tier between loaded and unloaded: a loaded model's runtimes
+//! give back what other models need (the KV cache, and for engines that can, the weights'
+//! GPU memory) and keep what makes them quick to bring back (the engine, the weights in
+//! host memory or where they were loaded). The model stays `loaded` (the specs' five
+//! states hold): it keeps its slot, counts as ready, and serves once woken.
+//!
+//! - **Sleep** (the admin turn held): the model's gate closes (its scheduler admits
+//!   nothing, as a pause does: new requests wait in its queue), running requests finish,
+//!   each runtime answers the wake check (`wake_check.rs`: the reference), then sleeps at
+//!   the lightest level every one of its runtimes lists. The loop records it
+//!   (`Change::Sleep`). An engine that cannot sleep is `unsupported` (it would be unloaded
+//!   instead); one that refuses leaves the model serving as before.
+//! - **Wake**: each runtime wakes and answers the check again, and must agree with its own
+//!   reference; then the loop records it and the gate opens (unless an operator's pause
+//!   holds it). A runtime that cannot wake, or answers otherwise, fails the model with why
+//!   (its runtimes released, as after a crash): a woken engine can say it is healthy and
+//!   still answer wrong.
+//! - **On demand**: a request for a sleeping model waits in its queue and wakes it
+//!   ([`Manager::wake_soon`]: one wake at a time, in the model's admin turn), so it is
+//!   counted in the queue like an auto-load; a sleep that finds requests queued when it
+//!   ends wakes the model again at once. While an operator's pause holds the model, the
+//!   requests wait asleep: the resume wakes it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use hangar_backend::{Runtime, RuntimeError, SleepLevel};
+use hangar_lifecycle::ModelState;
+
+use crate::control::{Apply, Change};
+use crate::entry::ModelEntry;
+use crate::error::ManagerError;
+use crate::journal::{EventKind, unix_ms};
+use crate::manager::Manager;
+use crate::pause::not_loaded;
+use crate::snapshot::{ModelSnapshot, snapshot_of};
+use crate::wake_check::{self, Answer};
+
+/// Where a loaded model's runtimes reside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residency {
+    /// Serving, or ready to.
+    Awake,
+    /// Asleep: a request wakes them first.
+    Asleep {
+        /// How deeply.
+        level: SleepLevel,
+        /// Since when, Unix milliseconds.
+        since_unix_ms: u64,
+    },
+}
+
+/// The sleep of a model's runtimes, kept with them (`Serving`).
+#[derive(Debug, Clone)]
+pub(crate) struct Asleep {
+    pub(crate) level: SleepLevel,
+    pub(crate) since_unix_ms: u64,
+    /// Each runtime's answer to the wake check before it slept, in replica order.
+    reference: Vec<Answer>,
+}
+
+impl Asleep {
+    /// As rows show it.
+    pub(crate) fn residency(&self) -> Residency {
+        Residency::Asleep { level: self.level, since_unix_ms: self.since_unix_ms }
+    }
+}
+
+/// The lightest level every one of `runtimes` can sleep at.
+fn common_level(runtimes: &[Arc<dyn Runtime>]) -> Option<SleepLevel> {
+    let first = runtimes.first()?;
+    let mut levels = first.capabilities().sleep_levels.iter().copied();
+    levels.find(|level| runtimes.iter().all(|r| r.capabilities().sleep_levels.contains(level)))
+}
+
+impl Manager {
+    /// Puts a loaded model to sleep (see the module docs); asleep already changes nothing.
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::Conflict`] for a model that is not loaded;
+    /// `unsupported` when its engine cannot sleep; [`ManagerError::AdminBusy`]; the
+    /// engine's error when it refused (the model serves on as before).
+    pub async fn sleep(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
+        let entry = self.entry(name)?;
+        let _admin = self.admin_turn(&entry).await?;
+        self.sleep_entry(&entry).await?;
+        Ok(snapshot_of(&entry, &entry.lock()))
+    }
+
+    /// Wakes a sleeping model (see the module docs); awake already (or not loaded) changes
+    /// nothing.
+    ///
+    /// # Errors
+    /// `unknown_model`; [`ManagerError::AdminBusy`]; the engine's error when a runtime
+    /// could not wake or failed the wake check (the model is then failed, with why).
+    pub async fn wake(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
+        let entry = self.entry(name)?;
+        let _admin = self.admin_turn(&entry).await?;
+        self.wake_entry(&entry).await?;
+        Ok(snapshot_of(&entry, &entry.lock()))
+    }
+
+    /// Puts `entry` to sleep, its admin turn held by the caller.
+    pub(crate) async fn sleep_entry(&self, entry: &Arc<ModelEntry>) -> Result<(), ManagerError> {
+        let scheduler = {
+            let slot = entry.lock();
+            let state = slot.lifecycle.state();
+            let serving = slot.phase.serving().filter(|_| state == ModelState::Loaded);
+            let Some(serving) = serving else { return Err(not_loaded(state, "sleep")) };
+            if serving.asleep.is_some() {
+                return Ok(());
+            }
+            serving.scheduler.clone()
+        };
+        let runtimes = scheduler.runtimes();
+        let Some(level) = common_level(&runtimes) else {
+            let message = format!(
+                "model '{}': the {} engine cannot sleep (unload it instead)",
+                entry.config.name, entry.config.backend
+            );
+            return Err(ManagerError::Runtime(RuntimeError::Unsupported { message }));
+        };
+        scheduler.pause();
+        scheduler.drained().await;
+        let (name, model_type) = (entry.config.name.as_str(), entry.config.model_type);
+        let slept = async {
+            let mut reference = Vec::with_capacity(runtimes.len());
+            for runtime in &runtimes {
+                reference.push(wake_check::ask(runtime.as_ref(), name, model_type).await?);
+            }
+            for (i, runtime) in runtimes.iter().enumerate() {
+                if let Err(e) = runtime.sleep(level).await {
+                    for woken in &runtimes[..i] {
+                        let _ = woken.wake().await;
+                    }
+                    return Err(e);
+                }
+            }
+            Ok(reference)
+        };
+        let reference = match slept.await {
+            Ok(reference) => reference,
+            Err(e) => {
+                self.open_gate(entry);
+                return Err(ManagerError::Runtime(e));
+            }
+        };
+        let asleep = Asleep { level, since_unix_ms: unix_ms(SystemTime::now()), reference };
+        let (events, model) = (Arc::clone(&self.inner.events), entry.config.name.clone());
+        let apply = Apply::new(move |slot| {
+            if let Some(serving) = slot.phase.serving_mut() {
+                serving.asleep = Some(asleep);
+            }
+            events.journal.record(&model, EventKind::Slept { level });
+        });
+        if let Err(stay) =
+            self.inner.control.change(entry.position, Change::Sleep { level }, apply).await
+        {
+            tracing::warn!(model = name, ?stay, "the model left `loaded` while it went to sleep");
+            return Err(not_loaded(entry.lock().lifecycle.state(), "sleep"));
+        }
+        tracing::info!(model = name, level = level.as_str(), "asleep");
+        let paused = entry.lock().phase.pause().is_some();
+        if scheduler.stats().queue_depth > 0 && !paused {
+            self.wake_soon(entry);
+        }
+        Ok(())
+    }
+
+    /// Wakes `entry`, its admin turn held by the caller.
+    pub(crate) async fn wake_entry(&self, entry: &Arc<ModelEntry>) -> Result<(), ManagerError> {
+        let (scheduler, reference, generation) = {
+            let slot = entry.lock();
+            let Some(serving) = slot.phase.serving() else { return Ok(()) };
+            let Some(asleep) = &serving.asleep else { return Ok(()) };
+            (serving.scheduler.clone(), asleep.reference.clone(), slot.generation)
+        };
+        let started = std::time::Instant::now();
+        let (name, model_type) = (entry.config.name.as_str(), entry.config.model_type);
+        let runtimes = scheduler.runtimes();
+        let checked = async {
+            for (i, runtime) in runtimes.iter().enumerate() {
+                runtime.wake().await.map_err(|e| format!("replica {i} could not wake: {e}"))?;
+                let answer = wake_check::ask(runtime.as_ref(), name, model_type)
+                    .await
+                    .map_err(|e| format!("replica {i} failed the wake check: {e}"))?;
+                match reference.get(i) {
+                    Some(before) if !answer.agrees(before) => {
+                        return Err(format!(
+                            "replica {i} answered the wake check with {} after waking, {} before sleeping",
+                            answer.brief(),
+                            before.brief()
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        };
+        if let Err(why) = checked.await {
+            tracing::error!(model = name, why, "a woken engine failed; model marked failed");
+            self.fail_runtimes(entry, generation, format!("woken engine failed: {why}"));
+            // Answered once the failure is published: the caller sees the model failed.
+            self.inner.control.flush().await;
+            return Err(ManagerError::Runtime(RuntimeError::Failed { message: why }));
+        }
+        let wake_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (events, model) = (Arc::clone(&self.inner.events), entry.config.name.clone());
+        let apply = Apply::new(move |slot| {
+            if let Some(serving) = slot.phase.serving_mut() {
+                serving.asleep = None;
+                if serving.pause.is_none() {
+                    serving.scheduler.resume();
+                }
+            }
+            events.journal.record(&model, EventKind::Woke { wake_ms });
+        });
+        let _ = self.inner.control.change(entry.position, Change::Wake, apply).await;
+        tracing::info!(model = name, wake_ms, "awake");
+        Ok(())
+    }
+
+    /// Wakes `entry` in the background for the requests waiting in its queue (one wake at
+    /// a time; it waits for the model's admin turn, behind a sleep in progress).
+    pub(crate) fn wake_soon(&self, entry: &Arc<ModelEntry>) {
+        if entry.waking.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (this, entry) = (self.clone(), Arc::clone(entry));
+        tokio::spawn(async move {
+            // Held while it wakes: not evicted for the requests' sake.
+            let _pin = this.inner.control.pin(entry.position);
+            loop {
+                let turn = this.admin_turn(&entry).await;
+                // From here a model that goes back to sleep needs a new wake.
+                entry.waking.store(false, Ordering::SeqCst);
+                match turn {
+                    Ok(_admin) => {
+                        if let Err(e) = this.wake_entry(&entry).await {
+                            tracing::warn!(model = %entry.config.name, error = %e, "the wake for waiting requests failed");
+                        }
+                        return;
+                    }
+                    Err(_) if entry.lock().phase.serving().is_some_and(|s| s.asleep.is_some()) => {
+                        if entry.waking.swap(true, Ordering::SeqCst) {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+
+    /// Opens `entry`'s gate after a sleep that did not happen, unless an operator's pause
+    /// holds it.
+    fn open_gate(&self, entry: &ModelEntry) {
+        let slot = entry.lock();
+        if let Some(serving) = slot.phase.serving()
+            && serving.pause.is_none()
+        {
+            serving.scheduler.resume();
+        }
+    }
+}

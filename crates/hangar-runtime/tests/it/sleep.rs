@@ -1,0 +1,144 @@
+//! Sleep and wake through the manager, on the stub engine (`stub.sleeps`: asleep, it gives
+//! its pretend GPU memory back and serves nothing): the model stays loaded and says where
+//! it resides, a request wakes it, a woken engine that answers otherwise fails the model,
+//! an engine that cannot sleep is refused, and an operator's pause outlasts a sleep.
+
+use hangar_backend::SleepLevel;
+use hangar_runtime::{
+    ErrorCode, EventKind, LoadOptions, Manager, ModelState, PauseMode, Residency,
+};
+use serde_json::json;
+
+use crate::support::{generate, manager_on_gpu, settle, spawn_generate};
+
+const BASE_MIB: u64 = 1000;
+
+/// A manager with a sleeping stub `sleeper` (2,000 MiB on the pretend GPU), a stub
+/// `wrong` that answers otherwise once woken, and a stub `awake` that cannot sleep.
+fn setup() -> (Manager, std::sync::Arc<hangar_stub::StubGpu>) {
+    let (m, _, gpu) = manager_on_gpu(
+        json!({
+            "max_loaded_models": { "llm": 4 },
+            "models": {
+                "sleeper": { "backend": "stub", "device": "gpu", "replicas": 2, "replica_max": 2,
+                             "stub": { "sleeps": true } },
+                "wrong": { "backend": "stub", "stub": { "sleeps": true, "reply_after_wake": "wrong" } },
+                "awake": { "backend": "stub" }
+            }
+        }),
+        BASE_MIB,
+    );
+    gpu.set_footprint("sleeper", 1000);
+    (m, gpu)
+}
+
+fn residency(m: &Manager, name: &str) -> Option<Residency> {
+    m.model(name).unwrap().residency
+}
+
+/// The sleep and wake events of the journal so far, as `slept <level>` / `woke`.
+fn sleep_events(m: &Manager, name: &str) -> Vec<String> {
+    let follow = m.follow_events(Some((m.events_epoch(), 0)));
+    follow
+        .backlog
+        .into_iter()
+        .filter(|e| e.model == name)
+        .filter_map(|e| match e.kind {
+            EventKind::Slept { level } => Some(format!("slept {}", level.as_str())),
+            EventKind::Woke { .. } => Some("woke".to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_sleeping_model_stays_loaded_gives_its_memory_back_and_wakes_the_same() {
+    let (m, gpu) = setup();
+    assert_eq!(residency(&m, "sleeper"), None, "not loaded: nowhere");
+    m.load("sleeper", LoadOptions::default()).await.unwrap();
+    assert_eq!(gpu.used_mib(), BASE_MIB + 2000, "two replicas");
+    assert_eq!(residency(&m, "sleeper"), Some(Residency::Awake));
+    let before = generate(&m, "sleeper", 6).await.unwrap();
+
+    let row = m.sleep("sleeper").await.unwrap();
+    assert_eq!(row.runtime_state, ModelState::Loaded, "asleep is loaded");
+    assert!(matches!(row.residency, Some(Residency::Asleep { level: SleepLevel::Context, .. })));
+    assert_eq!(gpu.used_mib(), BASE_MIB, "both replicas gave their memory back");
+    m.sleep("sleeper").await.expect("asleep already changes nothing");
+
+    let row = m.wake("sleeper").await.unwrap();
+    assert_eq!(row.residency, Some(Residency::Awake));
+    assert_eq!(gpu.used_mib(), BASE_MIB + 2000);
+    assert_eq!(generate(&m, "sleeper", 6).await.unwrap(), before);
+    m.wake("sleeper").await.expect("awake already changes nothing");
+    assert_eq!(sleep_events(&m, "sleeper"), ["slept context", "woke"]);
+
+    // Asleep, it unloads as well, and gives back nothing twice.
+    m.sleep("sleeper").await.unwrap();
+    m.unload("sleeper").await.unwrap();
+    assert_eq!((gpu.used_mib(), residency(&m, "sleeper")), (BASE_MIB, None));
+}
+
+#[tokio::test]
+async fn a_request_for_a_sleeping_model_waits_in_its_queue_while_it_wakes() {
+    let (m, _) = setup();
+    m.load("sleeper", LoadOptions::default()).await.unwrap();
+    let before = generate(&m, "sleeper", 6).await.unwrap();
+    m.sleep("sleeper").await.unwrap();
+    let answers: Vec<_> = (0..3).map(|_| spawn_generate(&m, "sleeper", 6)).collect();
+    for answer in answers {
+        assert_eq!(answer.await.unwrap().unwrap(), before);
+    }
+    assert_eq!(residency(&m, "sleeper"), Some(Residency::Awake));
+    assert_eq!(sleep_events(&m, "sleeper"), ["slept context", "woke"], "one wake for three");
+}
+
+#[tokio::test]
+async fn a_woken_engine_that_answers_otherwise_fails_the_model_with_why() {
+    let (m, _) = setup();
+    m.load("wrong", LoadOptions::default()).await.unwrap();
+    m.sleep("wrong").await.unwrap();
+    let refused = generate(&m, "wrong", 6).await.unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::ModelFailed, "{refused}");
+    let row = m.model("wrong").unwrap();
+    assert_eq!(row.runtime_state, ModelState::Failed);
+    let why = row.last_error.unwrap();
+    assert!(why.contains("wake check") && why.contains("\"wrong\""), "{why}");
+    // Asked directly, the wake says so too.
+    m.load("wrong", LoadOptions::default()).await.unwrap();
+    m.sleep("wrong").await.unwrap();
+    let failed = m.wake("wrong").await.unwrap_err();
+    assert_eq!(failed.code(), ErrorCode::RuntimeError, "{failed}");
+    assert_eq!(m.model("wrong").unwrap().runtime_state, ModelState::Failed);
+}
+
+#[tokio::test]
+async fn an_engine_that_cannot_sleep_is_refused_and_serves_on() {
+    let (m, _) = setup();
+    let refused = m.sleep("awake").await.unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::StateConflict, "not loaded: {refused}");
+    m.load("awake", LoadOptions::default()).await.unwrap();
+    let refused = m.sleep("awake").await.unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Unsupported, "{refused}");
+    assert!(refused.to_string().contains("cannot sleep"), "{refused}");
+    assert_eq!(residency(&m, "awake"), Some(Residency::Awake));
+    generate(&m, "awake", 4).await.expect("it serves on");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_operators_pause_outlasts_a_sleep_and_a_resume_wakes_waiting_requests() {
+    let (m, _) = setup();
+    m.load("sleeper", LoadOptions::default()).await.unwrap();
+    m.pause("sleeper", PauseMode::InPlace).await.unwrap();
+    m.sleep("sleeper").await.unwrap();
+    m.wake("sleeper").await.unwrap();
+    // Woken, but paused: a request waits.
+    let waiting = spawn_generate(&m, "sleeper", 4);
+    settle().await;
+    assert!(!waiting.is_finished(), "the pause holds it");
+    // Asleep and paused, a resume with a request waiting wakes the model for it.
+    m.sleep("sleeper").await.unwrap();
+    m.resume("sleeper").await.unwrap();
+    waiting.await.unwrap().expect("served after the wake");
+    assert_eq!(residency(&m, "sleeper"), Some(Residency::Awake));
+}
