@@ -58,6 +58,10 @@ pub(crate) struct ModelFields {
     /// Unload the model after this many seconds with nothing running or queued; the global
     /// `idle_unload_seconds` when unset; never when neither is set.
     pub(crate) idle_unload_seconds: Option<u32>,
+    /// Put the model to sleep after this many seconds with nothing running or queued, when
+    /// its engine can sleep (it stays loaded; a request wakes it); before
+    /// `idle_unload_seconds`, which still unloads it later. Never when unset.
+    pub(crate) idle_sleep_seconds: Option<u32>,
     /// Whether requests forwarded to the engine may name media by URL (`image_url`,
     /// `video_url`, `audio_url`, `file_url` with http, https or file), which the engine then
     /// fetches from this machine, inside its network. Refused with 400 when false: send media
@@ -76,6 +80,16 @@ impl Section for ModelFields {
         p.at_least("default_max_tokens", self.default_max_tokens, 1);
         p.at_least("load_timeout_s", self.load_timeout_s, 1);
         p.at_least("idle_unload_seconds", self.idle_unload_seconds, 1);
+        p.at_least("idle_sleep_seconds", self.idle_sleep_seconds, 1);
+        if let (Some(sleep), Some(unload)) = (self.idle_sleep_seconds, self.idle_unload_seconds)
+            && sleep >= unload
+            && unload >= 1
+        {
+            p.push(
+                "idle_sleep_seconds",
+                format!("must be < idle_unload_seconds ({unload}): sleep comes before unload"),
+            );
+        }
         if let (Some(max), Some(replicas)) = (self.replica_max, self.replicas)
             && max >= 1
             && max < replicas
@@ -212,6 +226,9 @@ pub struct ModelConfig {
     pub pinned: bool,
     /// Idle seconds before the model is unloaded; `None` defers to the global setting.
     pub idle_unload_seconds: Option<NonZeroU32>,
+    /// Idle seconds before the model is put to sleep (when its engine can sleep); `None`:
+    /// never for idleness.
+    pub idle_sleep_seconds: Option<NonZeroU32>,
     /// Whether forwarded requests may name media by URL; see [`Self::remote_media_allowed`].
     pub allow_remote_media: Option<bool>,
     /// Backend-specific settings.
@@ -295,6 +312,7 @@ impl ModelConfig {
         put("load_timeout_s", self.load_timeout_s.map(NonZeroU32::get).into());
         put("pinned", self.pinned.into());
         put("idle_unload_seconds", self.idle_unload_seconds.map(NonZeroU32::get).into());
+        put("idle_sleep_seconds", self.idle_sleep_seconds.map(NonZeroU32::get).into());
         put("allow_remote_media", self.remote_media_allowed().into());
         for section in self.settings.to_json() {
             if let Value::Object(fields) = section {
@@ -444,6 +462,7 @@ fn parse_model(
         load_timeout_s: fields.load_timeout_s.and_then(NonZeroU32::new),
         pinned: fields.pinned.unwrap_or(false),
         idle_unload_seconds: fields.idle_unload_seconds.and_then(NonZeroU32::new),
+        idle_sleep_seconds: fields.idle_sleep_seconds.and_then(NonZeroU32::new),
         allow_remote_media: fields.allow_remote_media,
         settings,
         raw: obj.clone(),

@@ -24,7 +24,7 @@ use hangar_lifecycle::ModelState;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::control::{IdleSeen, LeaseCommand, LeaseRefusal};
+use crate::control::{IdleAction, IdleDue, IdleSeen, LeaseCommand, LeaseRefusal};
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::journal::{EventKind, unix_ms};
@@ -237,34 +237,51 @@ async fn housekeeping(inner: Weak<Inner>) {
         let Some(inner) = inner.upgrade() else { return };
         let manager = Manager { inner };
         for entry in manager.inner.order.clone() {
-            if let Some(idle) = manager.idle_for(&entry).await {
-                // A model busy with an admin operation is not idle; try again next tick.
-                let control = &manager.inner.control;
-                let Ok(admin) = control.admin_now(entry.position).await else { continue };
-                let seconds = idle.as_secs();
-                let kind = EventKind::IdleUnload { idle_seconds: seconds };
-                tracing::info!(model = %entry.config.name, idle_s = seconds, "unloading an idle model");
-                let (m, e) = (manager.clone(), Arc::clone(&entry));
-                tokio::spawn(async move {
-                    let _admin = admin;
-                    m.unload_entry(&e, UnloadCause::Idle(kind)).await;
-                });
+            let Some(due) = manager.idle_for(&entry).await else { continue };
+            // A model busy with an admin operation is not idle; try again next tick.
+            let control = &manager.inner.control;
+            let Ok(admin) = control.admin_now(entry.position).await else { continue };
+            let seconds = due.idle.as_secs();
+            let (m, e) = (manager.clone(), Arc::clone(&entry));
+            match due.action {
+                IdleAction::Unload => {
+                    let kind = EventKind::IdleUnload { idle_seconds: seconds };
+                    tracing::info!(model = %entry.config.name, idle_s = seconds, "unloading an idle model");
+                    tokio::spawn(async move {
+                        let _admin = admin;
+                        m.unload_entry(&e, UnloadCause::Idle(kind)).await;
+                    });
+                }
+                IdleAction::Sleep => {
+                    tracing::info!(model = %entry.config.name, idle_s = seconds, "putting an idle model to sleep");
+                    tokio::spawn(async move {
+                        let _admin = admin;
+                        if let Err(error) = m.sleep_entry(&e).await {
+                            tracing::warn!(model = %e.config.name, %error, "an idle model did not sleep");
+                        }
+                    });
+                }
             }
         }
     }
 }
 
 impl Manager {
-    /// How long `entry` has been idle, if that is past its idle timeout and nothing keeps
-    /// it: the loop's decision (`control/step/idle.rs`) on what the slot and the scheduler
-    /// show.
-    async fn idle_for(&self, entry: &ModelEntry) -> Option<Duration> {
-        let timeout = entry.idle_timeout?;
+    /// How long `entry` has been idle and what for (an unload, a sleep), if that is past a
+    /// timeout and nothing keeps it: the loop's decision (`control/step/idle.rs`) on what
+    /// the slot and the scheduler show.
+    async fn idle_for(&self, entry: &ModelEntry) -> Option<IdleDue> {
         let seen = {
             let slot = entry.lock();
+            let can_sleep = !slot.capabilities.sleep_levels.is_empty();
+            let sleep = entry.config.idle_sleep_seconds.filter(|_| can_sleep);
+            if entry.idle_timeout.is_none() && sleep.is_none() {
+                return None;
+            }
             let stats = slot.phase.scheduler().map(hangar_lifecycle::Scheduler::stats);
             IdleSeen {
-                timeout,
+                unload: entry.idle_timeout,
+                sleep,
                 pinned: entry.config.pinned,
                 busy: stats.is_none_or(|s| s.runtime_inflight > 0 || s.queue_depth > 0),
                 pins: self.inner.control.pins(entry.position),

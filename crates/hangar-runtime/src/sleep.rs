@@ -214,6 +214,8 @@ impl Manager {
                     serving.scheduler.resume();
                 }
             }
+            // Woken is used: its idle time starts again (else an idle sleep would follow).
+            ModelEntry::touch(slot);
             events.journal.record(&model, EventKind::Woke { wake_ms });
         });
         let _ = self.inner.control.change(entry.position, Change::Wake, apply).await;

@@ -23,6 +23,7 @@ const COMMON: &[&str] = &[
     "load_timeout_s",
     "pinned",
     "idle_unload_seconds",
+    "idle_sleep_seconds",
     "allow_remote_media",
 ];
 
@@ -197,4 +198,27 @@ fn ram_budget_is_mib_or_a_share_of_the_host_and_bad_ones_are_refused() {
         let err = Config::from_value(&serde_json::json!({ "ram_budget": bad })).unwrap_err();
         assert!(err.to_string().contains("ram_budget:"), "{bad}: {err}");
     }
+}
+
+#[test]
+fn an_idle_sleep_comes_before_the_idle_unload() {
+    let parse = |value: Value| ModelConfig::parse(&ModelName::new("m").unwrap(), &value);
+    let model =
+        parse(json!({ "backend": "stub", "idle_sleep_seconds": 30, "idle_unload_seconds": 600 }))
+            .unwrap();
+    assert_eq!(model.idle_sleep_seconds.map(|s| s.get()), Some(30));
+    assert_eq!(model.definition()["idle_sleep_seconds"], 30);
+    for (sleep, unload) in [(600, 600), (601, 600)] {
+        let errors = parse(json!({
+            "backend": "stub", "idle_sleep_seconds": sleep, "idle_unload_seconds": unload
+        }))
+        .unwrap_err();
+        let paths: Vec<(&str, &str)> =
+            errors.iter().map(|e| (e.path.as_str(), e.message.as_str())).collect();
+        assert_eq!(paths.len(), 1, "{paths:?}");
+        assert_eq!(paths[0].0, "models.m.idle_sleep_seconds");
+        assert!(paths[0].1.contains("before unload"), "{paths:?}");
+    }
+    let errors = parse(json!({ "backend": "stub", "idle_sleep_seconds": 0 })).unwrap_err();
+    assert_eq!(errors[0].path, "models.m.idle_sleep_seconds");
 }

@@ -46,13 +46,12 @@ mod whole_tests;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use step::{
-    ALL_GPUS, Change, Command, GpuRelease, GrantAsk, IdleSeen, LaneInfo, Lanes, LeaseCommand,
-    LeaseRefusal, ModelId, Moved, ReleaseAnswer, Rules, Stay, TurnKind,
+    ALL_GPUS, Change, Command, GpuRelease, GrantAsk, IdleAction, IdleDue, IdleSeen, LaneInfo,
+    Lanes, LeaseCommand, LeaseRefusal, ModelId, Moved, ReleaseAnswer, Rules, Stay, TurnKind,
 };
 
 use crate::entry::{ModelEntry, Slot};
@@ -77,8 +76,8 @@ pub(crate) enum Waiter {
     Move(oneshot::Sender<Result<Moved, Stay>>),
     /// Whether a GPU load waits for a release.
     Release(oneshot::Sender<ReleaseAnswer>),
-    /// How long a model has been idle, if past its timeout.
-    Idle(oneshot::Sender<Option<Duration>>),
+    /// How long a model has been idle and what for, if past a timeout.
+    Idle(oneshot::Sender<Option<IdleDue>>),
 }
 
 /// What a decided lifecycle move does to the model's slot: run by the loop under the slot
@@ -240,9 +239,9 @@ impl Control {
         self.post(Command::Released { releases });
     }
 
-    /// How long `model` has been idle, if past its timeout with nothing keeping it
-    /// (`seen`: what housekeeping saw of it).
-    pub(crate) async fn idle(&self, model: ModelId, seen: IdleSeen) -> Option<Duration> {
+    /// How long `model` has been idle and what for, if past a timeout with nothing keeping
+    /// it (`seen`: what housekeeping saw of it).
+    pub(crate) async fn idle(&self, model: ModelId, seen: IdleSeen) -> Option<IdleDue> {
         let command = |waiter| Command::Idle { model, seen, waiter };
         self.request(Waiter::Idle, command).await.flatten()
     }

@@ -45,7 +45,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub(crate) use grant::GrantAsk;
-pub(crate) use idle::IdleSeen;
+pub(crate) use idle::{IdleAction, IdleDue, IdleSeen};
 pub(crate) use lanes::{LaneInfo, Lanes};
 pub(crate) use lease::{LeaseCommand, LeaseRefusal};
 pub(crate) use life::{Change, Moved, Stay};
@@ -202,7 +202,7 @@ pub(crate) enum Effect<W, P = ()> {
     Flushed { waiter: W },
     /// The answer to [`Command::Idle`]: how long the model has been idle, if past its
     /// timeout with nothing keeping it.
-    Idle { model: ModelId, waiter: W, answer: Option<Duration> },
+    Idle { model: ModelId, waiter: W, answer: Option<IdleDue> },
     /// The answer to [`Command::AwaitRelease`].
     Release { waiter: W, answer: ReleaseAnswer },
     /// The model's measured figures now (published).

@@ -290,7 +290,8 @@ proptest! {
                 }
                 Op::Idle(model, secs) => {
                     let seen = IdleSeen {
-                        timeout: std::num::NonZeroU32::new(60).unwrap(),
+                        unload: std::num::NonZeroU32::new(60),
+                        sleep: std::num::NonZeroU32::new(30),
                         pinned: false,
                         busy: false,
                         pins: 0,

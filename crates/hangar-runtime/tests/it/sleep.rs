@@ -142,3 +142,33 @@ async fn an_operators_pause_outlasts_a_sleep_and_a_resume_wakes_waiting_requests
     waiting.await.unwrap().expect("served after the wake");
     assert_eq!(residency(&m, "sleeper"), Some(Residency::Awake));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_model_sleeps_before_it_is_unloaded_and_a_request_in_between_wakes_it() {
+    let (m, _, gpu) = manager_on_gpu(
+        json!({
+            "models": { "idler": {
+                "backend": "stub", "device": "gpu", "idle_sleep_seconds": 5,
+                "idle_unload_seconds": 60, "stub": { "sleeps": true }
+            } }
+        }),
+        BASE_MIB,
+    );
+    gpu.set_footprint("idler", 700);
+    m.load("idler", LoadOptions::default()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(residency(&m, "idler"), Some(Residency::Awake), "not idle long enough");
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert!(matches!(residency(&m, "idler"), Some(Residency::Asleep { .. })), "idle for 5 s");
+    assert_eq!(gpu.used_mib(), BASE_MIB, "its memory given back");
+
+    // A request wakes it, and its idle time starts again.
+    generate(&m, "idler", 4).await.unwrap();
+    assert_eq!(residency(&m, "idler"), Some(Residency::Awake));
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(residency(&m, "idler"), Some(Residency::Awake), "used 3 s ago");
+    // Asleep again, then unloaded once idle for a minute.
+    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    assert_eq!(m.model("idler").unwrap().runtime_state, ModelState::Unloaded);
+    assert_eq!(sleep_events(&m, "idler"), ["slept context", "woke", "slept context"]);
+}

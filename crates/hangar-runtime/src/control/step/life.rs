@@ -105,7 +105,6 @@ impl Life {
     }
 
     /// How deeply its runtimes sleep, while they do.
-    #[cfg(test)]
     pub(super) fn asleep(&self) -> Option<SleepLevel> {
         self.asleep
     }
