@@ -26,6 +26,9 @@ pub struct LoadedModel {
     /// The GPU memory it holds, in MiB, as best known (0: none, or not on a GPU). Only
     /// [`plan_load_within`](crate::plan_load_within) reads it.
     pub vram_mib: u64,
+    /// Its runtimes sleep (Hangar's warm tier): among idle models, a slot goes from a
+    /// sleeping one first.
+    pub asleep: bool,
 }
 
 impl LoadedModel {

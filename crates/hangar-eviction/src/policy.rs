@@ -21,9 +21,9 @@ fn lru(a: &LoadedModel, b: &LoadedModel) -> Ordering {
 ///   ([`EvictionReason::ExclusiveDevice`]), whatever its type.
 /// - Then, if the models of `incoming`'s type that remain leave no free slot under
 ///   `limits`, exactly as many of them as are needed to free one slot are victims
-///   ([`EvictionReason::SlotLimit`]): idle ones first, least recently used first, then busy
-///   ones (marked [`Victim::wait_for_drain`]) least recently used first. Models of other
-///   types are never slot victims.
+///   ([`EvictionReason::SlotLimit`]): idle ones first (sleeping ones before awake ones),
+///   least recently used first, then busy ones (marked [`Victim::wait_for_drain`]) least
+///   recently used first. Models of other types are never slot victims.
 ///
 /// Victims are ordered exclusive-device victims first (least recently used first), then
 /// slot victims in the order they were chosen.
@@ -66,7 +66,10 @@ pub fn plan_load(
         blocked_by.dedup();
         return EvictionPlan { victims: Vec::new(), blocked_by, shortfall: None };
     }
-    candidates.sort_by(|a, b| (!a.is_idle()).cmp(&!b.is_idle()).then_with(|| lru(a, b)));
+    candidates.sort_by(|a, b| {
+        let first = |m: &LoadedModel| (!m.is_idle(), !m.asleep);
+        first(a).cmp(&first(b)).then_with(|| lru(a, b))
+    });
 
     let victims = holders
         .into_iter()

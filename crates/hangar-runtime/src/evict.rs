@@ -156,6 +156,7 @@ impl Manager {
                     inflight: busy + self.inner.control.pins(entry.position),
                     held: entry.config.pinned || (spare_enabled && entry.config.enabled),
                     vram_mib: crate::gpu::vram_held(entry, &slot),
+                    asleep: slot.phase.serving().is_some_and(|s| s.asleep.is_some()),
                 },
             ));
         }

@@ -222,6 +222,7 @@ mod tests {
             inflight: 0,
             held,
             vram_mib,
+            asleep: false,
         }
     }
 
@@ -421,6 +422,7 @@ mod properties {
                 inflight,
                 held,
                 vram_mib,
+                asleep: false,
             })
             .collect();
         let ask = if second_copy && !loaded.is_empty() { Ask::SecondCopy } else { Ask::Load };

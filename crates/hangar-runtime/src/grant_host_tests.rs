@@ -26,6 +26,7 @@ fn loaded(name: &str, secs: u64, held: bool, vram_mib: u64) -> LoadedModel {
         inflight: 0,
         held,
         vram_mib,
+        asleep: false,
     }
 }
 

@@ -35,6 +35,7 @@ fn model(n: &str, secs: u64, held: bool) -> LoadedModel {
         inflight: 0,
         held,
         vram_mib: 0,
+        asleep: false,
     }
 }
 

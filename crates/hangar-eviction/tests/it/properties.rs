@@ -56,6 +56,7 @@ fn arb_loaded() -> impl Strategy<Value = Vec<LoadedModel>> {
                     inflight,
                     held: false,
                     vram_mib,
+                    asleep: false,
                 })
                 .collect::<Vec<_>>()
         })

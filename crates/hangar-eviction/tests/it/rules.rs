@@ -29,6 +29,7 @@ fn model(n: &str, ty: ModelType, device: Device, secs: u64, inflight: u32) -> Lo
         inflight,
         held: false,
         vram_mib: 0,
+        asleep: false,
     }
 }
 
@@ -69,6 +70,23 @@ fn free_slot_evicts_nothing() {
     let loaded = [idle("a", Llm, 1), idle("b", Llm, 2)];
     check(&loaded, &incoming("new", Llm, Device::GPU), &limits(3, 1, 1), &[]);
     assert!(plan_load(&loaded, &incoming("new", Llm, Device::GPU), &limits(3, 1, 1)).is_empty());
+}
+
+#[test]
+fn a_slot_goes_from_a_sleeping_model_before_an_awake_idle_one() {
+    let asleep = |n, secs| LoadedModel { asleep: true, ..idle(n, Llm, secs) };
+    // b was used last, but sleeps: it goes before a, the least recently used.
+    let loaded = [idle("a", Llm, 1), asleep("b", 5), idle("c", Llm, 3)];
+    let new = incoming("new", Llm, Device::GPU);
+    check(&loaded, &new, &limits(3, 1, 1), &[("b", SlotLimit, false)]);
+    // Among sleeping ones, the least recently used first; then the awake ones.
+    let loaded = [idle("a", Llm, 1), asleep("b", 5), asleep("c", 3)];
+    let expected = [("c", SlotLimit, false), ("b", SlotLimit, false)];
+    check(&loaded, &new, &limits(2, 1, 1), &expected);
+    // A sleeping model with a request waiting for its wake is busy, not first.
+    let waited = LoadedModel { inflight: 1, ..asleep("b", 5) };
+    let loaded = [idle("a", Llm, 1), waited, idle("c", Llm, 3)];
+    check(&loaded, &new, &limits(3, 1, 1), &[("a", SlotLimit, false)]);
 }
 
 #[test]

@@ -29,6 +29,7 @@ fn loaded(model: ModelId, secs: u64, vram_mib: u64, pinned: bool) -> (ModelId, L
         inflight: 0,
         held: pinned,
         vram_mib,
+        asleep: false,
     };
     (model, model_loaded)
 }

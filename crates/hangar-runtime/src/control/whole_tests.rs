@@ -280,6 +280,7 @@ proptest! {
                             inflight: 0,
                             held: false,
                             vram_mib,
+                            asleep: false,
                         })
                     }).collect();
                     let incoming = Incoming { name: ModelName::new(NAMES[model]).unwrap(), model_type: ModelType::Llm, device: Device::GPU };
