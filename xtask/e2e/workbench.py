@@ -202,6 +202,17 @@ def main():
         row(MODEL).locator('button[data-action="checksum"]').click()
         expect(page.locator("#notice")).to_contain_text(f"{MODEL}: SHA-256 checksum ")
 
+        # The warm tier: the in-process model sleeps (its row says how deeply) and wakes; a
+        # stub engine cannot sleep, so its button is off.
+        expect(row("chat").locator('button[data-action="sleep"]')).to_be_disabled()
+        row(MODEL).locator('button[data-action="sleep"]').click()
+        asleep = row(MODEL).locator('.mark[data-residency="asleep"]')
+        expect(asleep).to_have_text("asleep: context")
+        assert api(f"/v1/admin/models/{MODEL}")["runtime_state"] == "loaded", "asleep is loaded"
+        row(MODEL).locator('button[data-action="wake"]').click()
+        expect(asleep).to_have_count(0)
+        expect(row(MODEL).locator('button[data-action="sleep"]')).to_be_enabled()
+
         # Logs, followed while the engine restarts.
         row(ENGINE).locator('button[data-action="logs"]').click()
         lines = page.locator("#log-lines")

@@ -74,7 +74,7 @@ pub struct Capabilities {
     pub resumable: bool,
     /// How deeply a runtime can sleep ([`Runtime::sleep`](crate::Runtime::sleep)), lightest
     /// first; empty when it cannot (it is unloaded instead).
-    #[serde(skip)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sleep_levels: Vec<SleepLevel>,
 }
 

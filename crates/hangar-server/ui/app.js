@@ -221,6 +221,11 @@ function marks(row) {
     out.push(el("span", { class: "mark", title: `leased by ${owners}`, text: `leased ×${row.leases.length}` }));
   }
   if (row.pause) out.push(el("span", { class: "mark", title: `paused (${row.pause.cause})`, text: `paused: ${row.pause.mode}` }));
+  const residency = row.residency;
+  if (residency && residency.state === "asleep") {
+    const since = new Date(residency.since_unix_ms).toLocaleTimeString();
+    out.push(el("span", { class: "mark", "data-residency": "asleep", title: `asleep since ${since}; a request wakes it`, text: `asleep: ${residency.level}` }));
+  }
   if (row.quarantine) out.push(el("span", { class: "mark", title: `retry after ${row.quarantine.retry_after_s} s`, text: "quarantined" }));
   const idle = row.not_serving;
   if (idle) out.push(el("span", { class: "mark", "data-reason": idle.reason, title: idle.holds_readiness ? "not serving: the server is not ready" : "not serving, left out by start-up: the server is ready", text: idle.reason.replaceAll("_", " ") }));
@@ -236,6 +241,9 @@ function actionButtons(row) {
     act("Load", () => openLoad(name), state !== "loading" && state !== "unloading"),
     act("Unload", () => post(name, "unload"), state === "loaded" || state === "loading"),
     row.pause ? act("Continue", () => post(name, "continue"), state === "loaded") : act("Pause", () => post(name, "pause", { mode: "in_place" }), state === "loaded"),
+    row.residency && row.residency.state === "asleep"
+      ? act("Wake", () => post(name, "wake"), state === "loaded")
+      : act("Sleep", () => post(name, "sleep"), state === "loaded" && Boolean(row.capabilities && row.capabilities.sleep_levels)),
     act("Lease", () => lease(name), state !== "unloading"),
     act("Checksum", () => checksum(name), Boolean(row.weights_path || (row.definition && row.definition.model_path))),
     act("Logs", () => showLogs(name)),

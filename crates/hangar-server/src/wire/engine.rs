@@ -50,6 +50,12 @@ pub struct Capabilities {
     pub multi_turn: bool,
     /// Accepted values of request-level `thinking`; always includes `default`.
     pub thinking_modes: Vec<ThinkingMode>,
+    /// Hangar's addition: how deeply the engine can sleep (`POST .../sleep`), lightest
+    /// first — `context` (the KV cache and compute buffers go, the weights stay),
+    /// `weights_to_host`, `weights_discarded`; left out when it cannot (it is unloaded
+    /// instead).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sleep_levels: Vec<super::SleepLevel>,
 }
 
 /// Why a generation stopped.
@@ -99,6 +105,7 @@ impl From<hangar_runtime::engine::Capabilities> for Capabilities {
             modalities: v.modalities.into_iter().map(|x| x.into()).collect(),
             multi_turn: v.multi_turn,
             thinking_modes: v.thinking_modes.into_iter().map(|x| x.into()).collect(),
+            sleep_levels: v.sleep_levels.into_iter().map(Into::into).collect(),
         }
     }
 }
