@@ -285,6 +285,27 @@ pub(crate) struct Bench {
 }
 
 impl Bench {
+    /// The bench of another benchmark (`bench swap`): its binaries, model, config and work
+    /// directory.
+    pub(crate) fn new(
+        hangard: PathBuf,
+        llama_server: PathBuf,
+        model: PathBuf,
+        config: PathBuf,
+        work: PathBuf,
+    ) -> Self {
+        let row_requests = crate::bench_streams::ROW_REQUESTS_TRAINED;
+        Self { hangard, llama_server, model, config, work, row_requests }
+    }
+
+    /// `hangard serve` on the bench config, nothing loaded.
+    pub(crate) fn start_hangard(&self) -> Result<Server> {
+        let log_path = self.work.join("hangard.log");
+        let (child, base) =
+            crate::e2e::spawn_serve(&self.hangard, &self.config, &[], &self.work, &log_path)?;
+        Ok(Server::new("hangar", child, base, log_path))
+    }
+
     /// `hangard serve` on the bench config, then the load of the model; times both.
     fn start_hangar(&self) -> Result<Server> {
         let log_path = self.work.join("hangard.log");

@@ -56,6 +56,7 @@ mod bench_llamacpp;
 mod bench_prefill;
 mod bench_proxy;
 mod bench_streams;
+mod bench_swap;
 mod deps;
 mod e2e;
 mod fixtures;
@@ -165,6 +166,10 @@ enum Bench {
     /// and its model swap (next to the same processes stopped and started by hand)
     /// (xtask/src/bench_proxy.rs).
     Proxy,
+    /// The warm tier: a model woken from sleep against the same model loaded cold and
+    /// against `llama-server` started on the file, on the trained SmolLM2 GGUF
+    /// (xtask/src/bench_swap.rs).
+    Swap,
     /// The Python bridge's cost per token: CTranslate2 through Hangar next to the same
     /// `Generator` called directly in Python, on the tiny CT2 fixture (xtask/src/bench_bridge.rs).
     Bridge,
@@ -246,6 +251,7 @@ fn main() -> Result<()> {
                 Bench::Llamacpp => return bench_llamacpp::run(&root, tiny),
                 Bench::Proxy => return bench_proxy::run(&root, upstream_threads),
                 Bench::Bridge => return bench_bridge::run(&root),
+                Bench::Swap => return bench_swap::run(&root),
             };
             let mut cmd = cargo(&root);
             cmd.args(["bench", "--locked", "-p", package, "--bench", bench]);

@@ -33,6 +33,11 @@ impl Server {
     pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
+
+    /// Spawn → model ready, as timed at its start.
+    pub(crate) fn ready(&self) -> Duration {
+        self.ready
+    }
 }
 
 /// The HTTP client both servers are measured with: error statuses are answers (the caller
