@@ -210,7 +210,9 @@ impl Manager {
         let (held, shares) = {
             let slot = entry.lock();
             let held = match held_figure(entry, &slot) {
-                Some((mib, VramMethod::ProcessTree | VramMethod::ObservedLoadDelta)) => mib,
+                Some((mib, VramMethod::ProcessTree | VramMethod::ObservedLoadDelta)) => {
+                    mib.saturating_sub(asleep_freed(&slot))
+                }
                 _ => 0,
             };
             (held, crate::place::held_shares(entry, &slot, &[]))
@@ -288,12 +290,24 @@ fn used_on(gpus: &[GpuReading], on: &[u32]) -> u64 {
     gpus.iter().filter(|g| on.is_empty() || on.contains(&g.index)).map(|g| g.used_mib).sum()
 }
 
-/// The GPU memory a loaded model holds as admission counts it (0 for a model not on a GPU).
+/// The GPU memory a loaded model holds as admission counts it (0 for a model not on a GPU):
+/// its figure, less what a sleep gave back while it sleeps.
 pub(crate) fn vram_held(entry: &ModelEntry, slot: &Slot) -> u64 {
     if !entry.config.device.contains(Device::GPU) {
         return 0;
     }
-    held_figure(entry, slot).map_or(0, |(mib, _)| mib)
+    held_figure(entry, slot).map_or(0, |(mib, _)| mib).saturating_sub(asleep_freed(slot))
+}
+
+/// What the sleep of a sleeping model gave back, in MiB (0 awake).
+fn asleep_freed(slot: &Slot) -> u64 {
+    slot.phase.serving().and_then(|s| s.asleep.as_ref()).map_or(0, |a| a.freed_mib)
+}
+
+/// How far the used memory fell from `before` to `after` over the GPUs read both times, in
+/// MiB (a GPU whose memory rose counts 0).
+pub(crate) fn fell_by(before: &Used, after: &Used) -> u64 {
+    load_delta(after, before).iter().map(|&(_, mib)| mib).sum()
 }
 
 /// The best figure of what a loaded model's replicas hold, and how it was obtained.

@@ -8,7 +8,9 @@
 //!   nothing, as a pause does: new requests wait in its queue), running requests finish,
 //!   each runtime answers the wake check (`wake_check.rs`: the reference), then sleeps at
 //!   the lightest level every one of its runtimes lists. The loop records it
-//!   (`Change::Sleep`). An engine that cannot sleep is `unsupported` (it would be unloaded
+//!   (`Change::Sleep`), with the GPU memory the sleep gave back (the GPUs' used memory
+//!   before and after): admission counts the model as holding that much less while it
+//!   sleeps, so a sleeping model makes room for others without being evicted. An engine that cannot sleep is `unsupported` (it would be unloaded
 //!   instead); one that refuses leaves the model serving as before.
 //! - **Wake**: each runtime wakes and answers the check again, and must agree with its own
 //!   reference; then the loop records it and the gate opens (unless an operator's pause
@@ -58,6 +60,10 @@ pub(crate) struct Asleep {
     pub(crate) since_unix_ms: u64,
     /// Each runtime's answer to the wake check before it slept, in replica order.
     reference: Vec<Answer>,
+    /// GPU memory the sleep gave back, as the GPUs' used memory fell across it (on the
+    /// model's placement, else every GPU), in MiB: admission counts the model as holding
+    /// that much less while it sleeps. 0 without telemetry.
+    pub(crate) freed_mib: u64,
 }
 
 impl Asleep {
@@ -123,6 +129,8 @@ impl Manager {
         };
         scheduler.pause();
         scheduler.drained().await;
+        let on = crate::place::held_gpus(&entry.lock());
+        let before = self.gpu_used_on(entry, &on).await;
         let (name, model_type) = (entry.config.name.as_str(), entry.config.model_type);
         let slept = async {
             let mut reference = Vec::with_capacity(runtimes.len());
@@ -146,7 +154,12 @@ impl Manager {
                 return Err(ManagerError::Runtime(e));
             }
         };
-        let asleep = Asleep { level, since_unix_ms: unix_ms(SystemTime::now()), reference };
+        let freed_mib = match (before, self.gpu_used_on(entry, &on).await) {
+            (Some(before), Some(after)) => crate::gpu::fell_by(&before, &after),
+            _ => 0,
+        };
+        let since_unix_ms = unix_ms(SystemTime::now());
+        let asleep = Asleep { level, since_unix_ms, reference, freed_mib };
         let (events, model) = (Arc::clone(&self.inner.events), entry.config.name.clone());
         let apply = Apply::new(move |slot| {
             if let Some(serving) = slot.phase.serving_mut() {
@@ -160,7 +173,7 @@ impl Manager {
             tracing::warn!(model = name, ?stay, "the model left `loaded` while it went to sleep");
             return Err(not_loaded(entry.lock().lifecycle.state(), "sleep"));
         }
-        tracing::info!(model = name, level = level.as_str(), "asleep");
+        tracing::info!(model = name, level = level.as_str(), freed_mib, "asleep");
         let paused = entry.lock().phase.pause().is_some();
         if scheduler.stats().queue_depth > 0 && !paused {
             self.wake_soon(entry);
@@ -168,15 +181,28 @@ impl Manager {
         Ok(())
     }
 
-    /// Wakes `entry`, its admin turn held by the caller.
+    /// Wakes `entry`, its admin turn held by the caller: in the load lane, the memory its
+    /// sleep gave back granted first (under a `vram_budget`, least recently used idle
+    /// models make room, as for a reload; refused, the model sleeps on).
     pub(crate) async fn wake_entry(&self, entry: &Arc<ModelEntry>) -> Result<(), ManagerError> {
+        let freed_mib = {
+            let slot = entry.lock();
+            let Some(asleep) = slot.phase.serving().and_then(|s| s.asleep.as_ref()) else {
+                return Ok(());
+            };
+            asleep.freed_mib
+        };
+        let started = std::time::Instant::now();
+        let _lane = self.enter_lane(entry).await;
+        self.room_to_wake(entry, freed_mib)
+            .await
+            .map_err(|r| r.into_error(entry.config.name.as_str()))?;
         let (scheduler, reference, generation) = {
             let slot = entry.lock();
             let Some(serving) = slot.phase.serving() else { return Ok(()) };
             let Some(asleep) = &serving.asleep else { return Ok(()) };
             (serving.scheduler.clone(), asleep.reference.clone(), slot.generation)
         };
-        let started = std::time::Instant::now();
         let (name, model_type) = (entry.config.name.as_str(), entry.config.model_type);
         let runtimes = scheduler.runtimes();
         let checked = async {
@@ -223,6 +249,42 @@ impl Manager {
         Ok(())
     }
 
+    /// Makes room for `freed_mib` more on `entry`'s GPUs (what its sleep gave back): the
+    /// grant of a second copy (memory only, the model itself held) on its placement.
+    async fn room_to_wake(
+        &self,
+        entry: &Arc<ModelEntry>,
+        freed_mib: u64,
+    ) -> Result<(), crate::grant::Refusal> {
+        if freed_mib == 0 {
+            return Ok(());
+        }
+        let (model, replicas, load_override, on) = {
+            let slot = entry.lock();
+            let replicas = slot.phase.loaded_replicas().max(1);
+            let on = crate::place::held_gpus(&slot);
+            (Arc::clone(&slot.effective), replicas, slot.load_override.clone(), on)
+        };
+        let Some(mut places) = self.places_for(entry, &model, replicas, &load_override).await
+        else {
+            return Ok(());
+        };
+        places.fit.needed_mib = freed_mib;
+        if !on.is_empty() {
+            places.fit.split = u32::try_from(on.len()).unwrap_or(u32::MAX);
+            places.fit.allowed = on;
+        }
+        let ask = crate::control::GrantAsk {
+            ask: crate::grant::Ask::SecondCopy,
+            loaded: self.loaded_models(false),
+            incoming: crate::evict::incoming(entry),
+            places: Some(places),
+            host: None,
+        };
+        let grant = self.inner.control.grant(entry.position, ask).await?;
+        self.execute(grant.plan, &entry.config.name).await.map_err(crate::grant::Refusal::Held)
+    }
+
     /// Wakes `entry` in the background for the requests waiting in its queue (one wake at
     /// a time; it waits for the model's admin turn, behind a sleep in progress).
     pub(crate) fn wake_soon(&self, entry: &Arc<ModelEntry>) {
@@ -241,6 +303,17 @@ impl Manager {
                     Ok(_admin) => {
                         if let Err(e) = this.wake_entry(&entry).await {
                             tracing::warn!(model = %entry.config.name, error = %e, "the wake for waiting requests failed");
+                            // Still asleep (no room): the waiting requests hear why.
+                            let slot = entry.lock();
+                            if let Some(serving) =
+                                slot.phase.serving().filter(|s| s.asleep.is_some())
+                            {
+                                let reason =
+                                    format!("model '{}' could not wake: {e}", entry.config.name);
+                                let why =
+                                    hangar_lifecycle::AdmissionError::GenerationAborted { reason };
+                                serving.scheduler.cancel_queued(&why);
+                            }
                         }
                         return;
                     }

@@ -172,3 +172,51 @@ async fn an_idle_model_sleeps_before_it_is_unloaded_and_a_request_in_between_wak
     assert_eq!(m.model("idler").unwrap().runtime_state, ModelState::Unloaded);
     assert_eq!(sleep_events(&m, "idler"), ["slept context", "woke", "slept context"]);
 }
+
+#[tokio::test]
+async fn a_sleeping_model_makes_room_under_the_budget_and_its_wake_is_granted_room() {
+    let dir = std::env::temp_dir().join(format!("hangar-sleep-room-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The file (sparse) is the figure `other` is admitted by before it is measured.
+    let file = dir.join("other.bin");
+    std::fs::File::create(&file).unwrap().set_len(1500 << 20).unwrap();
+    let (m, _, gpu) = manager_on_gpu(
+        json!({
+            "vram_budget": 3200,
+            "max_loaded_models": { "llm": 4 },
+            "models": {
+                "sleeper": { "backend": "stub", "device": "gpu", "stub": { "sleeps": true } },
+                "other": { "backend": "stub", "device": "gpu", "model_path": file },
+                "third": { "backend": "stub", "device": "gpu", "model_path": file }
+            }
+        }),
+        BASE_MIB,
+    );
+    gpu.set_footprint("sleeper", 2000);
+    gpu.set_footprint("other", 1500);
+    gpu.set_footprint("third", 1500);
+    m.load("sleeper", LoadOptions::default()).await.unwrap();
+    // Asleep, it holds nothing on the GPU as admission counts it: other fits beside it.
+    m.sleep("sleeper").await.unwrap();
+    assert_eq!(m.model("sleeper").unwrap().vram_detail.unwrap().admission_mib, 2000);
+    m.load("other", LoadOptions::default()).await.unwrap();
+    assert_eq!(m.model("sleeper").unwrap().runtime_state, ModelState::Loaded, "not evicted");
+    assert_eq!(gpu.used_mib(), BASE_MIB + 1500);
+
+    // Its wake takes its 2,000 back: other (idle) is evicted for it first.
+    m.wake("sleeper").await.unwrap();
+    assert_eq!(m.model("other").unwrap().runtime_state, ModelState::Unloaded);
+    assert_eq!(gpu.used_mib(), BASE_MIB + 2000, "never over the budget");
+
+    // Asleep again beside other, the sleeper frees nothing if evicted: a load that needs
+    // room takes it from other, though the sleeper was used less recently.
+    m.sleep("sleeper").await.unwrap();
+    m.load("other", LoadOptions::default()).await.unwrap();
+    m.unload("other").await.unwrap();
+    m.load("other", LoadOptions::default()).await.unwrap();
+    let refused = m.load("third", LoadOptions::default()).await;
+    assert!(refused.is_ok(), "{refused:?}");
+    assert_eq!(m.model("other").unwrap().runtime_state, ModelState::Unloaded, "other made room");
+    assert_eq!(m.model("sleeper").unwrap().runtime_state, ModelState::Loaded, "kept asleep");
+    let _ = std::fs::remove_dir_all(&dir);
+}
