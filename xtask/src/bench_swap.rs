@@ -11,7 +11,8 @@
 //!      completion (timed): the time back to a first answer is their sum;
 //!    - warm: `POST …/A/sleep` (timed), then one chat completion (timed): the request wakes
 //!      A — the engine creates its context again and answers the wake check — and is
-//!      answered;
+//!      answered; then, to tell the two apart, a sleep, `POST …/A/wake` (timed) and the
+//!      completion (timed);
 //!    - the reference: `llama-server` spawned on the same file and context, until
 //!      `GET /health` answers 200 (timed), then the same completion (timed), then killed.
 //! 3. A table of medians and the ratios warm / cold and warm / `llama-server`.
@@ -49,6 +50,8 @@ struct Figures {
     cold_answer: Vec<Duration>,
     sleep: Vec<Duration>,
     warm_answer: Vec<Duration>,
+    wake: Vec<Duration>,
+    woken_answer: Vec<Duration>,
     reference_ready: Vec<Duration>,
     reference_answer: Vec<Duration>,
 }
@@ -86,6 +89,9 @@ fn measure(bench: &Bench, server: &Server, figures: &mut Figures) -> Result<()> 
     figures.cold_answer.push(answer(server, SWAP_A)?);
     figures.sleep.push(post(server, &format!("/v1/admin/models/{SWAP_A}/sleep"))?);
     figures.warm_answer.push(answer(server, SWAP_A)?);
+    post(server, &format!("/v1/admin/models/{SWAP_A}/sleep"))?;
+    figures.wake.push(post(server, &format!("/v1/admin/models/{SWAP_A}/wake"))?);
+    figures.woken_answer.push(answer(server, SWAP_A)?);
     let n_ctx = (N_CTX * SEQUENCES).to_string();
     let sequences = SEQUENCES.to_string();
     let args = ["-c", &n_ctx, "-np", &sequences, "--no-webui"];
@@ -174,18 +180,20 @@ fn print_table(alone: &Figures, beside: &Figures) {
     );
     println!();
     println!(
-        "| setting | cold: load | cold: answer | cold: total | sleep | warm: wake + answer | llama-server: start | llama-server: answer | warm / cold | warm / llama-server |"
+        "| setting | cold: load | cold: answer | cold: total | sleep | warm: wake + answer | wake alone | answer after it | llama-server: start | llama-server: answer | warm / cold | warm / llama-server |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, f) in [("alone", alone), ("beside a busy model", beside)] {
         let cold = med(&f.cold_load) + med(&f.cold_answer);
         let warm = med(&f.warm_answer);
         let reference = med(&f.reference_ready) + med(&f.reference_answer);
         println!(
-            "| {name} | {:.1} | {:.1} | {cold:.1} | {:.1} | {warm:.1} | {:.1} | {:.1} | {:.3} | {:.3} |",
+            "| {name} | {:.1} | {:.1} | {cold:.1} | {:.1} | {warm:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} |",
             med(&f.cold_load),
             med(&f.cold_answer),
             med(&f.sleep),
+            med(&f.wake),
+            med(&f.woken_answer),
             med(&f.reference_ready),
             med(&f.reference_answer),
             warm / cold,

@@ -18,8 +18,10 @@ use tokio::sync::mpsc;
 
 /// The text the check asks about.
 const TEXT: &str = "The capital of France is";
-/// Tokens a completion asks for: enough to tell a broken engine, few enough to be quick.
-const TOKENS: u32 = 8;
+/// Tokens a completion asks for: enough to tell a broken engine (wrong weights or a broken
+/// cache change the first greedy tokens), few enough to be quick — each token is a decode
+/// step, the main cost of a wake on a small model (`docs/benchmarks.md`, swap).
+const TOKENS: u32 = 2;
 /// How far an embedding or score may move between two answers (a fresh context reorders no
 /// sums; this is for engines that batch otherwise after a wake).
 const TOLERANCE: f32 = 1e-3;
