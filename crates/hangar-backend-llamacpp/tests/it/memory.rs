@@ -2,7 +2,6 @@
 //! test loading a model would move, and the tests of this binary share one process: so the
 //! test runs itself again, alone, in a child process of this binary, and measures there.
 
-use std::process::Command;
 use std::sync::Arc;
 
 use hangar_backend::{Backend, GenerateRequest, Prompt, SamplingParams};
@@ -15,31 +14,9 @@ use crate::support;
 /// Set in the child process that measures: there the test runs alone.
 const ALONE: &str = "HANGAR_LLAMACPP_MEMORY_TEST_ALONE";
 
-/// Resident set size in bytes (Linux), from `/proc/self/statm`.
-fn rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
-}
-
 #[test]
 fn fifty_load_unload_cycles_return_memory() {
-    if std::env::var_os(ALONE).is_some() {
-        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-        return runtime.block_on(fifty_cycles());
-    }
-    // This test's name in the binary (the crate name `it` is not part of it).
-    let module = module_path!().split_once("::").map_or("", |(_, rest)| rest);
-    let name = format!("{module}::fifty_load_unload_cycles_return_memory");
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", &name, "--test-threads=1", "--nocapture"])
-        .env(ALONE, "1")
-        .output()
-        .expect("the test binary runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "the measuring child failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("1 passed"), "the child did not run {name}:\n{stdout}");
+    support::alone(ALONE, module_path!(), "fifty_load_unload_cycles_return_memory", fifty_cycles);
 }
 
 /// Fifty load / generate / unload cycles after five to warm up: RSS grows by less than one
@@ -63,11 +40,11 @@ async fn fifty_cycles() {
     for _ in 0..5 {
         cycle().await;
     }
-    let Some(before) = rss_bytes() else { return };
+    let before = support::rss_bytes();
     for _ in 0..50 {
         cycle().await;
     }
-    let after = rss_bytes().unwrap();
+    let after = support::rss_bytes();
     let growth = after.saturating_sub(before);
     // One replica (weights + a 2048-token KV cache) is about 2 MiB; a leak of one per cycle
     // would be 100 MiB.

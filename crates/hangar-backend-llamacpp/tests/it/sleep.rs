@@ -4,7 +4,6 @@
 //! process of this binary where the test runs alone, as `memory.rs` does; a plain `cargo
 //! test` without the trained model skips that test loudly.
 
-use std::process::Command;
 use std::sync::Arc;
 
 use hangar_backend::{
@@ -117,31 +116,11 @@ fn trained(file: &str) -> Option<String> {
     }
 }
 
-/// Resident set size in bytes (Linux), from `/proc/self/statm`.
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
-}
-
 #[test]
 fn sleep_gives_the_context_memory_back_on_the_trained_model() {
     let Some(path) = trained("SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
-    if std::env::var_os(ALONE).is_some() {
-        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-        return runtime.block_on(context_memory_comes_back(path));
-    }
-    let module = module_path!().split_once("::").map_or("", |(_, rest)| rest);
-    let name = format!("{module}::sleep_gives_the_context_memory_back_on_the_trained_model");
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", &name, "--test-threads=1", "--nocapture"])
-        .env(ALONE, "1")
-        .output()
-        .expect("the test binary runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "the measuring child failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("1 passed"), "the child did not run {name}:\n{stdout}");
+    let test = "sleep_gives_the_context_memory_back_on_the_trained_model";
+    support::alone(ALONE, module_path!(), test, || context_memory_comes_back(path));
 }
 
 /// SmolLM2-135M: 30 layers, 3 KV heads of 64, an f16 cache: 23,040 bytes a token, so 4 ×
@@ -156,9 +135,9 @@ async fn context_memory_comes_back(path: String) {
     let prompt = "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n";
     let before = greedy(&*runtime, prompt, 24).await.unwrap();
     let kv = 23_040u64 * 4 * 4096;
-    let awake = rss_bytes();
+    let awake = support::rss_bytes();
     runtime.sleep(SleepLevel::Context).await.unwrap();
-    let asleep = rss_bytes();
+    let asleep = support::rss_bytes();
     println!("RSS awake {} MiB, asleep {} MiB", awake >> 20, asleep >> 20);
     assert!(
         awake.saturating_sub(asleep) >= kv * 9 / 10,

@@ -36,3 +36,38 @@ pub(crate) fn tiny(extra: Value) -> Arc<ModelConfig> {
 pub(crate) fn load_request(model: Arc<ModelConfig>, replica: u32, replicas: u32) -> LoadRequest {
     LoadRequest::new(model, replica, replicas)
 }
+
+/// Resident set size in bytes (Linux), from `/proc/self/statm`.
+pub(crate) fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap();
+    pages * 4096
+}
+
+/// Runs `measure` alone, for tests that read this process's memory, which any other test
+/// loading a model would move: the test `<module>::<test>` (`module` as `module_path!()`
+/// gives it) runs again in a child process of this binary with `flag` set, alone, and there
+/// `measure` runs on a runtime of its own.
+pub(crate) fn alone<F: std::future::Future<Output = ()>>(
+    flag: &str,
+    module: &str,
+    test: &str,
+    measure: impl FnOnce() -> F,
+) {
+    if std::env::var_os(flag).is_some() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        return runtime.block_on(measure());
+    }
+    // The test's name in the binary (the crate name `it` is not part of it).
+    let module = module.split_once("::").map_or("", |(_, rest)| rest);
+    let name = format!("{module}::{test}");
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &name, "--test-threads=1", "--nocapture"])
+        .env(flag, "1")
+        .output()
+        .expect("the test binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the measuring child failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "the child did not run {name}:\n{stdout}");
+}
