@@ -73,6 +73,11 @@ impl Asleep {
     }
 }
 
+/// The error of a sleep or wake whose task panicked.
+fn panicked(what: &str) -> ManagerError {
+    ManagerError::Runtime(RuntimeError::Failed { message: format!("the {what} task panicked") })
+}
+
 /// The lightest level every one of `runtimes` can sleep at.
 fn common_level(runtimes: &[Arc<dyn Runtime>]) -> Option<SleepLevel> {
     let first = runtimes.first()?;
@@ -89,8 +94,15 @@ impl Manager {
     /// engine's error when it refused (the model serves on as before).
     pub async fn sleep(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
         let entry = self.entry(name)?;
-        let _admin = self.admin_turn(&entry).await?;
-        self.sleep_entry(&entry).await?;
+        let admin = self.admin_turn(&entry).await?;
+        let (this, e) = (self.clone(), Arc::clone(&entry));
+        // Runs to its end even if the caller goes away: a sleep half done would leave the
+        // gate closed, or runtimes asleep that the model does not know of.
+        let run = tokio::spawn(async move {
+            let _admin = admin;
+            this.sleep_entry(&e).await
+        });
+        run.await.map_err(|_| panicked("sleep"))??;
         Ok(snapshot_of(&entry, &entry.lock()))
     }
 
@@ -102,8 +114,14 @@ impl Manager {
     /// could not wake or failed the wake check (the model is then failed, with why).
     pub async fn wake(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
         let entry = self.entry(name)?;
-        let _admin = self.admin_turn(&entry).await?;
-        self.wake_entry(&entry).await?;
+        let admin = self.admin_turn(&entry).await?;
+        let (this, e) = (self.clone(), Arc::clone(&entry));
+        // Runs to its end even if the caller goes away, as a sleep does.
+        let run = tokio::spawn(async move {
+            let _admin = admin;
+            this.wake_entry(&e).await
+        });
+        run.await.map_err(|_| panicked("wake"))??;
         Ok(snapshot_of(&entry, &entry.lock()))
     }
 

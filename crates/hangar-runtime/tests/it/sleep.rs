@@ -9,7 +9,9 @@ use hangar_runtime::{
 };
 use serde_json::json;
 
-use crate::support::{generate, manager_on_gpu, settle, spawn_generate};
+use std::time::Duration;
+
+use crate::support::{generate, hang_up_after_every_poll, manager_on_gpu, settle, spawn_generate};
 
 const BASE_MIB: u64 = 1000;
 
@@ -219,4 +221,36 @@ async fn a_sleeping_model_makes_room_under_the_budget_and_its_wake_is_granted_ro
     assert_eq!(m.model("other").unwrap().runtime_state, ModelState::Unloaded, "other made room");
     assert_eq!(m.model("sleeper").unwrap().runtime_state, ModelState::Loaded, "kept asleep");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_hangs_up_never_leaves_a_sleep_or_a_wake_half_done() {
+    let (m, _) = setup();
+    m.load("sleeper", LoadOptions::default()).await.unwrap();
+    // Whatever was done when the caller went away, a request is served (waking the model
+    // when it sleeps): a closed gate nobody records would hold it forever.
+    let served = |m: Manager, what: &'static str| async move {
+        let answer = tokio::time::timeout(Duration::from_secs(60), generate(&m, "sleeper", 4));
+        let answer = answer.await.unwrap_or_else(|_| panic!("{what}: a request hangs"));
+        answer.unwrap_or_else(|e| panic!("{what}: {e}"));
+    };
+    hang_up_after_every_poll(
+        || {
+            let m = m.clone();
+            async move { m.sleep("sleeper").await }
+        },
+        |_| served(m.clone(), "after a sleep hung up"),
+    )
+    .await;
+    hang_up_after_every_poll(
+        || {
+            let m = m.clone();
+            async move {
+                m.sleep("sleeper").await.unwrap();
+                m.wake("sleeper").await
+            }
+        },
+        |_| served(m.clone(), "after a wake hung up"),
+    )
+    .await;
 }
