@@ -93,17 +93,7 @@ impl Manager {
     /// `unsupported` when its engine cannot sleep; [`ManagerError::AdminBusy`]; the
     /// engine's error when it refused (the model serves on as before).
     pub async fn sleep(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
-        let entry = self.entry(name)?;
-        let admin = self.admin_turn(&entry).await?;
-        let (this, e) = (self.clone(), Arc::clone(&entry));
-        // Runs to its end even if the caller goes away: a sleep half done would leave the
-        // gate closed, or runtimes asleep that the model does not know of.
-        let run = tokio::spawn(async move {
-            let _admin = admin;
-            this.sleep_entry(&e).await
-        });
-        run.await.map_err(|_| panicked("sleep"))??;
-        Ok(snapshot_of(&entry, &entry.lock()))
+        self.to_the_end(name, "sleep", |m, e| async move { m.sleep_entry(&e).await }).await
     }
 
     /// Wakes a sleeping model (see the module docs); awake already (or not loaded) changes
@@ -113,15 +103,29 @@ impl Manager {
     /// `unknown_model`; [`ManagerError::AdminBusy`]; the engine's error when a runtime
     /// could not wake or failed the wake check (the model is then failed, with why).
     pub async fn wake(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
+        self.to_the_end(name, "wake", |m, e| async move { m.wake_entry(&e).await }).await
+    }
+
+    /// Runs `op` on `name`'s entry in the model's admin turn, in a task of its own: it runs
+    /// to its end even if the caller goes away (a sleep half done would leave the gate
+    /// closed, or runtimes asleep that the model does not know of). Answers the row.
+    async fn to_the_end<F>(
+        &self,
+        name: &str,
+        what: &str,
+        op: impl FnOnce(Manager, Arc<ModelEntry>) -> F,
+    ) -> Result<ModelSnapshot, ManagerError>
+    where
+        F: std::future::Future<Output = Result<(), ManagerError>> + Send + 'static,
+    {
         let entry = self.entry(name)?;
         let admin = self.admin_turn(&entry).await?;
-        let (this, e) = (self.clone(), Arc::clone(&entry));
-        // Runs to its end even if the caller goes away, as a sleep does.
+        let run = op(self.clone(), Arc::clone(&entry));
         let run = tokio::spawn(async move {
             let _admin = admin;
-            this.wake_entry(&e).await
+            run.await
         });
-        run.await.map_err(|_| panicked("wake"))??;
+        run.await.map_err(|_| panicked(what))??;
         Ok(snapshot_of(&entry, &entry.lock()))
     }
 
