@@ -64,6 +64,7 @@ impl WorkerProgram {
             library_path: None,
             host: String::new(),
             port: 0,
+            socket: None,
             api_key: None,
         }
     }

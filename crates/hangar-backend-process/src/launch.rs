@@ -92,16 +92,25 @@ pub fn llama_server(
         library_path: s.llama_server_library_path.clone(),
         host,
         port,
+        socket: None,
         api_key: Some(api_key),
     })
 }
 
-/// `vllm serve` for `model`, listening on `port` (as [`llama_server`]).
+/// `vllm serve` for `model`, listening on `port` (as [`llama_server`]), or on `socket` when
+/// the model sleeps (`vllm_enable_sleep_mode`): vLLM's sleep routes exist only in its
+/// development mode and take no key, so the child then listens on a Unix socket in a
+/// directory only Hangar's user can enter, never on a port.
 ///
 /// # Errors
 /// [`LoadError::NotFound`] when the binary does not exist; [`LoadError::Failed`] without a
-/// model to serve.
-pub fn vllm_serve(model: &ModelConfig, replica: u32, free_port: u16) -> Result<Launch, LoadError> {
+/// model to serve, or for a model that sleeps without a socket.
+pub fn vllm_serve(
+    model: &ModelConfig,
+    replica: u32,
+    free_port: u16,
+    socket: Option<&Path>,
+) -> Result<Launch, LoadError> {
     let BackendSettings::VllmServe { engine, serve } = &model.settings else {
         return Err(wrong_backend(model));
     };
@@ -117,14 +126,29 @@ pub fn vllm_serve(model: &ModelConfig, replica: u32, free_port: u16) -> Result<L
             model.name
         ),
     })?;
+    let sleeps = sleeps(model);
+    if sleeps && socket.is_none() {
+        return Err(LoadError::Failed {
+            message: format!("model '{}' sleeps, and its child needs a Unix socket", model.name),
+        });
+    }
     let host = host.clone().unwrap_or_else(|| LOOPBACK.to_owned());
     let port = port.map_or(free_port, |p| p.saturating_add(replica as u16));
     let mut args = Args::default();
     args.0.extend(["serve".to_owned(), target.to_owned()]);
-    args.push2("--host", &host);
-    args.push2("--port", port);
+    let socket = socket.filter(|_| sleeps);
+    match socket {
+        Some(socket) => args.push2("--uds", socket.display()),
+        None => {
+            args.push2("--host", &host);
+            args.push2("--port", port);
+        }
+    }
     args.push2("--served-model-name", model.name.as_str());
     engine_args(engine, &mut args);
+    if sleeps {
+        args.0.push("--enable-sleep-mode".to_owned());
+    }
     let extra = serve.vllm_extra_args.as_deref().unwrap_or_default();
     let tensor_parallel = ["--tensor-parallel-size", "-tp"];
     if engine.vllm_tensor_parallel_size.is_none()
@@ -137,8 +161,11 @@ pub fn vllm_serve(model: &ModelConfig, replica: u32, free_port: u16) -> Result<L
     let api_key = child_key(serve.vllm_api_key.as_ref())?;
     let mut env: Vec<(String, String)> =
         serve.vllm_env.iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect();
-    env.retain(|(k, _)| k != "VLLM_API_KEY");
+    env.retain(|(k, _)| k != "VLLM_API_KEY" && k != "VLLM_SERVER_DEV_MODE");
     env.push(("VLLM_API_KEY".to_owned(), api_key.clone()));
+    if sleeps {
+        env.push(("VLLM_SERVER_DEV_MODE".to_owned(), "1".to_owned()));
+    }
     Ok(Launch {
         program,
         args: args.0,
@@ -146,8 +173,19 @@ pub fn vllm_serve(model: &ModelConfig, replica: u32, free_port: u16) -> Result<L
         library_path: serve.vllm_library_path.clone(),
         host,
         port,
+        socket: socket.map(Path::to_path_buf),
         api_key: Some(api_key),
     })
+}
+
+/// Whether `model` is a vLLM model with sleep mode on (`vllm_enable_sleep_mode`).
+pub fn sleeps(model: &ModelConfig) -> bool {
+    match &model.settings {
+        BackendSettings::VllmServe { engine, .. } | BackendSettings::Vllm { engine, .. } => {
+            engine.vllm_enable_sleep_mode == Some(true)
+        }
+        _ => false,
+    }
 }
 
 /// Whether `args` set one of `flags` (as `--flag value` or `--flag=value`).

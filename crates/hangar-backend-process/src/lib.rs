@@ -18,15 +18,20 @@
 //!   request, engine errors keep their message;
 //! - every child under the one supervisor of `hangar-supervisor` ([`Spawner`], [`Child`]);
 //! - [`DISPATCH_AHEAD`]: these engines queue requests themselves, so the scheduler hands
-//!   each replica two requests beyond its in-flight target.
+//!   each replica two requests beyond its in-flight target;
+//! - vLLM's sleep mode for `vllm_serve` children (`vllm_enable_sleep_mode`): its sleep and
+//!   wake-up routes, on a child that listens on a Unix socket in a private directory
+//!   (those routes take no key).
 
 pub mod launch;
 mod owner;
 mod pool;
 mod runtime;
+mod sleep;
 mod upstream;
 
 use std::net::TcpListener;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -41,6 +46,7 @@ use serde_json::Value;
 
 use crate::launch::Launch;
 use crate::runtime::{Engine, ForwardingRuntime, NotReady, wait_ready};
+use crate::sleep::{SleepRoutes, socket_dir};
 use crate::upstream::Upstream;
 pub use hangar_supervisor::{Child, STOP_GRACE, Spawner};
 
@@ -84,22 +90,29 @@ impl ProcessBackend {
         self
     }
 
-    /// The launch of `model`'s replica, and whether Hangar picked its port (none configured).
+    /// The launch of `model`'s replica (on `socket` when it has one), and whether Hangar
+    /// picked its port (none configured).
     fn launch(
         &self,
         model: &ModelConfig,
         replica: u32,
         gpus: &[u32],
+        socket: Option<&Path>,
     ) -> Result<(Launch, bool), LoadError> {
         let port = free_port()?;
         let mut launch = match self.kind {
-            BackendKind::VllmServe => launch::vllm_serve(model, replica, port)?,
+            BackendKind::VllmServe => launch::vllm_serve(model, replica, port, socket)?,
             _ => launch::llama_server(model, replica, port)?,
         };
         let placed = hangar_backend::cuda_environment(gpus, &launch.env);
         launch.env.extend(placed);
-        let picked = launch.port == port;
+        let picked = launch.port == port && launch.socket.is_none();
         Ok((launch, picked))
+    }
+
+    /// Whether `model`'s children can sleep: `vllm_serve` with vLLM's sleep mode.
+    fn sleeps(&self, model: &ModelConfig) -> bool {
+        self.kind == BackendKind::VllmServe && launch::sleeps(model)
     }
 
     /// Starts the child and waits until it serves. A child that could not bind the port
@@ -111,20 +124,28 @@ impl ProcessBackend {
         replica: u32,
         gpus: &[u32],
         logs: &ModelLogs,
-    ) -> Result<(Launch, Upstream, Arc<Child>), LoadError> {
+    ) -> Result<Started, LoadError> {
         let name = model.name.as_str();
+        // A child that sleeps listens on a socket in a directory of its own (0700), removed
+        // with the runtime.
+        let dir = if self.sleeps(model) { Some(socket_dir()?) } else { None };
+        let socket = dir.as_ref().map(|d| d.path().join("engine.sock"));
         for attempt in 1..=PORT_ATTEMPTS {
-            let (launch, picked) = self.launch(model, replica, gpus)?;
-            let upstream = Upstream::new(launch.base_url(), launch.api_key.as_deref(), None)
+            let (launch, picked) = self.launch(model, replica, gpus, socket.as_deref())?;
+            let mut upstream = Upstream::new(launch.base_url(), launch.api_key.as_deref(), None)
                 .map_err(|message| LoadError::Failed { message })?;
+            if let Some(socket) = &launch.socket {
+                upstream = upstream.on_socket(socket.clone());
+            }
             let child = self.spawner.spawn(&launch, name, replica, logs).await.map_err(|e| {
                 LoadError::Failed { message: format!("cannot start `{}`: {e}", launch.program) }
             })?;
             let child = Arc::new(child);
             let limit = model.load_timeout();
             let health = launch.health_url();
-            let why = match wait_ready(&child, &upstream, (&health, launch.port), limit).await {
-                Ok(()) => return Ok((launch, upstream, child)),
+            let port = launch.socket.is_none().then_some(launch.port);
+            let why = match wait_ready(&child, &upstream, (&health, port), limit).await {
+                Ok(()) => return Ok(Started { launch, upstream, child, dir }),
                 Err(why) => why,
             };
             child.stop(self.grace).await;
@@ -150,6 +171,15 @@ impl ProcessBackend {
         }
         unreachable!("the last attempt returns")
     }
+}
+
+/// A child that serves: how it was started, its client, its process, and the directory of
+/// its socket when it listens on one.
+struct Started {
+    launch: Launch,
+    upstream: Upstream,
+    child: Arc<Child>,
+    dir: Option<tempfile::TempDir>,
 }
 
 /// Starts of one replica when the port Hangar picked is taken before the child binds it.
@@ -181,6 +211,9 @@ impl Backend for ProcessBackend {
                 if ["qwen3", "gemma-4", "gemma4"].iter().any(|family| target.contains(family)) {
                     caps.thinking_modes = all_thinking_modes();
                 }
+                if self.sleeps(model) {
+                    caps.sleep_levels = sleep::LEVELS.to_vec();
+                }
             }
             _ => {}
         }
@@ -189,7 +222,8 @@ impl Backend for ProcessBackend {
 
     async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
         let LoadRequest { model, replica, progress, crash, logs, gpus, .. } = request;
-        let (launch, upstream, child) = self.start(&model, replica, &gpus, &logs).await?;
+        let Started { launch, upstream, child, dir } =
+            self.start(&model, replica, &gpus, &logs).await?;
         progress.report(1.0);
         let stopping = Arc::new(AtomicBool::new(false));
         {
@@ -205,13 +239,23 @@ impl Backend for ProcessBackend {
         details.insert("backend_url".into(), Value::from(launch.base_url()));
         details.insert("command".into(), Value::from(launch.command_line()));
         details.insert("pid".into(), Value::from(child.pid()));
-        let engine =
-            Engine { child, stopping, grace: self.grace, _spawner: Arc::clone(&self.spawner) };
+        if let Some(socket) = &launch.socket {
+            details.insert("socket".into(), Value::from(socket.display().to_string()));
+        }
+        let sleep = dir.is_some().then(|| SleepRoutes::new(model.load_timeout()));
+        let engine = Engine {
+            child,
+            stopping,
+            grace: self.grace,
+            _spawner: Arc::clone(&self.spawner),
+            socket_dir: Mutex::new(dir),
+        };
         Ok(Arc::new(ForwardingRuntime {
             upstream: Mutex::new(Some(Arc::new(upstream))),
             capabilities: self.capabilities(&model),
             details,
             engine: Some(engine),
+            sleep,
         }))
     }
 
@@ -284,6 +328,7 @@ impl Backend for RemoteBackend {
             capabilities: self.capabilities(model),
             details,
             engine: None,
+            sleep: None,
         }))
     }
 

@@ -9,10 +9,12 @@
 //! cross no task, as in an event-loop proxy. A connection goes back to the pool once its
 //! answer has been read to the end; an answer dropped before its end closes the connection,
 //! which cancels the request upstream. `https://` upstreams go through rustls with the
-//! system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` replace them).
+//! system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` replace them); a child that listens on a
+//! Unix socket is dialled there ([`Pool::unix`]).
 
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::{Context, Poll};
@@ -23,10 +25,10 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use tokio::net::UnixStream;
 
 /// How long an idle connection is reused: below the keep-alive timeouts of the engines
 /// (`llama-server` and uvicorn close idle connections after 5 s), so a reused connection is
@@ -35,7 +37,14 @@ const IDLE_FOR: Duration = Duration::from_secs(2);
 /// Idle connections kept at most (more concurrent requests open more, then close them).
 const MAX_IDLE: usize = 64;
 
-type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
+/// What a connection reads and writes: TCP (with TLS for `https://`) or a Unix socket.
+/// Boxed: one indirection per read or write, next to a system call.
+type Io = Box<dyn Transport>;
+/// A connection's byte stream.
+trait Transport: hyper::rt::Read + hyper::rt::Write + Unpin + Send {}
+impl<T: hyper::rt::Read + hyper::rt::Write + Unpin + Send> Transport for T {}
+/// How long a connection may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The state machine that does a connection's I/O.
 type Driver = Pin<Box<Connection<Io, Full<Bytes>>>>;
 /// A transport failure: why a connection could not be made or used.
@@ -43,11 +52,19 @@ pub(crate) type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// The connections of one upstream.
 pub(crate) struct Pool {
-    connector: HttpsConnector<HttpConnector>,
+    dial: Dial,
     /// `scheme://authority` of the upstream, what the connector dials.
     target: http::Uri,
     /// Idle connections, the most recently used last.
     idle: Mutex<VecDeque<(Conn, Instant)>>,
+}
+
+/// How a pool reaches its upstream.
+enum Dial {
+    /// Over TCP, through TLS for `https://`.
+    Net(HttpsConnector<HttpConnector>),
+    /// On a Unix socket, the target's authority only its `Host` header.
+    Unix(PathBuf),
 }
 
 /// One connection: the handle requests are sent on and the state machine that does the I/O.
@@ -105,13 +122,24 @@ impl Pool {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_secs(5)));
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
         let connector = HttpsConnectorBuilder::new()
             .with_tls_config(tls_config(target.scheme_str() == Some("https")))
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        Arc::new(Self { connector, target, idle: Mutex::new(VecDeque::new()) })
+        Arc::new(Self { dial: Dial::Net(connector), target, idle: Mutex::new(VecDeque::new()) })
+    }
+
+    /// A pool of connections to the server on the Unix socket `socket` (plain HTTP; the
+    /// `Host` of its requests is `target`'s authority).
+    pub(crate) fn unix(target: http::Uri, socket: PathBuf) -> Arc<Self> {
+        Arc::new(Self { dial: Dial::Unix(socket), target, idle: Mutex::new(VecDeque::new()) })
+    }
+
+    /// `scheme://authority/` of the upstream.
+    pub(crate) fn target(&self) -> &http::Uri {
+        &self.target
     }
 
     /// Sends `request` (origin-form URI, `Host` set) on an idle connection or a new one; the
@@ -164,8 +192,18 @@ impl Pool {
 
     /// A new connection.
     async fn connect(&self) -> Result<Conn, Failure> {
-        let io =
-            tower_service::Service::call(&mut self.connector.clone(), self.target.clone()).await?;
+        let io: Io = match &self.dial {
+            Dial::Net(connector) => {
+                let mut connector = connector.clone();
+                Box::new(tower_service::Service::call(&mut connector, self.target.clone()).await?)
+            }
+            Dial::Unix(socket) => {
+                let open = tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(socket));
+                let stream = open.await.map_err(|_| "the Unix socket did not accept in time")?;
+                let stream = stream.map_err(|e| format!("{}: {e}", socket.display()))?;
+                Box::new(TokioIo::new(stream))
+            }
+        };
         let (sender, driver) = http1::Builder::new().handshake(io).await?;
         let mut conn = Conn::new(sender, driver);
         if conn.ready().await {

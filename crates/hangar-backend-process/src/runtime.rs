@@ -9,12 +9,13 @@ use async_trait::async_trait;
 use hangar_backend::{
     Capabilities, EmbedRequest, Embeddings, ForwardRequest, ForwardResponse, GenerateEvent,
     GenerateRequest, GenerateSummary, RerankRequest, Rerankings, Runtime, RuntimeDetails,
-    RuntimeError,
+    RuntimeError, SleepLevel,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::owner::Owner;
+use crate::sleep::SleepRoutes;
 use crate::upstream::{Explain, Upstream};
 use hangar_supervisor::{Child, Spawner};
 
@@ -34,6 +35,8 @@ pub(crate) struct ForwardingRuntime {
     pub(crate) details: RuntimeDetails,
     /// The child process serving it; `None` for a remote server.
     pub(crate) engine: Option<Engine>,
+    /// vLLM's sleep routes, for a child with sleep mode on.
+    pub(crate) sleep: Option<SleepRoutes>,
 }
 
 /// The supervised process behind a [`ForwardingRuntime`].
@@ -45,6 +48,8 @@ pub(crate) struct Engine {
     /// The thread the child was spawned from: its death signal fires when that thread ends,
     /// so the runtime keeps it alive as long as the child should live.
     pub(crate) _spawner: Arc<Spawner>,
+    /// The private directory of its Unix socket, removed once the child has stopped.
+    pub(crate) socket_dir: Mutex<Option<tempfile::TempDir>>,
 }
 
 /// Why a child did not become ready.
@@ -57,8 +62,9 @@ pub(crate) enum NotReady {
 }
 
 /// Waits until the child answers 200 on its health route from a socket of its own (see
-/// [`owner`](crate::owner)): polled at once after each line that says it listens, else with
-/// a growing pause, until `limit`.
+/// [`owner`](crate::owner); a child on a Unix socket, `port` `None`, listens in a directory
+/// only Hangar's user can enter): polled at once after each line that says it listens, else
+/// with a growing pause, until `limit`.
 ///
 /// # Errors
 /// Why it is not ready: it exited (with its last output), `limit` passed, or a process
@@ -66,7 +72,7 @@ pub(crate) enum NotReady {
 pub(crate) async fn wait_ready(
     child: &Child,
     upstream: &Upstream,
-    (url, port): (&str, u16),
+    (url, port): (&str, Option<u16>),
     limit: Duration,
 ) -> Result<(), NotReady> {
     let deadline = Instant::now() + limit;
@@ -77,6 +83,7 @@ pub(crate) async fn wait_ready(
             return Err(NotReady::Failed(why));
         }
         if upstream.probe(url, Duration::from_secs(2)).await == Ok(200) {
+            let Some(port) = port else { return Ok(()) };
             match crate::owner::owner(child.pid(), port) {
                 Owner::Child => return Ok(()),
                 Owner::Stranger(holders) => {
@@ -158,6 +165,19 @@ fn typed_unsupported() -> RuntimeError {
 }
 
 impl ForwardingRuntime {
+    /// The sleep routes and the client of a child that can sleep.
+    fn sleep_routes(&self) -> Result<(&SleepRoutes, Arc<Upstream>), RuntimeError> {
+        let Some(sleep) = &self.sleep else {
+            let message = "this engine cannot sleep (vllm_enable_sleep_mode is off)".into();
+            return Err(RuntimeError::Unsupported { message });
+        };
+        let upstream = self.upstream.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let upstream = upstream.ok_or_else(|| RuntimeError::Unavailable {
+            message: "the engine is stopping".into(),
+        })?;
+        Ok((sleep, upstream))
+    }
+
     /// The engine's crash, when its process has exited.
     fn crashed(&self) -> Option<RuntimeError> {
         let child = &self.engine.as_ref()?.child;
@@ -204,6 +224,16 @@ impl Runtime for ForwardingRuntime {
         self.crashed().map_or(Ok(()), Err)
     }
 
+    async fn sleep(&self, level: SleepLevel) -> Result<(), RuntimeError> {
+        let (sleep, upstream) = self.sleep_routes()?;
+        sleep.sleep(&upstream, level).await.map_err(|e| self.crashed().unwrap_or(e))
+    }
+
+    async fn wake(&self) -> Result<(), RuntimeError> {
+        let (sleep, upstream) = self.sleep_routes()?;
+        sleep.wake(&upstream).await.map_err(|e| self.crashed().unwrap_or(e))
+    }
+
     async fn unload(&self) {
         drop(self.upstream.lock().unwrap_or_else(PoisonError::into_inner).take());
         if let Some(engine) = &self.engine {
@@ -211,6 +241,7 @@ impl Runtime for ForwardingRuntime {
             // Let the connection tasks see their client gone and close the sockets.
             tokio::task::yield_now().await;
             engine.child.stop(engine.grace).await;
+            drop(engine.socket_dir.lock().unwrap_or_else(PoisonError::into_inner).take());
         }
     }
 

@@ -8,6 +8,7 @@
 //! task of its own, cost more than the HTTP exchange itself. Every route's URI is parsed
 //! once.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,20 +87,37 @@ impl Upstream {
         Ok(Self { pool, host, base, routes, auth, rename })
     }
 
+    /// The same server reached on the Unix socket `socket` (a child that listens there):
+    /// the URL's authority is then only the `Host` header.
+    pub(crate) fn on_socket(mut self, socket: PathBuf) -> Self {
+        self.pool = Pool::unix(self.pool.target().clone(), socket);
+        self
+    }
+
     /// `GET url` with the key; the status, or why there was none.
     pub(crate) async fn probe(&self, url: &str, timeout: Duration) -> Result<u16, String> {
+        self.call(Method::GET, url, Bytes::new(), timeout).await.map(|(status, _)| status)
+    }
+
+    /// `method url` with the key and `body` (JSON, when there is one); the status and the
+    /// answer's body (up to [`ERROR_BODY`]), or why there was none within `timeout`.
+    pub(crate) async fn call(
+        &self,
+        method: Method,
+        url: &str,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<(u16, Bytes), String> {
         let uri = url.parse::<Uri>().map_err(|e| format!("`{url}` is not a valid URL: {e}"))?;
-        let request = self.request(Method::GET, origin_form(&uri), Bytes::new());
+        let request = self.request(method, origin_form(&uri), body);
         let exchange = async {
             let mut answer = self.pool.send(request).await?;
             // Read the body to its end, so the connection can be used again.
-            while let Some(chunk) = answer.next_chunk().await {
-                chunk?;
-            }
-            Ok::<_, crate::pool::Failure>(answer.head.status().as_u16())
+            let body = read_whole(&mut answer, ERROR_BODY as u64).await?.unwrap_or_default();
+            Ok::<_, crate::pool::Failure>((answer.head.status().as_u16(), body))
         };
         match tokio::time::timeout(timeout, exchange).await {
-            Ok(Ok(status)) => Ok(status),
+            Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => Err(error_chain(&*e)),
             Err(_) => Err(format!("no answer within {} s", timeout.as_secs_f64())),
         }

@@ -421,6 +421,21 @@ fn parse_model(
         }
     };
 
+    if let BackendSettings::VllmServe { engine, serve } = &settings
+        && engine.vllm_enable_sleep_mode == Some(true)
+    {
+        for (field, set) in
+            [("vllm_host", serve.vllm_host.is_some()), ("vllm_port", serve.vllm_port.is_some())]
+        {
+            if set {
+                p.push(
+                    field,
+                    "cannot be set with vllm_enable_sleep_mode: the child then listens on a \
+                     Unix socket only Hangar can reach (its sleep routes take no key)",
+                );
+            }
+        }
+    }
     if obj.get("model_path").is_none_or(Value::is_null) {
         let has_serve_model = matches!(
             &settings,

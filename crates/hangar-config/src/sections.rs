@@ -183,6 +183,12 @@ pub struct VllmSettings {
     pub vllm_tensor_parallel_size: Option<u32>,
     /// Weight dtype (`auto`, `bfloat16`, …).
     pub vllm_dtype: Option<String>,
+    /// vLLM's sleep mode (`--enable-sleep-mode`): the model can sleep (level 1, weights to
+    /// host memory; level 2, weights discarded) and wake without a reload. A `vllm_serve`
+    /// child then runs in vLLM's development mode, whose routes take no key: it listens on
+    /// a Unix socket in a directory only Hangar's user can enter, not on a port
+    /// (`docs/SECURITY.md`), so `vllm_host` and `vllm_port` cannot be set with it.
+    pub vllm_enable_sleep_mode: Option<bool>,
 }
 
 impl Section for VllmSettings {
@@ -231,7 +237,11 @@ impl Section for VllmServeSettings {
         p.non_empty("vllm_model", self.vllm_model.as_deref());
         p.non_empty("vllm_host", self.vllm_host.as_deref());
         p.at_least("vllm_port", self.vllm_port, 1);
-        p.managed_args("vllm_extra_args", self.vllm_extra_args.as_deref(), &["--port", "--host"]);
+        p.managed_args(
+            "vllm_extra_args",
+            self.vllm_extra_args.as_deref(),
+            &["--port", "--host", "--uds"],
+        );
     }
 }
 

@@ -1,7 +1,7 @@
 //! [`Launch`]: how one engine process is started — program, argv, environment, address —
 //! and [`find_program`], which resolves the program.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use hangar_backend::LoadError;
 
@@ -24,22 +24,33 @@ pub struct Launch {
     pub host: String,
     /// Its port.
     pub port: u16,
+    /// The Unix socket it listens on instead of `host:port`, when it has one.
+    pub socket: Option<PathBuf>,
     /// The bearer key the child requires: the configured one, else a fresh random key only
     /// Hangar knows.
     pub api_key: Option<String>,
 }
 
 impl Launch {
-    /// The child's OpenAI base URL (`http://host:port/v1`).
+    /// The child's OpenAI base URL (`http://host:port/v1`; `http://localhost/v1` on its
+    /// Unix socket).
     pub fn base_url(&self) -> String {
-        let host = if self.host == "0.0.0.0" { LOOPBACK } else { self.host.as_str() };
-        format!("http://{host}:{}/v1", self.port)
+        format!("{}/v1", self.origin())
     }
 
     /// The child's health route.
     pub fn health_url(&self) -> String {
+        format!("{}/health", self.origin())
+    }
+
+    /// `http://host:port`, or `http://localhost` for a child on a Unix socket (the URL's
+    /// authority is then only its `Host` header).
+    fn origin(&self) -> String {
+        if self.socket.is_some() {
+            return "http://localhost".to_owned();
+        }
         let host = if self.host == "0.0.0.0" { LOOPBACK } else { self.host.as_str() };
-        format!("http://{host}:{}/health", self.port)
+        format!("http://{host}:{}", self.port)
     }
 
     /// The command line as one shell-like string (for logs; the key is not in it).

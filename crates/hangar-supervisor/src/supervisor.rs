@@ -337,6 +337,7 @@ mod tests {
             library_path: None,
             host: "127.0.0.1".into(),
             port: 0,
+            socket: None,
             api_key: None,
         }
     }

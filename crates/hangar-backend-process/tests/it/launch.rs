@@ -33,7 +33,7 @@ fn vllm(extra: Value) -> Result<Launch, LoadError> {
     for (k, v) in extra.as_object().unwrap() {
         value[k] = v.clone();
     }
-    launch::vllm_serve(&model(value), 0, 4321)
+    launch::vllm_serve(&model(value), 0, 4321, None)
 }
 
 fn args(launch: &Launch) -> Vec<&str> {

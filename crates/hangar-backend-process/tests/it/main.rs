@@ -5,5 +5,6 @@
 mod answers;
 mod children;
 mod launch;
+mod sleep;
 mod supervise;
 mod support;
