@@ -77,7 +77,7 @@ fn total_mib() -> Option<u64> {
 }
 
 /// The `field` of a `/proc` status-like text, in KiB.
-fn kib_field(text: &str, field: &str) -> Option<u64> {
+pub(crate) fn kib_field(text: &str, field: &str) -> Option<u64> {
     text.lines().find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok())
 }
 
@@ -119,6 +119,14 @@ pub(crate) fn figure(
         VramMethod::GgufEstimate => HostMethod::GgufEstimate,
         _ => HostMethod::ModelArtifactSize,
     };
+    // Asleep at `context`, an in-process model keeps its weights and drops its KV cache.
+    let asleep = slot.phase.serving().and_then(|s| s.asleep.as_ref());
+    if asleep.is_some_and(|a| a.level == hangar_backend::SleepLevel::Context)
+        && let Some(estimate) = gguf_estimate(&entry.artifacts, model, replicas)
+    {
+        let mib = estimate.weights_mib * u64::from(replicas);
+        return Some(HostFigure { mib, method: HostMethod::GgufEstimate });
+    }
     Some(HostFigure { mib, method })
 }
 

@@ -39,20 +39,6 @@ use crate::pause::not_loaded;
 use crate::snapshot::{ModelSnapshot, snapshot_of};
 use crate::wake_check::{self, Answer};
 
-/// Where a loaded model's runtimes reside.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Residency {
-    /// Serving, or ready to.
-    Awake,
-    /// Asleep: a request wakes them first.
-    Asleep {
-        /// How deeply.
-        level: SleepLevel,
-        /// Since when, Unix milliseconds.
-        since_unix_ms: u64,
-    },
-}
-
 /// The sleep of a model's runtimes, kept with them (`Serving`).
 #[derive(Debug, Clone)]
 pub(crate) struct Asleep {
@@ -66,23 +52,22 @@ pub(crate) struct Asleep {
     pub(crate) freed_mib: u64,
 }
 
-impl Asleep {
-    /// As rows show it.
-    pub(crate) fn residency(&self) -> Residency {
-        Residency::Asleep { level: self.level, since_unix_ms: self.since_unix_ms }
-    }
-}
-
 /// The error of a sleep or wake whose task panicked.
 fn panicked(what: &str) -> ManagerError {
     ManagerError::Runtime(RuntimeError::Failed { message: format!("the {what} task panicked") })
 }
 
-/// The lightest level every one of `runtimes` can sleep at.
-fn common_level(runtimes: &[Arc<dyn Runtime>]) -> Option<SleepLevel> {
-    let first = runtimes.first()?;
-    let mut levels = first.capabilities().sleep_levels.iter().copied();
-    levels.find(|level| runtimes.iter().all(|r| r.capabilities().sleep_levels.contains(level)))
+/// What `runtimes` hold on the host now, for a local model whose engines are child
+/// processes (a sleep or wake moves memory there: vLLM's level 1 holds the weights).
+fn remeasure(entry: &ModelEntry, runtimes: &[Arc<dyn Runtime>]) -> Option<crate::host::HostFigure> {
+    crate::host::local(&entry.config).then(|| crate::host::measure(runtimes)).flatten()
+}
+
+/// The levels every one of `runtimes` can sleep at, lightest first.
+fn common_levels(runtimes: &[Arc<dyn Runtime>]) -> Vec<SleepLevel> {
+    let Some(first) = runtimes.first() else { return Vec::new() };
+    let levels = first.capabilities().sleep_levels.iter().copied();
+    levels.filter(|l| runtimes.iter().all(|r| r.capabilities().sleep_levels.contains(l))).collect()
 }
 
 impl Manager {
@@ -142,12 +127,21 @@ impl Manager {
             serving.scheduler.clone()
         };
         let runtimes = scheduler.runtimes();
-        let Some(level) = common_level(&runtimes) else {
+        let levels = common_levels(&runtimes);
+        if levels.is_empty() {
             let message = format!(
                 "model '{}': the {} engine cannot sleep (unload it instead)",
                 entry.config.name, entry.config.backend
             );
             return Err(ManagerError::Runtime(RuntimeError::Unsupported { message }));
+        }
+        let Some(level) = self.sleep_level(entry, &levels) else {
+            let message = format!(
+                "model '{}': the host has no room for its weights, and its engine sleeps \
+                 only by moving them there (unload it instead)",
+                entry.config.name
+            );
+            return Err(ManagerError::Runtime(RuntimeError::Unavailable { message }));
         };
         scheduler.pause();
         scheduler.drained().await;
@@ -182,10 +176,14 @@ impl Manager {
         };
         let since_unix_ms = unix_ms(SystemTime::now());
         let asleep = Asleep { level, since_unix_ms, reference, freed_mib };
+        let host = remeasure(entry, &runtimes);
         let (events, model) = (Arc::clone(&self.inner.events), entry.config.name.clone());
         let apply = Apply::new(move |slot| {
             if let Some(serving) = slot.phase.serving_mut() {
                 serving.asleep = Some(asleep);
+            }
+            if host.is_some() {
+                slot.host = host;
             }
             events.journal.record(&model, EventKind::Slept { level });
         });
@@ -254,8 +252,12 @@ impl Manager {
             return Err(ManagerError::Runtime(RuntimeError::Failed { message: why }));
         }
         let wake_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let host = remeasure(entry, &runtimes);
         let (events, model) = (Arc::clone(&self.inner.events), entry.config.name.clone());
         let apply = Apply::new(move |slot| {
+            if host.is_some() {
+                slot.host = host;
+            }
             if let Some(serving) = slot.phase.serving_mut() {
                 serving.asleep = None;
                 if serving.pause.is_none() {

@@ -93,7 +93,7 @@ pub struct ModelSnapshot {
     pub host_memory: Option<crate::host::HostFigure>,
     /// Where the runtimes in service reside (awake, or asleep at a level); `None` unless
     /// the model is loaded or unloading.
-    pub residency: Option<crate::sleep::Residency>,
+    pub residency: Option<crate::sleep_policy::Residency>,
     /// The runtime-only override of the current (or last) load; empty when none.
     pub load_override: LoadOverride,
     /// What the model supports (from the loaded runtime once loaded, else from config).
@@ -228,10 +228,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
                 crate::host::figure(entry, slot, &slot.effective, replicas, &slot.load_override)
             })
             .flatten(),
-        residency: slot
-            .phase
-            .serving()
-            .map(|s| s.asleep.as_ref().map_or(crate::sleep::Residency::Awake, |a| a.residency())),
+        residency: crate::sleep_policy::residency(entry, slot),
         load_override: slot.load_override.clone(),
         capabilities: Arc::clone(&slot.capabilities),
         runtime_details: serving.map_or_else(|| Arc::new([]) as _, |s| Arc::clone(&s.details)),

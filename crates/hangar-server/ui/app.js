@@ -224,7 +224,8 @@ function marks(row) {
   const residency = row.residency;
   if (residency && residency.state === "asleep") {
     const since = new Date(residency.since_unix_ms).toLocaleTimeString();
-    out.push(el("span", { class: "mark", "data-residency": "asleep", title: `asleep since ${since}; a request wakes it`, text: `asleep: ${residency.level}` }));
+    const freed = residency.gpu_freed_mib ? `; gave back ${residency.gpu_freed_mib} MiB of GPU memory, holds ${residency.gpu_held_mib} MiB` : "";
+    out.push(el("span", { class: "mark", "data-residency": "asleep", title: `asleep since ${since}${freed}; a request wakes it`, text: `asleep: ${residency.level}` }));
   }
   if (row.quarantine) out.push(el("span", { class: "mark", title: `retry after ${row.quarantine.retry_after_s} s`, text: "quarantined" }));
   const idle = row.not_serving;

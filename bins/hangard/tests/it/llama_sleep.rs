@@ -47,7 +47,10 @@ async fn a_sleeping_model_stays_ready_and_a_request_wakes_it_with_the_same_answe
     assert_eq!(status, 200, "{loaded}");
     assert_eq!(
         loaded["residency"],
-        json!({ "state": "awake", "level": null, "since_unix_ms": null })
+        json!({
+            "state": "awake", "level": null, "since_unix_ms": null,
+            "gpu_freed_mib": null, "gpu_held_mib": null
+        })
     );
     let before = answer(&server, "Tell me about the sea.").await;
     let events = reqwest::get(server.url("/v1/admin/events")).await.unwrap();

@@ -22,3 +22,4 @@ mod soak;
 mod start_up;
 mod support;
 mod trained;
+mod vllm_sleep;

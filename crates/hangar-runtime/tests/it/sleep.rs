@@ -64,8 +64,13 @@ async fn a_sleeping_model_stays_loaded_gives_its_memory_back_and_wakes_the_same(
 
     let row = m.sleep("sleeper").await.unwrap();
     assert_eq!(row.runtime_state, ModelState::Loaded, "asleep is loaded");
-    assert!(matches!(row.residency, Some(Residency::Asleep { level: SleepLevel::Context, .. })));
+    let Some(Residency::Asleep { level, gpu_freed_mib, gpu_held_mib, .. }) = row.residency else {
+        panic!("{:?}", row.residency)
+    };
+    assert_eq!(level, SleepLevel::Context);
     assert_eq!(gpu.used_mib(), BASE_MIB, "both replicas gave their memory back");
+    // The row says what the sleep gave back and what the model still holds.
+    assert_eq!((gpu_freed_mib, gpu_held_mib), (2000, 0), "{:?}", row.vram_detail);
     m.sleep("sleeper").await.expect("asleep already changes nothing");
 
     let row = m.wake("sleeper").await.unwrap();

@@ -233,18 +233,36 @@ pub struct Residency {
     pub level: Option<SleepLevel>,
     /// Since when it sleeps, Unix milliseconds; `null` awake.
     pub since_unix_ms: Option<u64>,
+    /// GPU memory the sleep gave back, in MiB, as the GPUs' used memory fell across it
+    /// (0 without GPU telemetry); `null` awake.
+    pub gpu_freed_mib: Option<u64>,
+    /// GPU memory it still holds asleep, in MiB, as admission counts it (its figure less
+    /// what the sleep gave back); `null` awake. What it holds on the host is the row's
+    /// `host_memory`, measured again after each sleep and wake for engine children.
+    pub gpu_held_mib: Option<u64>,
 }
 
 impl From<hangar_runtime::Residency> for Residency {
     fn from(v: hangar_runtime::Residency) -> Self {
         match v {
-            hangar_runtime::Residency::Awake => {
-                Self { state: ResidencyState::Awake, level: None, since_unix_ms: None }
-            }
-            hangar_runtime::Residency::Asleep { level, since_unix_ms } => Self {
+            hangar_runtime::Residency::Awake => Self {
+                state: ResidencyState::Awake,
+                level: None,
+                since_unix_ms: None,
+                gpu_freed_mib: None,
+                gpu_held_mib: None,
+            },
+            hangar_runtime::Residency::Asleep {
+                level,
+                since_unix_ms,
+                gpu_freed_mib,
+                gpu_held_mib,
+            } => Self {
                 state: ResidencyState::Asleep,
                 level: Some(level.into()),
                 since_unix_ms: Some(since_unix_ms),
+                gpu_freed_mib: Some(gpu_freed_mib),
+                gpu_held_mib: Some(gpu_held_mib),
             },
         }
     }
