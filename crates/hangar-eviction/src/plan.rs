@@ -29,6 +29,10 @@ pub struct LoadedModel {
     /// Its runtimes sleep (Hangar's warm tier): among idle models, a slot goes from a
     /// sleeping one first.
     pub asleep: bool,
+    /// The GPU memory a sleep of it would give back, in MiB, as best known (0: it cannot
+    /// sleep, sleeps already, or nobody knows). The runtime's grant may put it to sleep
+    /// instead of unloading it for memory; the policy here does not read it.
+    pub sleep_frees_mib: u64,
 }
 
 impl LoadedModel {

@@ -77,6 +77,9 @@ pub(crate) struct Slot {
     /// What the runtimes in service were measured to hold on the host (models on the
     /// CPU); `None` when not measured or nothing is loaded.
     pub(crate) host: Option<crate::host::HostFigure>,
+    /// What the last sleep of the runtimes in service gave back on the GPUs, in MiB (what
+    /// a demotion expects of the next one); `None` before their first sleep.
+    pub(crate) sleep_freed_mib: Option<u64>,
 }
 
 impl ModelEntry {
@@ -106,6 +109,7 @@ impl ModelEntry {
                 vram: Default::default(),
                 placement: None,
                 host: None,
+                sleep_freed_mib: None,
             }),
             config,
             position,

@@ -115,19 +115,22 @@ impl Manager {
     ) -> Result<(bool, Vec<u32>), Refusal> {
         let settled = self.wait_for_release(entry).await;
         let (model, replicas, load_override) = (&c.model, c.replicas, &c.load_override);
-        let places = self.places_for(entry, model, replicas, load_override).await;
-        // A GPU model's part of the host's memory is granted too (a CPU model's `places`
-        // are the host's already).
-        let host = if crate::host::on_host(model) {
-            None
-        } else {
-            self.host_places(entry, model, replicas, load_override)
+        let mut demoted = Vec::new();
+        let grant = loop {
+            let places = self.places_for(entry, model, replicas, load_override).await;
+            // A GPU model's part of the host's memory is granted too (a CPU model's
+            // `places` are the host's already).
+            let host = if crate::host::on_host(model) {
+                None
+            } else {
+                self.host_places(entry, model, replicas, load_override)
+            };
+            let loaded = self.loaded_models(c.spare_enabled);
+            let ask = GrantAsk { ask: c.ask, loaded, incoming: incoming(entry), places, host };
+            if let Some(grant) = self.grant_or_demote(entry, ask, &mut demoted).await? {
+                break grant;
+            }
         };
-        let incoming = incoming(entry);
-        let loaded = self.loaded_models(c.spare_enabled);
-        let ask = GrantAsk { ask: c.ask, loaded, incoming, places, host };
-        let grant = self.inner.control.grant(entry.position, ask);
-        let grant = grant.await?;
         self.execute(grant.plan, &entry.config.name).await.map_err(Refusal::Held)?;
         Ok((self.wait_for_release(entry).await && settled, grant.gpus))
     }
@@ -157,10 +160,55 @@ impl Manager {
                     held: entry.config.pinned || (spare_enabled && entry.config.enabled),
                     vram_mib: crate::gpu::vram_held(entry, &slot),
                     asleep: slot.phase.serving().is_some_and(|s| s.asleep.is_some()),
+                    sleep_frees_mib: crate::sleep_policy::sleep_frees(entry, &slot),
                 },
             ));
         }
         loaded
+    }
+
+    /// One round of a grant that may put models to sleep: asked with `ask` (read now), the
+    /// grant, or `None` when it demoted models. Those are put to sleep, and the caller asks
+    /// again (with what their sleeps freed, measured) until a grant comes without
+    /// demotions, unloading what is still missing. A model once in `demoted` is not asked
+    /// of again, so each round demotes others and the rounds end.
+    ///
+    /// # Errors
+    /// The grant's refusal.
+    pub(crate) async fn grant_or_demote(
+        &self,
+        entry: &Arc<ModelEntry>,
+        mut ask: GrantAsk,
+        demoted: &mut Vec<ModelName>,
+    ) -> Result<Option<crate::grant::Grant>, Refusal> {
+        for (_, m) in &mut ask.loaded {
+            if demoted.contains(&m.name) {
+                m.sleep_frees_mib = 0;
+            }
+        }
+        let grant = self.inner.control.grant(entry.position, ask).await?;
+        if grant.demote.is_empty() {
+            return Ok(Some(grant));
+        }
+        for name in grant.demote {
+            self.demote(&name, &entry.config.name).await;
+            demoted.push(name);
+        }
+        Ok(None)
+    }
+
+    /// Puts `name` to sleep to make room for `incoming` (a demotion), unless an admin
+    /// operation holds it now (then it stays as it is; the next grant sees that).
+    async fn demote(&self, name: &ModelName, incoming: &ModelName) {
+        let Ok(entry) = self.entry(name.as_str()) else { return };
+        let Ok(_admin) = self.inner.control.admin_now(entry.position).await else {
+            tracing::info!(model = %name, for_model = %incoming, "not put to sleep: an admin operation holds it");
+            return;
+        };
+        tracing::info!(model = %name, for_model = %incoming, "putting to sleep to make room");
+        if let Err(error) = self.sleep_entry(&entry, Some(incoming.to_string())).await {
+            tracing::warn!(model = %name, %error, "the sleep to make room failed");
+        }
     }
 
     /// Unloads the plan's victims to make room for `incoming`.

@@ -90,14 +90,18 @@ pub(crate) enum Place {
     Host,
 }
 
-/// A granted creation: the evictions to make first, and the GPUs the runtimes go to
-/// (ascending; empty: no placement was made, the engine picks as it would alone).
+/// A granted creation: the models to put to sleep and the evictions to make first, and the
+/// GPUs the runtimes go to (ascending; empty: no placement was made, the engine picks as it
+/// would alone).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Grant {
     /// The victims, in the order they go.
     pub(crate) plan: EvictionPlan,
     /// The placement.
     pub(crate) gpus: Vec<u32>,
+    /// Models to put to sleep for memory instead of unloading them (`demote.rs`), least
+    /// recently used first; the caller asks again once they sleep.
+    pub(crate) demote: Vec<hangar_config::ModelName>,
 }
 
 /// The one decision every path that creates runtimes goes through: the placement and the
@@ -118,7 +122,10 @@ pub(crate) fn decide(
     places: Option<&Places>,
     host: Option<&Places>,
 ) -> Result<Grant, Refusal> {
-    let grant = decide_placed(ask, loaded, incoming, limits, places)?;
+    let mut grant = decide_placed(ask, loaded, incoming, limits, places)?;
+    if let Some(places) = places.filter(|p| p.on == Place::Gpus) {
+        grant = crate::demote::instead_of_unloads(grant, ask, loaded, incoming, limits, places);
+    }
     match host {
         Some(host) if ask != Ask::Retry => with_host_part(grant, loaded, incoming, host),
         _ => Ok(grant),
@@ -162,7 +169,7 @@ fn with_host_part(
 }
 
 /// The placement and plan for `ask` in the memory of `places` alone.
-fn decide_placed(
+pub(crate) fn decide_placed(
     ask: Ask,
     loaded: &[LoadedModel],
     incoming: &Incoming,
@@ -199,7 +206,7 @@ fn decide_placed(
     if plan.is_blocked() {
         return Err(Refusal::Held(plan.blocked_by.iter().map(ToString::to_string).collect()));
     }
-    Ok(Grant { plan, gpus })
+    Ok(Grant { plan, gpus, demote: Vec::new() })
 }
 
 #[cfg(test)]
@@ -223,6 +230,7 @@ mod tests {
             held,
             vram_mib,
             asleep: false,
+            sleep_frees_mib: 0,
         }
     }
 
@@ -423,6 +431,7 @@ mod properties {
                 held,
                 vram_mib,
                 asleep: false,
+                sleep_frees_mib: 0,
             })
             .collect();
         let ask = if second_copy && !loaded.is_empty() { Ask::SecondCopy } else { Ask::Load };
@@ -441,7 +450,7 @@ mod properties {
         let already = loaded.iter().any(|m| m.name == incoming.name);
         let vram = |m: &LoadedModel| i128::from(m.vram_mib);
         match decide(ask, &loaded, &incoming, &limits, places.as_ref(), None) {
-            Ok(Grant { plan, gpus }) => {
+            Ok(Grant { plan, gpus, .. }) => {
                 prop_assert!(gpus.len() <= 1, "one GPU at most: {gpus:?}");
                 let mut seen = std::collections::HashSet::new();
                 for victim in &plan.victims {

@@ -27,6 +27,7 @@ fn loaded(name: &str, secs: u64, held: bool, vram_mib: u64) -> LoadedModel {
         held,
         vram_mib,
         asleep: false,
+        sleep_frees_mib: 0,
     }
 }
 

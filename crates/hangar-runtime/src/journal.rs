@@ -82,6 +82,9 @@ pub enum EventKind {
     Slept {
         /// How deeply.
         level: hangar_backend::SleepLevel,
+        /// The model whose load it made room for; `None` when an operator or the idle
+        /// timer put it to sleep.
+        for_model: Option<String>,
     },
     /// They woke and passed the wake check.
     Woke {

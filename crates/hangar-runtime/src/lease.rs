@@ -256,7 +256,7 @@ async fn housekeeping(inner: Weak<Inner>) {
                     tracing::info!(model = %entry.config.name, idle_s = seconds, "putting an idle model to sleep");
                     tokio::spawn(async move {
                         let _admin = admin;
-                        if let Err(error) = m.sleep_entry(&e).await {
+                        if let Err(error) = m.sleep_entry(&e, None).await {
                             tracing::warn!(model = %e.config.name, %error, "an idle model did not sleep");
                         }
                     });

@@ -58,6 +58,7 @@
 
 mod admission;
 mod control;
+mod demote;
 mod entry;
 mod error;
 mod estimate;

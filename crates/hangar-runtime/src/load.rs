@@ -521,6 +521,7 @@ fn install(slot: &mut Slot, created: Created, max_queue: usize) -> Phase {
     let Created { runtimes, placement, host } = created;
     slot.placement = placement;
     slot.host = host;
+    slot.sleep_freed_mib = None;
     let caps = runtimes.first().map(|r| r.capabilities().clone()).unwrap_or_default();
     let target = effective_target(slot.effective.target_inflight, caps.max_parallel_sequences);
     let details = runtimes.iter().map(|r| r.details()).collect();

@@ -78,7 +78,7 @@ impl Manager {
     /// `unsupported` when its engine cannot sleep; [`ManagerError::AdminBusy`]; the
     /// engine's error when it refused (the model serves on as before).
     pub async fn sleep(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
-        self.to_the_end(name, "sleep", |m, e| async move { m.sleep_entry(&e).await }).await
+        self.to_the_end(name, "sleep", |m, e| async move { m.sleep_entry(&e, None).await }).await
     }
 
     /// Wakes a sleeping model (see the module docs); awake already (or not loaded) changes
@@ -114,8 +114,13 @@ impl Manager {
         Ok(snapshot_of(&entry, &entry.lock()))
     }
 
-    /// Puts `entry` to sleep, its admin turn held by the caller.
-    pub(crate) async fn sleep_entry(&self, entry: &Arc<ModelEntry>) -> Result<(), ManagerError> {
+    /// Puts `entry` to sleep, its admin turn held by the caller; `for_model`: the model
+    /// whose load it makes room for (a demotion), for the event.
+    pub(crate) async fn sleep_entry(
+        &self,
+        entry: &Arc<ModelEntry>,
+        for_model: Option<String>,
+    ) -> Result<(), ManagerError> {
         let scheduler = {
             let slot = entry.lock();
             let state = slot.lifecycle.state();
@@ -185,7 +190,10 @@ impl Manager {
             if host.is_some() {
                 slot.host = host;
             }
-            events.journal.record(&model, EventKind::Slept { level });
+            if freed_mib > 0 {
+                slot.sleep_freed_mib = Some(freed_mib);
+            }
+            events.journal.record(&model, EventKind::Slept { level, for_model });
         });
         if let Err(stay) =
             self.inner.control.change(entry.position, Change::Sleep { level }, apply).await
@@ -289,23 +297,29 @@ impl Manager {
             let on = crate::place::held_gpus(&slot);
             (Arc::clone(&slot.effective), replicas, slot.load_override.clone(), on)
         };
-        let Some(mut places) = self.places_for(entry, &model, replicas, &load_override).await
-        else {
-            return Ok(());
+        // Idle models may be put to sleep for it, as for a load (`demote.rs`).
+        let mut demoted = Vec::new();
+        let grant = loop {
+            let places = self.places_for(entry, &model, replicas, &load_override).await;
+            let places = places.map(|mut places| {
+                places.fit.needed_mib = freed_mib;
+                if !on.is_empty() {
+                    places.fit.split = u32::try_from(on.len()).unwrap_or(u32::MAX);
+                    places.fit.allowed = on.clone();
+                }
+                places
+            });
+            let ask = crate::control::GrantAsk {
+                ask: crate::grant::Ask::SecondCopy,
+                loaded: self.loaded_models(false),
+                incoming: crate::evict::incoming(entry),
+                places,
+                host: None,
+            };
+            if let Some(grant) = self.grant_or_demote(entry, ask, &mut demoted).await? {
+                break grant;
+            }
         };
-        places.fit.needed_mib = freed_mib;
-        if !on.is_empty() {
-            places.fit.split = u32::try_from(on.len()).unwrap_or(u32::MAX);
-            places.fit.allowed = on;
-        }
-        let ask = crate::control::GrantAsk {
-            ask: crate::grant::Ask::SecondCopy,
-            loaded: self.loaded_models(false),
-            incoming: crate::evict::incoming(entry),
-            places: Some(places),
-            host: None,
-        };
-        let grant = self.inner.control.grant(entry.position, ask).await?;
         self.execute(grant.plan, &entry.config.name).await.map_err(crate::grant::Refusal::Held)
     }
 

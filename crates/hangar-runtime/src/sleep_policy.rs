@@ -65,6 +65,30 @@ pub(crate) fn residency(entry: &ModelEntry, slot: &Slot) -> Option<Residency> {
     })
 }
 
+/// What a sleep of `entry`'s model would give back on its GPUs, in MiB, as best known (what
+/// a demotion counts on): what its last sleep gave back, else by its engine's lightest
+/// level: all it holds for vLLM's levels, its KV cache (the GGUF estimate) for `context`
+/// (llama.cpp keeps the weights). 0 when it cannot sleep, sleeps already, or is not on a
+/// GPU.
+pub(crate) fn sleep_frees(entry: &ModelEntry, slot: &Slot) -> u64 {
+    let awake = slot.phase.serving().is_some_and(|s| s.asleep.is_none());
+    let level = slot.capabilities.sleep_levels.first().copied();
+    let (true, Some(level)) = (awake, level) else { return 0 };
+    let held = crate::gpu::vram_held(entry, slot);
+    if let Some(freed) = slot.sleep_freed_mib {
+        return freed.min(held);
+    }
+    match level {
+        SleepLevel::Context => {
+            let replicas = slot.phase.loaded_replicas().max(1);
+            let estimate =
+                crate::estimate::gguf_estimate(&entry.artifacts, &slot.effective, replicas);
+            estimate.map_or(0, |e| e.kv_cache_mib * u64::from(replicas)).min(held)
+        }
+        SleepLevel::WeightsToHost | SleepLevel::WeightsDiscarded => held,
+    }
+}
+
 /// The machine's available memory in MiB (`MemAvailable`), when `/proc/meminfo` tells.
 fn available_mib() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;

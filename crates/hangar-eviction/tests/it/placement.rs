@@ -36,6 +36,7 @@ fn model(n: &str, secs: u64, held: bool) -> LoadedModel {
         held,
         vram_mib: 0,
         asleep: false,
+        sleep_frees_mib: 0,
     }
 }
 

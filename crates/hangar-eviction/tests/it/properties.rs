@@ -57,6 +57,7 @@ fn arb_loaded() -> impl Strategy<Value = Vec<LoadedModel>> {
                     held: false,
                     vram_mib,
                     asleep: false,
+                    sleep_frees_mib: 0,
                 })
                 .collect::<Vec<_>>()
         })

@@ -30,6 +30,7 @@ fn model(n: &str, ty: ModelType, device: Device, secs: u64, inflight: u32) -> Lo
         held: false,
         vram_mib: 0,
         asleep: false,
+        sleep_frees_mib: 0,
     }
 }
 

@@ -30,6 +30,7 @@ fn loaded(model: ModelId, secs: u64, vram_mib: u64, pinned: bool) -> (ModelId, L
         held: pinned,
         vram_mib,
         asleep: false,
+        sleep_frees_mib: 0,
     };
     (model, model_loaded)
 }
@@ -174,6 +175,70 @@ fn the_grant_with_the_loops_holds_as_a_table() {
     }
 }
 
+#[test]
+fn memory_pressure_puts_idle_models_to_sleep_before_it_unloads_with_the_loops_holds() {
+    let t0 = Instant::now();
+    // a (used first) and b hold 8,000 MiB each, and each sleep frees it all; "new" needs
+    // 8,000 MiB and none is free; two slots of three are taken.
+    let demoting = |waiter| {
+        let mut loaded = vec![loaded(0, 1, 8000, false), loaded(1, 2, 8000, false)];
+        for (_, m) in &mut loaded {
+            m.sleep_frees_mib = 8000;
+        }
+        let models: Vec<LoadedModel> = loaded.iter().map(|(_, m)| m.clone()).collect();
+        let places = Some(Places::one_gpu(0, 8000, &models));
+        let incoming = Incoming {
+            name: ModelName::new("new").unwrap(),
+            model_type: ModelType::Llm,
+            device: Device::GPU,
+        };
+        let ask = GrantAsk { ask: Ask::Load, loaded, incoming, places, host: None };
+        Command::Grant { model: NEW, ask, waiter }
+    };
+    let settle = |model, id: &str| {
+        lease(model, LeaseCommand::Settle { id: id.into(), loaded: true, waiter: 0 })
+    };
+    let three = || {
+        let nz = |n| std::num::NonZeroU32::new(n).unwrap();
+        let limits =
+            hangar_config::MaxLoadedModels { llm: nz(3), embedding: nz(1), reranking: nz(1) };
+        Rules { limits, ..Rules::of(Duration::from_secs(10), 4) }
+    };
+    type Row = (&'static str, Vec<Command>, &'static str);
+    let rows: Vec<Row> = vec![
+        ("the least recently used sleeps; nothing is unloaded", vec![], "sleep a; evict "),
+        (
+            "a leased model does not sleep for another: the next one does",
+            vec![acquire(0, 0, 60), settle(0, "lease-1")],
+            "sleep b; evict ",
+        ),
+        ("nor one being replaced", vec![Command::Replacing { model: 0 }], "sleep b; evict "),
+        (
+            "every one held: refused for memory (held holders say so), nothing sleeps",
+            vec![Command::Replacing { model: 0 }, acquire(1, 0, 60)],
+            "refused: 8000 MiB missing, held a,b",
+        ),
+    ];
+    for (name, before, expected) in rows {
+        let effects = row(4, three(), before, demoting(1), (t0, 0));
+        let got = match effects.as_slice() {
+            [Effect::Granted { answer: Ok(grant), .. }] => {
+                let demoted: Vec<_> = grant.demote.iter().map(ToString::to_string).collect();
+                let victims: Vec<_> =
+                    grant.plan.victims.iter().map(|v| v.name.to_string()).collect();
+                format!("sleep {}; evict {}", demoted.join(","), victims.join(","))
+            }
+            [Effect::Granted { answer: Err(Refusal::Vram(short)), .. }] => {
+                let held: Vec<_> =
+                    short.holders.iter().filter(|h| h.2).map(|h| h.0.to_string()).collect();
+                format!("refused: {} MiB missing, held {}", short.missing_mib, held.join(","))
+            }
+            _ => answer(effects),
+        };
+        assert_eq!(got, expected, "{name}");
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Acquire(ModelId, u32),
@@ -183,13 +248,17 @@ enum Op {
     /// Ends the n-th replacement under way.
     Replaced(usize),
     Advance(u64),
-    /// A grant: its kind, each loaded model's (last use, MiB, pinned), the memory.
-    Grant(u8, Vec<(u64, u64, bool)>, Option<(i64, u64)>),
+    /// A grant: its kind, each loaded model's (last use, MiB, pinned, MiB its sleep
+    /// frees), the memory.
+    Grant(u8, Vec<(u64, u64, bool, u64)>, Option<(i64, u64)>),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     let model = 0..3usize;
-    let each = prop::collection::vec((0..50u64, 0..4000u64, prop::bool::weighted(0.2)), 3);
+    let each = prop::collection::vec(
+        (0..50u64, 0..4000u64, prop::bool::weighted(0.2), prop::sample::select(vec![0, 500, 4000])),
+        3,
+    );
     prop_oneof![
         (model.clone(), 1..30u32).prop_map(|(m, t)| Op::Acquire(m, t)),
         any::<usize>().prop_map(Op::Release),
@@ -236,7 +305,16 @@ proptest! {
                 Op::Advance(s) => { now += Duration::from_secs(s); Command::Tick }
                 Op::Grant(kind, each, memory) => {
                     let ask = [Ask::Load, Ask::SecondCopy, Ask::Retry][usize::from(kind)];
-                    let loaded: Vec<_> = each.iter().enumerate().map(|(m, &(secs, mib, pin))| loaded(m, secs, mib, pin)).collect();
+                    let loaded: Vec<_> = each
+                        .iter()
+                        .enumerate()
+                        .map(|(m, &(secs, mib, pin, frees))| {
+                            let (id, mut model) = loaded(m, secs, mib, pin);
+                            model.sleep_frees_mib = frees.min(mib);
+                            (id, model)
+                        })
+                        .collect();
+                    let frees: BTreeMap<String, u64> = loaded.iter().map(|(_, m)| (m.name.to_string(), m.sleep_frees_mib)).collect();
                     let pinned: Vec<String> = loaded.iter().filter(|(_, m)| m.held).map(|(_, m)| m.name.to_string()).collect();
                     let memory = memory.map(|(free_mib, needed_mib)| Memory { free_mib, needed_mib });
                     let incoming = Incoming { name: ModelName::new("new").unwrap(), model_type: ModelType::Llm, device: Device::GPU };
@@ -256,11 +334,19 @@ proptest! {
                             for victim in &plan.plan.victims {
                                 // Invariant: a held model is never a victim.
                                 prop_assert!(!held(victim.name.as_str()), "held {} evicted", victim.name);
+                                // Invariant: a model is put to sleep or unloaded, not both.
+                                prop_assert!(!plan.demote.contains(&victim.name), "{} both", victim.name);
                             }
-                            // Invariant: a grant under a budget never leaves memory over it
-                            // (a retry evicts what it can, and is not admitted by memory).
+                            for demoted in &plan.demote {
+                                // Invariant: a held model is never put to sleep for another.
+                                prop_assert!(!held(demoted.as_str()), "held {demoted} put to sleep");
+                            }
+                            // Invariant: a grant under a budget never leaves memory over it,
+                            // counting what the sleeps it asks for free (a retry evicts what
+                            // it can, and is not admitted by memory).
                             if let (Some(memory), false) = (memory, ask == Ask::Retry) {
-                                let freed: u64 = plan.plan.victims.iter().map(|v| mib[v.name.as_str()]).sum();
+                                let slept: u64 = plan.demote.iter().map(|n| frees[n.as_str()]).sum();
+                                let freed: u64 = slept + plan.plan.victims.iter().map(|v| mib[v.name.as_str()]).sum::<u64>();
                                 prop_assert!(
                                     i128::from(memory.free_mib) + i128::from(freed) >= i128::from(memory.needed_mib),
                                     "over budget"

@@ -280,7 +280,7 @@ proptest! {
                             inflight: 0,
                             held: false,
                             vram_mib,
-                            asleep: false,
+                            asleep: false, sleep_frees_mib: 0,
                         })
                     }).collect();
                     let incoming = Incoming { name: ModelName::new(NAMES[model]).unwrap(), model_type: ModelType::Llm, device: Device::GPU };

@@ -4,6 +4,7 @@
 
 mod control;
 mod decisions;
+mod demote;
 mod gpu;
 mod host_memory;
 mod lifecycle;

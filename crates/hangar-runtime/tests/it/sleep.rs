@@ -46,7 +46,7 @@ fn sleep_events(m: &Manager, name: &str) -> Vec<String> {
         .into_iter()
         .filter(|e| e.model == name)
         .filter_map(|e| match e.kind {
-            EventKind::Slept { level } => Some(format!("slept {}", level.as_str())),
+            EventKind::Slept { level, .. } => Some(format!("slept {}", level.as_str())),
             EventKind::Woke { .. } => Some("woke".to_owned()),
             _ => None,
         })

@@ -61,6 +61,9 @@ pub enum EventKind {
     Slept {
         /// How deeply.
         level: super::SleepLevel,
+        /// The model whose load it made room for (memory pressure); `null` when an
+        /// operator or the idle timer put it to sleep.
+        for_model: Option<String>,
     },
     /// They woke and passed the wake check.
     Woke {
@@ -151,7 +154,9 @@ impl From<hangar_runtime::EventKind> for EventKind {
                 Self::Paused { mode: mode.into(), cause: cause.into() }
             }
             hangar_runtime::EventKind::Resumed => Self::Resumed,
-            hangar_runtime::EventKind::Slept { level } => Self::Slept { level: level.into() },
+            hangar_runtime::EventKind::Slept { level, for_model } => {
+                Self::Slept { level: level.into(), for_model }
+            }
             hangar_runtime::EventKind::Woke { wake_ms } => Self::Woke { wake_ms },
             hangar_runtime::EventKind::Lease { change, id, owner } => {
                 Self::Lease { change: change.into(), id, owner }
