@@ -320,7 +320,14 @@ impl Manager {
                 break grant;
             }
         };
-        self.execute(grant.plan, &entry.config.name).await.map_err(crate::grant::Refusal::Held)
+        let evicting = !grant.plan.victims.is_empty();
+        self.execute(grant.plan, &entry.config.name).await.map_err(crate::grant::Refusal::Held)?;
+        if evicting {
+            // Taken back only once the victims' memory shows as released: a GPU would
+            // refuse it before (and a release that never shows would hold later loads).
+            self.wait_for_release(entry).await;
+        }
+        Ok(())
     }
 
     /// Wakes `entry` in the background for the requests waiting in its queue (one wake at

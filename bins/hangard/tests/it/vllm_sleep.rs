@@ -3,7 +3,8 @@
 //! fake NVML GPU whose memory the fake's engine core gives back while it sleeps. A sleeping
 //! model makes room for another without being unloaded, a request wakes it (making room
 //! in turn), level 2 is used when the host has no room for the weights (the wake reloads
-//! them), and an engine that answers wrong after waking fails its model with why.
+//! them), an engine that answers wrong after waking fails its model with why, and a load
+//! short of memory puts an idle model to sleep rather than unload it.
 
 use std::path::Path;
 
@@ -131,4 +132,15 @@ async fn vllm_children_sleep_give_their_gpu_memory_back_and_wake_on_a_request() 
     assert_eq!(failed["runtime_state"], "failed");
     let why = failed["last_error"].as_str().unwrap();
     assert!(why.contains("wake check") && why.contains("garbled"), "{why}");
+
+    // Memory pressure: b needs 12,000 MiB, held by the awake, idle a. a's sleep frees that
+    // (measured at its last sleep), so a is put to sleep for b, not unloaded.
+    let (status, b) = crate::support::load(&server, "b", json!({})).await;
+    assert_eq!(status, 200, "{b}");
+    let a = row(&server, "a").await;
+    assert_eq!(
+        (&a["runtime_state"], &a["residency"]["state"]),
+        (&json!("loaded"), &json!("asleep"))
+    );
+    assert_eq!(used(&script), 15000, "within the budget");
 }
