@@ -163,9 +163,11 @@ pub fn vllm_serve(
         serve.vllm_env.iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect();
     env.retain(|(k, _)| k != "VLLM_API_KEY" && k != "VLLM_SERVER_DEV_MODE");
     env.push(("VLLM_API_KEY".to_owned(), api_key.clone()));
-    if sleeps {
-        env.push(("VLLM_SERVER_DEV_MODE".to_owned(), "1".to_owned()));
-    }
+    // Development mode opens routes without a key: on only for a child on its private
+    // socket, and off otherwise whatever `hangard`'s environment (`VLLM_*` passes) or
+    // `vllm_env` say.
+    let dev_mode = if sleeps { "1" } else { "0" };
+    env.push(("VLLM_SERVER_DEV_MODE".to_owned(), dev_mode.to_owned()));
     Ok(Launch {
         program,
         args: args.0,

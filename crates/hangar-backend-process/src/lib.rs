@@ -128,8 +128,10 @@ impl ProcessBackend {
         let name = model.name.as_str();
         // A child that sleeps listens on a socket in a directory of its own (0700), removed
         // with the runtime.
-        let dir = if self.sleeps(model) { Some(socket_dir()?) } else { None };
-        let socket = dir.as_ref().map(|d| d.path().join("engine.sock"));
+        let (dir, socket) = match self.sleeps(model) {
+            true => socket_dir().map(|(dir, socket)| (Some(dir), Some(socket)))?,
+            false => (None, None),
+        };
         for attempt in 1..=PORT_ATTEMPTS {
             let (launch, picked) = self.launch(model, replica, gpus, socket.as_deref())?;
             let mut upstream = Upstream::new(launch.base_url(), launch.api_key.as_deref(), None)
@@ -179,7 +181,7 @@ struct Started {
     launch: Launch,
     upstream: Upstream,
     child: Arc<Child>,
-    dir: Option<tempfile::TempDir>,
+    dir: Option<hangar_supervisor::PrivateDir>,
 }
 
 /// Starts of one replica when the port Hangar picked is taken before the child binds it.

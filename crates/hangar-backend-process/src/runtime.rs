@@ -49,7 +49,7 @@ pub(crate) struct Engine {
     /// so the runtime keeps it alive as long as the child should live.
     pub(crate) _spawner: Arc<Spawner>,
     /// The private directory of its Unix socket, removed once the child has stopped.
-    pub(crate) socket_dir: Mutex<Option<tempfile::TempDir>>,
+    pub(crate) socket_dir: Mutex<Option<hangar_supervisor::PrivateDir>>,
 }
 
 /// Why a child did not become ready.

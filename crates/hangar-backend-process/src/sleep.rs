@@ -14,12 +14,13 @@
 //! mode listens on a Unix socket in a fresh directory only Hangar's user can enter
 //! ([`socket_dir`]), never on a TCP port any local user could reach.
 
-use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
 use hangar_backend::{LoadError, RuntimeError, SleepLevel};
+use hangar_supervisor::PrivateDir;
 use http::Method;
 use serde_json::Value;
 
@@ -32,28 +33,24 @@ pub(crate) const LEVELS: [SleepLevel; 2] =
 /// The longest path a Unix socket address holds (`sun_path`, less its final NUL).
 const SOCKET_PATH_MAX: usize = 107;
 
-/// A fresh directory for a child's socket: mode 0700 from its creation (no moment when
-/// another user could enter it), in the system's temporary directory; removed when dropped.
+/// A child's socket, in a fresh private directory (mode 0700, under the system's temporary
+/// directory; removed when dropped, or by the next `hangard` when this one was killed).
 ///
 /// # Errors
 /// [`LoadError::Failed`] when it cannot be created, or its socket's path would be too long.
-pub(crate) fn socket_dir() -> Result<tempfile::TempDir, LoadError> {
-    let private = std::fs::Permissions::from_mode(0o700);
-    let dir = tempfile::Builder::new().prefix("hangar-engine-").permissions(private).tempdir();
-    let dir = dir.map_err(|e| LoadError::Failed {
-        message: format!("cannot create the directory of the child's socket: {e}"),
-    })?;
-    let socket = dir.path().join("engine.sock");
+pub(crate) fn socket_dir() -> Result<(PrivateDir, PathBuf), LoadError> {
+    let failed = |message: String| LoadError::Failed { message };
+    let dir = PrivateDir::create()
+        .map_err(|e| failed(format!("cannot create the directory of the child's socket: {e}")))?;
+    let socket = dir.socket();
     if socket.as_os_str().len() > SOCKET_PATH_MAX {
-        return Err(LoadError::Failed {
-            message: format!(
-                "the child's socket path {} is longer than a Unix socket allows ({SOCKET_PATH_MAX} \
-                 bytes): set TMPDIR to a shorter directory",
-                socket.display()
-            ),
-        });
+        return Err(failed(format!(
+            "the child's socket path {} is longer than a Unix socket allows ({SOCKET_PATH_MAX} \
+             bytes): set TMPDIR to a shorter directory",
+            socket.display()
+        )));
     }
-    Ok(dir)
+    Ok((dir, socket))
 }
 
 /// vLLM's sleep routes on one child, and the level it sleeps at.

@@ -208,7 +208,10 @@ fn vllm_serve_argv_has_every_engine_field_and_override() {
         launch.env,
         [
             ("HF_HOME".to_owned(), "/models".to_owned()),
-            ("VLLM_API_KEY".to_owned(), "s3cret".to_owned())
+            ("VLLM_API_KEY".to_owned(), "s3cret".to_owned()),
+            // Development mode off: its routes take no key (on only with sleep mode, on a
+            // private socket).
+            ("VLLM_SERVER_DEV_MODE".to_owned(), "0".to_owned()),
         ]
     );
     assert_eq!(launch.api_key.as_deref(), Some("s3cret"));

@@ -97,7 +97,9 @@ async fn a_child_with_sleep_mode_listens_only_on_a_private_socket_and_sleeps_at_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_child_without_sleep_mode_cannot_sleep_and_a_refused_sleep_says_why() {
-    let runtime = load(json!({})).await;
+    // Development mode stays off on a port, whatever the model's environment says.
+    let runtime = load(json!({ "vllm_env": { "VLLM_SERVER_DEV_MODE": "1" } })).await;
+    assert_eq!(environ(&runtime, "VLLM_SERVER_DEV_MODE").as_deref(), Some("0"));
     assert!(runtime.capabilities().sleep_levels.is_empty());
     assert!(runtime.details().get("socket").is_none());
     let refused = runtime.sleep(SleepLevel::WeightsToHost).await.unwrap_err();
