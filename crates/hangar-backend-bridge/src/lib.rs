@@ -8,13 +8,14 @@
 //!   SIGKILL when Hangar dies) with `bridge_python`, connected over a private Unix socket;
 //!   a preflight that names a missing Python package before anything is evicted;
 //! - the versioned JSON-lines protocol ([`protocol`], `PROTOCOL.md`): `hello`, `load`,
-//!   streamed `generate`, `embed`, `rerank`, `cancel`, `ping`, `unload`, `shutdown`, errors
-//!   with a code;
+//!   streamed `generate`, `embed`, `rerank`, `cancel`, `ping`, `sleep`, `wake`, `unload`,
+//!   `shutdown`, errors with a code;
 //! - crash detection: a worker that dies, writes garbage, answers what was not asked, or
 //!   stops answering pings is a crashed backend (the model moves to `failed` with the reason
 //!   and the worker's last output; requests in flight end with `backend_crashed`);
 //! - the reference worker (`worker/hangar_bridge/`, compiled in and written out to a
-//!   private directory on first use), with one adapter per engine.
+//!   private directory on first use), with one adapter per engine;
+//! - sleep and wake for in-process `vllm` with `vllm_enable_sleep_mode` (vLLM's levels 1 and 2).
 //!
 //! Prompts are rendered here, by [`hangar_prompt`], for every format but `auto`
 //! (the engine applies the model's own chat template for that one).
@@ -29,7 +30,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use hangar_backend::{Backend, Capabilities, LoadError, LoadRequest, Runtime, ThinkingMode};
+use hangar_backend::{
+    Backend, Capabilities, LoadError, LoadRequest, Runtime, SleepLevel, ThinkingMode,
+};
 use hangar_config::{BackendKind, BackendSettings, ModelConfig, PromptFormat};
 use hangar_supervisor::{STOP_GRACE, Spawner};
 use serde_json::{Map, Value};
@@ -351,9 +354,10 @@ fn load_model(model: &ModelConfig, replica: u32, replicas: u32) -> LoadModel {
     }
 }
 
-/// Capabilities from the config alone: multi-turn per the prompt format, and the three
-/// thinking modes where the spec lists a safe per-request control (CT2 Qwen 3, ExLlamaV3 and
-/// vLLM Gemma 4 / Qwen 3), recognised by the prompt format or, for `auto`, the model path.
+/// Capabilities from the config alone: multi-turn per the prompt format, the three thinking
+/// modes where the spec lists a safe per-request control (CT2 Qwen 3, ExLlamaV3 and vLLM
+/// Gemma 4 / Qwen 3), recognised by the prompt format or, for `auto`, the model path, and
+/// vLLM's two sleep levels for a `vllm` model with `vllm_enable_sleep_mode`.
 pub fn capabilities(model: &ModelConfig) -> Capabilities {
     let format = model.prompt_format.unwrap_or(PromptFormat::Auto);
     let path = model.model_path.as_deref().unwrap_or_default().to_ascii_lowercase();
@@ -376,6 +380,11 @@ pub fn capabilities(model: &ModelConfig) -> Capabilities {
     if thinks {
         caps.thinking_modes =
             vec![ThinkingMode::Default, ThinkingMode::Enabled, ThinkingMode::Disabled];
+    }
+    if let BackendSettings::Vllm { engine, .. } = &model.settings
+        && engine.vllm_enable_sleep_mode == Some(true)
+    {
+        caps.sleep_levels = vec![SleepLevel::WeightsToHost, SleepLevel::WeightsDiscarded];
     }
     caps
 }

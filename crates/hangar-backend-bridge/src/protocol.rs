@@ -43,6 +43,13 @@ pub enum Op {
     },
     /// Liveness.
     Ping,
+    /// Puts the model to sleep (vLLM's sleep mode); asleep already is Ok.
+    Sleep {
+        /// vLLM's level: 1 (weights to host memory) or 2 (weights discarded).
+        level: u8,
+    },
+    /// Wakes a sleeping model; awake already is Ok.
+    Wake,
     /// Releases the model; the process stays.
     Unload,
     /// Ends the worker.
@@ -60,6 +67,8 @@ impl Op {
             Self::Rerank { .. } => "rerank",
             Self::Cancel { .. } => "cancel",
             Self::Ping => "ping",
+            Self::Sleep { .. } => "sleep",
+            Self::Wake => "wake",
             Self::Unload => "unload",
             Self::Shutdown => "shutdown",
         }
@@ -196,7 +205,7 @@ pub enum Reply {
         /// Tokens consumed.
         prompt_tokens: u32,
     },
-    /// Done (`cancel`, `unload`, `shutdown`).
+    /// Done (`cancel`, `sleep`, `wake`, `unload`, `shutdown`).
     Ok,
     /// The answer to `ping`.
     Pong,

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use hangar_backend::{
     Capabilities, CrashSink, EmbedRequest, Embeddings, FinishReason, GenerateEvent,
     GenerateRequest, GenerateSummary, Prompt, RerankRequest, Rerankings, Runtime, RuntimeDetails,
-    RuntimeError,
+    RuntimeError, SleepLevel,
 };
 use hangar_config::PromptFormat;
 use hangar_prompt::{self as prompt, RenderRequest};
@@ -105,6 +105,26 @@ impl BridgeRuntime {
             return self.crashed(why).await;
         }
         request_error(code, message)
+    }
+
+    /// Sends `op` and waits for its final reply; an error reply or the worker's death is
+    /// the request's error.
+    async fn request(&self, op: &Op) -> Result<Reply, RuntimeError> {
+        match self.parts.session.call(op).finish().await {
+            Ok(Reply::Error { code, message, .. }) => {
+                Err(self.error(op.name(), &code, message).await)
+            }
+            Ok(reply) => Ok(reply),
+            Err(seen) => Err(self.crashed(seen).await),
+        }
+    }
+
+    /// Sends `op`, whose answer is `ok`.
+    async fn done(&self, op: &Op) -> Result<(), RuntimeError> {
+        match self.request(op).await? {
+            Reply::Ok => Ok(()),
+            other => Err(self.violation(op.name(), &other).await),
+        }
     }
 
     /// The prompt as the worker takes it: rendered text, or the messages for `auto`.
@@ -233,30 +253,43 @@ impl Runtime for BridgeRuntime {
 
     async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, RuntimeError> {
         let op = Op::Embed { inputs: request.inputs };
-        match self.parts.session.call(&op).finish().await {
-            Ok(Reply::Embeddings { vectors, prompt_tokens }) => {
+        match self.request(&op).await? {
+            Reply::Embeddings { vectors, prompt_tokens } => {
                 Ok(Embeddings { vectors, prompt_tokens })
             }
-            Ok(Reply::Error { code, message, .. }) => {
-                Err(self.error("embed", &code, message).await)
-            }
-            Ok(other) => Err(self.violation("embed", &other).await),
-            Err(seen) => Err(self.crashed(seen).await),
+            other => Err(self.violation("embed", &other).await),
         }
     }
 
     async fn rerank(&self, request: RerankRequest) -> Result<Rerankings, RuntimeError> {
         let op = Op::Rerank { query: request.query, documents: request.documents };
-        match self.parts.session.call(&op).finish().await {
-            Ok(Reply::Rerankings { scores, prompt_tokens }) => {
-                Ok(Rerankings { scores, prompt_tokens })
-            }
-            Ok(Reply::Error { code, message, .. }) => {
-                Err(self.error("rerank", &code, message).await)
-            }
-            Ok(other) => Err(self.violation("rerank", &other).await),
-            Err(seen) => Err(self.crashed(seen).await),
+        match self.request(&op).await? {
+            Reply::Rerankings { scores, prompt_tokens } => Ok(Rerankings { scores, prompt_tokens }),
+            other => Err(self.violation("rerank", &other).await),
         }
+    }
+
+    /// `sleep` at vLLM's level 1 ([`SleepLevel::WeightsToHost`]) or 2
+    /// ([`SleepLevel::WeightsDiscarded`]); the worker answers `unsupported` for a model that
+    /// cannot sleep.
+    async fn sleep(&self, level: SleepLevel) -> Result<(), RuntimeError> {
+        let level = match level {
+            SleepLevel::WeightsToHost => 1,
+            SleepLevel::WeightsDiscarded => 2,
+            SleepLevel::Context => {
+                return Err(RuntimeError::Unsupported {
+                    message: "a bridge engine sleeps at weights_to_host (vLLM level 1) or \
+                              weights_discarded (level 2), not at context"
+                        .into(),
+                });
+            }
+        };
+        self.done(&Op::Sleep { level }).await
+    }
+
+    /// `wake` (the worker reloads the weights after level 2).
+    async fn wake(&self) -> Result<(), RuntimeError> {
+        self.done(&Op::Wake).await
     }
 
     async fn health(&self) -> Result<(), RuntimeError> {

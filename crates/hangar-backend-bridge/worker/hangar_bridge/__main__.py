@@ -4,9 +4,11 @@
 packages are findable (without importing them): exit 0 when they are, 3 when not.
 
 The main thread reads requests and answers the quick ones (hello, ping, cancel); load,
-generate, embed, rerank and unload each run on their own thread, so `ping` is answered at
-once. Every write to the socket holds one lock. The worker exits when the connection ends,
-after answering `shutdown`, and on SIGTERM.
+generate, embed, rerank, sleep, wake and unload each run on their own thread, so `ping` is
+answered at once. `sleep` and `wake` go to the adapter's methods of those names; an adapter
+without them (its engine cannot sleep) answers `unsupported`. Every write to the socket
+holds one lock. The worker exits when the connection ends, after answering `shutdown`, and
+on SIGTERM.
 """
 
 import argparse
@@ -64,6 +66,7 @@ class Session:
         self.state_lock = threading.Lock()
         self.greeted = False
         self.adapter = None
+        self.engine = None
         self.loading = False
         self.running = {}  # generate id -> cancel Event
 
@@ -131,7 +134,7 @@ class Session:
                 except OSError:
                     pass
                 os._exit(0)
-        elif op in ("load", "generate", "embed", "rerank", "unload"):
+        elif op in ("load", "generate", "embed", "rerank", "sleep", "wake", "unload"):
             self.start(rid, op, request)
         else:
             self.fail(rid, BridgeError("protocol", f"unknown op {op!r}"))
@@ -180,7 +183,7 @@ class Session:
                 raise
             except Exception as e:  # noqa: BLE001 - an adapter bug or an engine surprise
                 raise BridgeError("load_failed", f"{type(e).__name__}: {e}") from None
-            self.adapter = adapter
+            self.adapter, self.engine = adapter, engine
         finally:
             self.loading = False
         self.reply(rid, "loaded", max_parallel_sequences=max_parallel, details=details)
@@ -213,6 +216,24 @@ class Session:
             request.get("query") or "", list(request.get("documents") or [])
         )
         self.reply(rid, "rerankings", scores=scores, prompt_tokens=int(prompt_tokens))
+
+    def op_sleep(self, rid, request):
+        level = request.get("level")
+        if not isinstance(level, int) or isinstance(level, bool) or level not in (1, 2):
+            raise BridgeError("invalid_request", f"sleep takes level 1 or 2, not {level!r}")
+        self.sleep_mode("sleep")(level)
+        self.reply(rid, "ok")
+
+    def op_wake(self, rid, request):
+        self.sleep_mode("wake")()
+        self.reply(rid, "ok")
+
+    def sleep_mode(self, name):
+        """The loaded adapter's `sleep` or `wake`; `unsupported` when its engine cannot sleep."""
+        method = getattr(self.loaded(), name, None)
+        if method is None:
+            raise BridgeError("unsupported", f"the {self.engine} engine cannot sleep")
+        return method
 
     def op_unload(self, rid, request):
         adapter, self.adapter = self.adapter, None

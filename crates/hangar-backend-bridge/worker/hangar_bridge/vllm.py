@@ -11,6 +11,7 @@ the fields that are set are passed (unset -> vLLM's defaults):
       -> speculative_config {"method", "model", "num_speculative_tokens"} (only with a method)
   vllm_mm_processor_kwargs, with vllm_max_pixels merged in as "max_pixels"
       -> mm_processor_kwargs (only when not empty)
+  vllm_enable_sleep_mode -> enable_sleep_mode=True (only when true)
 
 Generation: `SamplingParams(max_tokens=, output_kind=DELTA, temperature/top_p/top_k/seed/stop
 when given)` and `engine.generate(prompt, params, request_id)`; a cancel aborts the request
@@ -18,6 +19,14 @@ with `engine.abort(request_id)`. An `auto` prompt is rendered with the engine to
 `apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
 enable_thinking=...)` and sent as token ids without added special tokens (the template has
 them). Embeddings and reranking are `unsupported`: a generate model has no pooling runner.
+
+Sleep (only with vllm_enable_sleep_mode, else `unsupported`): `engine.sleep(level)` (1: the
+weights to host memory, 2: the weights discarded; the KV cache goes at both). Waking from
+level 1 is `engine.wake_up()`; from level 2 it is `wake_up(tags=["weights"])`,
+`collective_rpc("reload_weights")`, then `wake_up(tags=["kv_cache"])`: woken without the
+reload, vLLM answers from uninitialised memory. Each is confirmed with
+`engine.is_sleeping()`; vLLM raising or saying otherwise is an `engine_error`. A model
+asleep generates nothing (`engine_error`) until it is woken.
 """
 
 import asyncio
@@ -72,6 +81,8 @@ def engine_kwargs(model_path, settings):
         mm["max_pixels"] = settings["vllm_max_pixels"]
     if mm:
         kwargs["mm_processor_kwargs"] = mm
+    if settings.get("vllm_enable_sleep_mode") is True:
+        kwargs["enable_sleep_mode"] = True
     return kwargs
 
 
@@ -79,6 +90,9 @@ class Adapter:
     def __init__(self):
         self.engine = None
         self.loop = None
+        self.sleep_mode = False
+        self.asleep = None  # the level it sleeps at; None awake
+        self._sleep_lock = threading.Lock()
 
     def load(self, model):
         path = model_ref(model)
@@ -92,6 +106,7 @@ class Adapter:
             raise import_failed("vllm", e) from None
         self.SamplingParams, self.delta = SamplingParams, RequestOutputKind.DELTA
         kwargs = engine_kwargs(path, model.get("settings") or {})
+        self.sleep_mode = kwargs.get("enable_sleep_mode", False)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True)
         self._thread.start()
@@ -152,6 +167,8 @@ class Adapter:
     def generate(self, request, emit, cancelled):
         if self.engine is None:
             raise BridgeError("not_loaded", "no model is loaded")
+        if self.asleep is not None:
+            raise BridgeError("engine_error", f"the model is asleep (level {self.asleep}); wake it")
         prompt = self._prompt(request)
         params = request.get("params") or {}
         sampling = self._sampling(params)
@@ -210,6 +227,65 @@ class Adapter:
 
     def rerank(self, query, documents):
         raise BridgeError("unsupported", "this vLLM engine generates text; no reranking")
+
+    def sleep(self, level):
+        """vLLM's sleep at `level` (1 or 2), confirmed; asleep already is Ok."""
+        with self._sleep_lock:
+            self._can_sleep()
+            if self.asleep is not None:
+                return
+            self._engine_call(f"sleep({level})", "sleep", level)
+            self._confirm(True, f"sleep({level})")
+            self.asleep = level
+            log(f"asleep at vLLM level {level}")
+
+    def wake(self):
+        """Wakes the engine (reloading the weights after level 2), confirmed; awake already
+        is Ok."""
+        with self._sleep_lock:
+            self._can_sleep()
+            if self.asleep == 2:
+                self._engine_call('wake_up(tags=["weights"])', "wake_up", tags=["weights"])
+                self._engine_call('collective_rpc("reload_weights")', "collective_rpc",
+                                  "reload_weights")
+                self._engine_call('wake_up(tags=["kv_cache"])', "wake_up", tags=["kv_cache"])
+            elif self.asleep is not None:
+                self._engine_call("wake_up()", "wake_up")
+            self._confirm(False, "the wake")
+            if self.asleep is not None:
+                log(f"awake from vLLM level {self.asleep}")
+            self.asleep = None
+
+    def _can_sleep(self):
+        if self.engine is None:
+            raise BridgeError("not_loaded", "no model is loaded")
+        if not self.sleep_mode:
+            raise BridgeError(
+                "unsupported", "this vLLM model cannot sleep: vllm_enable_sleep_mode is off"
+            )
+
+    def _engine_call(self, what, method, *args, **kwargs):
+        """`engine.<method>(*args, **kwargs)` on the loop, awaited when vLLM made it a
+        coroutine; vLLM raising is an `engine_error` naming `what`."""
+
+        async def call():
+            result = getattr(self.engine, method)(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+
+        try:
+            return self._run(call())
+        except Exception as e:  # noqa: BLE001 - whatever vLLM raised
+            message = f"vLLM {what} failed: {type(e).__name__}: {e}"
+            raise BridgeError("engine_error", message) from None
+
+    def _confirm(self, sleeping, after):
+        said = self._engine_call("is_sleeping()", "is_sleeping")
+        if said is not sleeping:
+            raise BridgeError(
+                "engine_error", f"vLLM says is_sleeping() == {said!r} after {after}"
+            )
 
     def unload(self):
         engine, self.engine = self.engine, None

@@ -208,6 +208,115 @@ class VllmTest(helpers.AdapterCase):
     def test_embed_and_rerank_are_unsupported(self):
         helpers.check_embed_and_rerank_unsupported(self, self.load()[0])
 
+    # -- sleep mode
+    def test_sleep_mode_is_passed_only_when_true(self):
+        self.assertEqual(self.engine_args(vllm_enable_sleep_mode=True),
+                         {"model": self.path, "enable_sleep_mode": True})
+        for off in (False, None):
+            self.rec.CALLS.clear()
+            self.assertEqual(self.engine_args(vllm_enable_sleep_mode=off), {"model": self.path})
+
+    def greedy(self, adapter):
+        return self.run_generate(adapter, generate(prompt="abc", temperature=0))
+
+    def test_level_1_then_wake_answers_the_same(self):
+        adapter, _ = self.load(vllm_enable_sleep_mode=True)
+        before = self.greedy(adapter)
+        adapter.sleep(1)
+        adapter.sleep(1)  # asleep already: Ok, vLLM is not asked again
+        self.assertEqual(self.rec.calls("sleep"), [{"level": 1}])
+        with self.assertRaises(BridgeError) as e:
+            self.greedy(adapter)
+        self.assertEqual(e.exception.code, "engine_error")
+        adapter.wake()
+        self.assertEqual(self.rec.calls("wake_up"), [{"tags": None}])
+        self.assertEqual(self.rec.calls("collective_rpc"), [])
+        self.assertEqual(self.greedy(adapter), before)
+        adapter.wake()  # awake already: Ok
+        self.assertEqual(len(self.rec.calls("wake_up")), 1)
+
+    def test_level_2_wake_reloads_the_weights(self):
+        adapter, _ = self.load(vllm_enable_sleep_mode=True)
+        before = self.greedy(adapter)
+        adapter.sleep(2)
+        self.assertEqual(self.rec.calls("sleep"), [{"level": 2}])
+        adapter.wake()
+        names = [n for n, _ in self.rec.CALLS if n in ("wake_up", "collective_rpc")]
+        self.assertEqual(names, ["wake_up", "collective_rpc", "wake_up"])
+        self.assertEqual(self.rec.calls("wake_up"), [{"tags": ["weights"]}, {"tags": ["kv_cache"]}])
+        self.assertEqual(self.rec.calls("collective_rpc"), [{"method": "reload_weights"}])
+        self.assertEqual(self.greedy(adapter), before)
+        # Then level 1 again: nothing left of level 2.
+        adapter.sleep(1)
+        adapter.wake()
+        self.assertEqual(len(self.rec.calls("collective_rpc")), 1)
+        self.assertEqual(self.greedy(adapter), before)
+
+    def test_the_fake_garbles_without_the_reload(self):
+        # What the reload guards against: the fake vLLM woken whole after level 2 answers
+        # from weights never read again, as vLLM would.
+        adapter, _ = self.load(vllm_enable_sleep_mode=True)
+        before = self.greedy(adapter)
+        adapter.sleep(2)
+        adapter.asleep = 1  # the adapter forgets the level: it wakes without the reload
+        adapter.wake()
+        text, result = self.greedy(adapter)
+        self.assertNotEqual(text, before[0])
+        self.assertEqual(result, before[1])
+
+    def test_sleep_without_sleep_mode_is_unsupported(self):
+        adapter, _ = self.load()
+        for call in (lambda: adapter.sleep(1), adapter.wake):
+            with self.assertRaises(BridgeError) as e:
+                call()
+            self.assertEqual(e.exception.code, "unsupported")
+            self.assertIn("vllm_enable_sleep_mode", e.exception.message)
+        self.assertEqual(self.rec.calls("sleep"), [])
+        self.assertEqual(self.greedy(adapter)[0], "Hello, world!")
+
+    def test_vllm_refusing_the_sleep_is_an_engine_error(self):
+        # An engine started without sleep mode although the adapter thinks it has it: vLLM
+        # raises, the adapter says so and stays awake.
+        adapter, _ = self.load()
+        adapter.sleep_mode = True
+        with self.assertRaises(BridgeError) as e:
+            adapter.sleep(2)
+        self.assertEqual(e.exception.code, "engine_error")
+        self.assertIn("Sleep mode is not enabled", e.exception.message)
+        self.assertIsNone(adapter.asleep)
+        self.assertEqual(self.greedy(adapter)[0], "Hello, world!")
+
+    def test_a_sleep_vllm_does_not_confirm_is_an_engine_error(self):
+        adapter, _ = self.load(vllm_enable_sleep_mode=True)
+
+        async def stays_awake(level=1):
+            pass
+
+        adapter.engine.sleep = stays_awake
+        with self.assertRaises(BridgeError) as e:
+            adapter.sleep(1)
+        self.assertEqual(e.exception.code, "engine_error")
+        self.assertIn("is_sleeping() == False after sleep(1)", e.exception.message)
+        self.assertIsNone(adapter.asleep)
+
+    def test_sync_sleep_methods_are_called_too(self):
+        # Some vLLM versions have sync methods: the adapter awaits only what is awaitable.
+        adapter, _ = self.load(vllm_enable_sleep_mode=True)
+        engine, state = adapter.engine, {"sleeping": False}
+
+        def sleep(level=1):
+            state["sleeping"] = True
+
+        def wake_up(tags=None):
+            state["sleeping"] = False
+
+        engine.sleep, engine.wake_up = sleep, wake_up
+        engine.is_sleeping = lambda: state["sleeping"]
+        adapter.sleep(1)
+        self.assertTrue(state["sleeping"])
+        adapter.wake()
+        self.assertFalse(state["sleeping"])
+
 
 class MissingVllmTest(unittest.TestCase):
     def test_missing_package_names_it_and_the_interpreter(self):
