@@ -3,8 +3,8 @@
 //! fake NVML GPU whose memory the fake's engine core gives back while it sleeps. A sleeping
 //! model makes room for another without being unloaded, a request wakes it (making room
 //! in turn), level 2 is used when the host has no room for the weights (the wake reloads
-//! them), an engine that answers wrong after waking fails its model with why, and a load
-//! short of memory puts an idle model to sleep rather than unload it.
+//! them), a load short of memory puts an idle model to sleep rather than unload it, and an
+//! engine that answers wrong after waking fails its model with why.
 
 use std::path::Path;
 
@@ -71,7 +71,7 @@ async fn vllm_children_sleep_give_their_gpu_memory_back_and_wake_on_a_request() 
     let env = [
         ("HANGAR_NVML_LIBRARY", library.to_str().unwrap()),
         ("FAKE_VLLM_NVML_SCRIPT", script.to_str().unwrap()),
-        ("FAKE_VLLM_GPU_MIB", r#"{"a": 12000, "b": 12000, "deep": 2000, "wrong": 1000}"#),
+        ("FAKE_VLLM_GPU_MIB", r#"{"a": 12000, "b": 12000, "deep": 2000}"#),
     ];
     let server = Server::start_with(&config, &[], &env);
 
@@ -114,9 +114,20 @@ async fn vllm_children_sleep_give_their_gpu_memory_back_and_wake_on_a_request() 
     assert_eq!(row(&server, "b").await["runtime_state"], "unloaded");
     assert_eq!(used(&script), 13000);
 
+    // Memory pressure: deep is admitted by its files (4,000 MiB) and 2,000 are free beside
+    // the awake, idle a. a's sleep frees 12,000 (measured at its last sleep), so a is put
+    // to sleep for deep, not unloaded.
+    let (status, deep) = crate::support::load(&server, "deep", json!({})).await;
+    assert_eq!(status, 200, "{deep}");
+    let a = row(&server, "a").await;
+    assert_eq!(
+        (&a["runtime_state"], &a["residency"]["state"]),
+        (&json!("loaded"), &json!("asleep"))
+    );
+    assert_eq!(used(&script), 3000, "deep's 2,000 beside the sleeping a");
+
     // deep's 4,000 MiB of weights do not fit the host's 2,000: level 2, and the wake
     // reloads them (woken without, the fake answers garbage and the check would fail).
-    crate::support::load(&server, "deep", json!({})).await;
     let asleep = sleep(&server, "deep").await;
     assert_eq!(asleep["residency"]["level"], "weights_discarded", "{asleep}");
     let (status, woken) = chat(&server, "deep").await;
@@ -132,15 +143,4 @@ async fn vllm_children_sleep_give_their_gpu_memory_back_and_wake_on_a_request() 
     assert_eq!(failed["runtime_state"], "failed");
     let why = failed["last_error"].as_str().unwrap();
     assert!(why.contains("wake check") && why.contains("garbled"), "{why}");
-
-    // Memory pressure: b needs 12,000 MiB, held by the awake, idle a. a's sleep frees that
-    // (measured at its last sleep), so a is put to sleep for b, not unloaded.
-    let (status, b) = crate::support::load(&server, "b", json!({})).await;
-    assert_eq!(status, 200, "{b}");
-    let a = row(&server, "a").await;
-    assert_eq!(
-        (&a["runtime_state"], &a["residency"]["state"]),
-        (&json!("loaded"), &json!("asleep"))
-    );
-    assert_eq!(used(&script), 15000, "within the budget");
 }
