@@ -102,7 +102,7 @@ fn chat(text: &str) -> GenerateRequest {
 }
 
 /// Runs a generation to its end: the text and the result.
-async fn run(
+pub(crate) async fn run(
     runtime: &Arc<dyn Runtime>,
     request: GenerateRequest,
 ) -> (String, Result<hangar_backend::GenerateSummary, RuntimeError>) {

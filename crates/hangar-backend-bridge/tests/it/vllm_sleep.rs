@@ -12,12 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hangar_backend::{
-    Backend, GenerateEvent, GenerateRequest, LoadRequest, Prompt, Runtime, RuntimeError, SleepLevel,
+    Backend, GenerateRequest, LoadRequest, Prompt, Runtime, RuntimeError, SleepLevel,
 };
 use hangar_backend_bridge::{BridgeBackend, Timing, WorkerProgram};
 use hangar_config::{BackendKind, ModelConfig, ModelName};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 /// What the fake engine streams by default (`fake_record.DEFAULT_SCRIPT`).
 const ANSWER: &str = "Hello, world!";
@@ -77,16 +76,7 @@ async fn load(kind: BackendKind, model: Arc<ModelConfig>, dir: &Path) -> Arc<dyn
 async fn answer(runtime: &Arc<dyn Runtime>) -> Result<String, RuntimeError> {
     let mut request = GenerateRequest::new(Prompt::Text("hi".into()));
     request.params.temperature = Some(0.0);
-    let (tx, mut rx) = mpsc::channel(16);
-    let collect = tokio::spawn(async move {
-        let mut text = String::new();
-        while let Some(GenerateEvent::Text(t)) = rx.recv().await {
-            text.push_str(&t);
-        }
-        text
-    });
-    let result = runtime.generate(request, tx).await;
-    let text = collect.await.unwrap();
+    let (text, result) = crate::protocol::run(runtime, request).await;
     result.map(|_| text)
 }
 

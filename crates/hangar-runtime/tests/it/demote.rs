@@ -32,11 +32,8 @@ fn sleeps_for(m: &Manager, name: &str) -> Vec<Option<String>> {
 
 #[tokio::test]
 async fn a_load_short_of_memory_puts_an_idle_model_to_sleep_before_it_unloads_one() {
-    let dir = std::env::temp_dir().join(format!("hangar-demote-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     // The file (sparse) is the figure `other` is admitted by before it is measured.
-    let file = dir.join("other.bin");
-    std::fs::File::create(&file).unwrap().set_len(1500 << 20).unwrap();
+    let (dir, file) = crate::support::sparse_file("demote", 1500);
     let (m, _, gpu) = manager_on_gpu(
         json!({
             "vram_budget": 3200,

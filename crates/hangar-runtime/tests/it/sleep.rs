@@ -182,11 +182,8 @@ async fn an_idle_model_sleeps_before_it_is_unloaded_and_a_request_in_between_wak
 
 #[tokio::test]
 async fn a_sleeping_model_makes_room_under_the_budget_and_its_wake_is_granted_room() {
-    let dir = std::env::temp_dir().join(format!("hangar-sleep-room-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     // The file (sparse) is the figure `other` is admitted by before it is measured.
-    let file = dir.join("other.bin");
-    std::fs::File::create(&file).unwrap().set_len(1500 << 20).unwrap();
+    let (dir, file) = crate::support::sparse_file("sleep-room", 1500);
     let (m, _, gpu) = manager_on_gpu(
         json!({
             "vram_budget": 3200,

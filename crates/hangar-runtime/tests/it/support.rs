@@ -112,6 +112,16 @@ pub(crate) fn manager_on_gpu(
     (m, stub, gpu)
 }
 
+/// A sparse file of `mib` MiB in a fresh directory for the test `label` (a model file whose
+/// size is the figure a model is admitted by before it is measured), and the directory.
+pub(crate) fn sparse_file(label: &str, mib: u64) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("hangar-{label}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("model.bin");
+    std::fs::File::create(&file).unwrap().set_len(mib << 20).unwrap();
+    (dir, file)
+}
+
 /// Polls `future` once; `true` when it finished.
 pub(crate) async fn poll_once<F: std::future::Future>(future: &mut std::pin::Pin<Box<F>>) -> bool {
     std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx).is_ready())).await
