@@ -3,7 +3,8 @@
 //! whether putting least recently used idle models to sleep frees enough: each candidate's
 //! `sleep_frees_mib` (what its engine's sleep gives back, as best known) comes off its
 //! holdings, and the placement is planned again. The fewest candidates, oldest first, that
-//! leave no victim for memory are demoted; when even all of them do not, the grant unloads
+//! leave no victim for memory are demoted (less any of them the placement turns out not to
+//! need: a model on a GPU it does not use); when even all of them do not, the grant unloads
 //! as before. Slot pressure still unloads (a sleeping model first: `hangar-eviction`).
 //!
 //! A candidate is loaded, awake, idle, not held, holds GPU memory, and can sleep. The
@@ -36,14 +37,29 @@ pub(crate) fn instead_of_unloads(
         .filter(|m| !m.asleep && !m.held && m.is_idle() && m.name != incoming.name)
         .collect();
     candidates.sort_by(|a, b| a.last_use.cmp(&b.last_use).then_with(|| a.name.cmp(&b.name)));
-    for k in 1..=candidates.len() {
-        let demoted = &candidates[..k];
+    // The grant with `demoted` asleep, when it unloads nothing for memory.
+    let enough = |demoted: &[&LoadedModel]| {
         let (after, places) = asleep(loaded, places, demoted);
-        let Ok(grant) = decide_placed(ask, &after, incoming, limits, Some(&places)) else {
-            continue;
-        };
-        if for_memory(&grant) {
-            continue;
+        let grant = decide_placed(ask, &after, incoming, limits, Some(&places)).ok()?;
+        (!for_memory(&grant)).then_some(grant)
+    };
+    for k in 1..=candidates.len() {
+        let Some(mut grant) = enough(&candidates[..k]) else { continue };
+        // A sleep the placement does not need (a model on a GPU it does not use) is left
+        // out, older ones first.
+        let mut demoted = candidates[..k].to_vec();
+        let mut i = 0;
+        while i < demoted.len() && demoted.len() > 1 {
+            let mut fewer = demoted.clone();
+            fewer.remove(i);
+            // Leaving one out may not unload anything the grant kept (a slot goes from a
+            // sleeping model first: an awake one left out could take another's place).
+            let unloads = |g: &Grant| g.plan.victims.iter().map(|v| v.name.clone()).collect();
+            let before: Vec<_> = unloads(&grant);
+            match enough(&fewer).filter(|g| unloads(g).iter().all(|n| before.contains(n))) {
+                Some(kept) => (demoted, grant) = (fewer, kept),
+                None => i += 1,
+            }
         }
         // One the plan unloads anyway (for a slot) need not sleep first.
         let unloaded = |m: &&&LoadedModel| grant.plan.victims.iter().any(|v| v.name == m.name);
@@ -238,16 +254,40 @@ mod tests {
             ),
         ];
         for (what, loaded, slots, free, needed, expected) in rows {
-            let nz = |n| std::num::NonZeroU32::new(n).unwrap();
-            let limits = MaxLoadedModels { llm: nz(slots), embedding: nz(1), reranking: nz(1) };
-            let incoming = Incoming {
-                name: ModelName::new("new").unwrap(),
-                model_type: ModelType::Llm,
-                device: Device::GPU,
-            };
             let places = Places::one_gpu(free, needed, &loaded);
-            let got = decide(Ask::Load, &loaded, &incoming, &limits, Some(&places), None);
-            assert_eq!(summary(got), expected, "{what}");
+            assert_eq!(summary(grant(&loaded, slots, &places)), expected, "{what}");
         }
+    }
+
+    /// The grant of a load of "new" with `slots` llm slots.
+    fn grant(
+        loaded: &[LoadedModel],
+        slots: u32,
+        places: &Places,
+    ) -> Result<Grant, crate::grant::Refusal> {
+        let nz = |n| std::num::NonZeroU32::new(n).unwrap();
+        let limits = MaxLoadedModels { llm: nz(slots), embedding: nz(1), reranking: nz(1) };
+        let incoming = Incoming {
+            name: ModelName::new("new").unwrap(),
+            model_type: ModelType::Llm,
+            device: Device::GPU,
+        };
+        decide(Ask::Load, loaded, &incoming, &limits, Some(places), None)
+    }
+
+    #[test]
+    fn a_model_on_a_gpu_the_load_does_not_use_is_not_put_to_sleep_for_it() {
+        use hangar_eviction::{Fit, GpuRoom};
+        // x (used first) holds GPU 1, y holds GPU 0; "new" may go on GPU 0 only.
+        let loaded = [model("x", 1, 5000, 5000, 0), model("y", 2, 5000, 5000, 0)];
+        let holding =
+            |name: &str, gpu| GpuHolding { model: ModelName::new(name).unwrap(), gpu, mib: 5000 };
+        let places = Places {
+            on: crate::grant::Place::Gpus,
+            gpus: vec![GpuRoom { index: 0, free_mib: 0 }, GpuRoom { index: 1, free_mib: 0 }],
+            holdings: vec![holding("x", 1), holding("y", 0)],
+            fit: Fit { needed_mib: 5000, allowed: vec![0], split: 1 },
+        };
+        assert_eq!(summary(grant(&loaded, 4, &places)), "sleep y; evict ");
     }
 }
