@@ -207,19 +207,17 @@ impl Manager {
     /// over [`ALL_GPUS`], the sum, when neither is known). Only a measured figure is trusted: an estimate that is
     /// too high would hold every next load for the whole [`RELEASE_WAIT`].
     pub(crate) async fn before_release(&self, entry: &ModelEntry) -> Option<Vec<GpuRelease>> {
-        let (held, shares) = {
-            let slot = entry.lock();
-            let held = match held_figure(entry, &slot) {
-                Some((mib, VramMethod::ProcessTree | VramMethod::ObservedLoadDelta)) => {
-                    mib.saturating_sub(asleep_freed(&slot))
-                }
-                _ => 0,
-            };
-            (held, crate::place::held_shares(entry, &slot, &[]))
-        };
-        if held == 0 {
-            return None;
-        }
+        let to_release = to_release(entry, &entry.lock(), false)?;
+        self.releases(entry, to_release).await
+    }
+
+    /// The releases to expect of `to_release` (what [`to_release`] said), with each GPU's
+    /// used memory now.
+    pub(crate) async fn releases(
+        &self,
+        entry: &ModelEntry,
+        (held, shares): (u64, Vec<(u32, u64)>),
+    ) -> Option<Vec<GpuRelease>> {
         let gpus = self.read_gpus(entry.config.device).await?;
         if shares.is_empty() {
             return Some(vec![(ALL_GPUS, used_on(&gpus, &[]), held)]);
@@ -257,6 +255,36 @@ impl Manager {
             used = Some(each.chain([(ALL_GPUS, used_on(&gpus, &[]))]).collect());
         }
     }
+}
+
+/// What an unload of `entry`'s runtimes in service should free (a measured figure only; see
+/// [`Manager::before_release`]): the MiB, and its share on each GPU (empty: not known where).
+/// `woken`: they took back what a sleep gave (a wake that then failed its check), though
+/// the slot still says asleep. `None` for nothing to expect.
+pub(crate) fn to_release(
+    entry: &ModelEntry,
+    slot: &Slot,
+    woken: bool,
+) -> Option<(u64, Vec<(u32, u64)>)> {
+    let freed = if woken { 0 } else { asleep_freed(slot) };
+    let held = match held_figure(entry, slot) {
+        Some((mib, VramMethod::ProcessTree | VramMethod::ObservedLoadDelta)) => {
+            mib.saturating_sub(freed)
+        }
+        _ => 0,
+    };
+    if held == 0 {
+        return None;
+    }
+    let on = crate::place::held_gpus(slot);
+    let shares = if woken && !on.is_empty() {
+        let replicas = slot.phase.loaded_replicas().max(1);
+        let measured = slot.vram.measured_split(replicas, &slot.load_override, &on);
+        crate::place::spread(held, &on, measured)
+    } else {
+        crate::place::held_shares(entry, slot, &[])
+    };
+    Some((held, shares))
 }
 
 /// The used memory of each GPU, in MiB, by GPU ascending.

@@ -172,7 +172,10 @@ impl Manager {
         let change = Change::Crash { generation, message: message.clone() };
         let (control, events) = (self.inner.control.clone(), Arc::clone(&self.inner.events));
         let (name, position) = (entry.config.name.clone(), entry.position);
+        let (manager, failed) = (self.clone(), Arc::clone(entry));
         let apply = Apply::new(move |slot| {
+            // Read while the placement says where the memory is.
+            let to_release = crate::gpu::to_release(&failed, slot, true);
             let Phase::Up(serving) = std::mem::replace(&mut slot.phase, Phase::Down) else {
                 return;
             };
@@ -185,8 +188,23 @@ impl Manager {
             tokio::spawn(async move {
                 let _runtimes = control.destroy(position).await;
                 scheduler.drained().await;
-                for runtime in scheduler.runtimes() {
+                let runtimes = scheduler.runtimes();
+                // Engines still running (a woken engine that answered wrong, not a crash)
+                // give their memory back as they stop: the next load on those GPUs waits
+                // for it, as after an unload. A dead one's memory is gone already.
+                let mut alive = true;
+                for runtime in &runtimes {
+                    alive &= runtime.health().await.is_ok();
+                }
+                let release = match to_release.filter(|_| alive) {
+                    Some(to_release) => manager.releases(&failed, to_release).await,
+                    None => None,
+                };
+                for runtime in runtimes {
                     runtime.unload().await;
+                }
+                if let Some(release) = release {
+                    manager.expect_release(release);
                 }
             });
         });
