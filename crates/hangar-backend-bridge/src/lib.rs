@@ -382,7 +382,7 @@ pub fn capabilities(model: &ModelConfig) -> Capabilities {
             vec![ThinkingMode::Default, ThinkingMode::Enabled, ThinkingMode::Disabled];
     }
     if let BackendSettings::Vllm { engine, .. } = &model.settings
-        && engine.vllm_enable_sleep_mode == Some(true)
+        && engine.sleeps()
     {
         caps.sleep_levels = vec![SleepLevel::WeightsToHost, SleepLevel::WeightsDiscarded];
     }

@@ -126,7 +126,7 @@ pub fn vllm_serve(
             model.name
         ),
     })?;
-    let sleeps = sleeps(model);
+    let sleeps = engine.sleeps();
     if sleeps && socket.is_none() {
         return Err(LoadError::Failed {
             message: format!("model '{}' sleeps, and its child needs a Unix socket", model.name),
@@ -178,16 +178,6 @@ pub fn vllm_serve(
         socket: socket.map(Path::to_path_buf),
         api_key: Some(api_key),
     })
-}
-
-/// Whether `model` is a vLLM model with sleep mode on (`vllm_enable_sleep_mode`).
-pub fn sleeps(model: &ModelConfig) -> bool {
-    match &model.settings {
-        BackendSettings::VllmServe { engine, .. } | BackendSettings::Vllm { engine, .. } => {
-            engine.vllm_enable_sleep_mode == Some(true)
-        }
-        _ => false,
-    }
 }
 
 /// Whether `args` set one of `flags` (as `--flag value` or `--flag=value`).

@@ -112,7 +112,7 @@ impl ProcessBackend {
 
     /// Whether `model`'s children can sleep: `vllm_serve` with vLLM's sleep mode.
     fn sleeps(&self, model: &ModelConfig) -> bool {
-        self.kind == BackendKind::VllmServe && launch::sleeps(model)
+        matches!(&model.settings, BackendSettings::VllmServe { engine, .. } if engine.sleeps())
     }
 
     /// Starts the child and waits until it serves. A child that could not bind the port

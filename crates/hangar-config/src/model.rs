@@ -422,7 +422,7 @@ fn parse_model(
     };
 
     if let BackendSettings::VllmServe { engine, serve } = &settings
-        && engine.vllm_enable_sleep_mode == Some(true)
+        && engine.sleeps()
     {
         for (field, set) in
             [("vllm_host", serve.vllm_host.is_some()), ("vllm_port", serve.vllm_port.is_some())]

@@ -191,6 +191,13 @@ pub struct VllmSettings {
     pub vllm_enable_sleep_mode: Option<bool>,
 }
 
+impl VllmSettings {
+    /// Whether vLLM's sleep mode is on (`vllm_enable_sleep_mode: true`).
+    pub fn sleeps(&self) -> bool {
+        self.vllm_enable_sleep_mode == Some(true)
+    }
+}
+
 impl Section for VllmSettings {
     const BACKENDS: &'static [BackendKind] = &[BackendKind::Vllm, BackendKind::VllmServe];
 
