@@ -50,7 +50,8 @@
 //!     inflight: 0,
 //!     held: false,
 //!     vram_mib: 0,
-//!     asleep: false, sleep_frees_mib: 0,
+//!     asleep: false,
+//!     sleep_frees_mib: 0,
 //! };
 //! let loaded = [llm("old", 1), llm("recent", 2)];
 //! let limits = MaxLoadedModels::from_counts(&[2]).unwrap();

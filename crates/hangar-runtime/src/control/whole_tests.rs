@@ -280,7 +280,8 @@ proptest! {
                             inflight: 0,
                             held: false,
                             vram_mib,
-                            asleep: false, sleep_frees_mib: 0,
+                            asleep: false,
+                            sleep_frees_mib: 0,
                         })
                     }).collect();
                     let incoming = Incoming { name: ModelName::new(NAMES[model]).unwrap(), model_type: ModelType::Llm, device: Device::GPU };
