@@ -2,7 +2,7 @@
 
 Phases, in order, each under its own budget (docs/gpu-check.md): setup, build (a CUDA
 `llama-server` from the carried llama.cpp tree, while numpy writes the GGUF), gguf, telemetry,
-load, eviction, release, kill. The report `$OUT/gpu-check.json` is rewritten after every
+load, eviction, release, kill, sleep (sleeping.py). The report `$OUT/gpu-check.json` is rewritten after every
 phase and check; logs sit beside it. `run.sh` starts this; `cargo xtask gpu-check --dry-run`
 runs it against the fake NVML and a CPU `llama-server` (GPU_CHECK_MODE=dry_run).
 
@@ -10,7 +10,8 @@ Environment: OUT (report folder), GPU_CHECK_MODE (device | dry_run), GPU_CHECK_W
 folder, /tmp/hangar-gpu-check; emptied but for the CMake tree), GPU_CHECK_DEADLINE_S (the whole run), GPU_CHECK_LLAMA_SERVER (a built binary: the
 build phase then only unpacks and configures, for the CPU), GPU_CHECK_GGUF_ARGS (sizes for
 gguf.py), GPU_CHECK_CUDA_FA (ON compiles the FlashAttention kernels; OFF by default),
-GPU_CHECK_CHILD_PASS_ENV (variables hangard passes on to its engine children).
+GPU_CHECK_CHILD_PASS_ENV (variables hangard passes on to its engine children),
+GPU_CHECK_LIBS (where hangard finds llama.cpp's shared libraries; the build tree's `bin`).
 """
 import os
 import shlex
@@ -20,6 +21,7 @@ import sys
 import time
 
 from phases import Ctx, PHASES, cleanup
+from sleeping import PHASE as SLEEP
 from support import Report, log, trim_logs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,6 +42,11 @@ def main():
                 shutil.rmtree(path)
             else:
                 os.remove(path)
+    # The carried hangard links llama.cpp's shared libraries: the build phase's, with CUDA
+    # (GPU_CHECK_LIBS names others). A statically linked hangard ignores this.
+    libs = os.environ.get("GPU_CHECK_LIBS") or os.path.join(work, "build", "bin")
+    os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (libs, os.environ.get("LD_LIBRARY_PATH")) if p)
     report = Report(os.path.join(out, "gpu-check.json"), mode,
                     float(os.environ.get("GPU_CHECK_DEADLINE_S", "460")))
     ctx = Ctx(report=report, mode=mode, bundle=HERE, work=work, out=out)
@@ -53,7 +60,7 @@ def main():
         [sys.executable, os.path.join(HERE, "gguf.py"), ctx.gguf_path, *gguf_args],
         stdout=subprocess.PIPE, stderr=open(os.path.join(out, "gguf.log"), "w"), text=True)
     try:
-        for name, budget, body in PHASES:
+        for name, budget, body in [*PHASES, SLEEP]:
             report.run_phase(name, budget[mode], lambda deadline, body=body: body(ctx, deadline))
     finally:
         cleanup(ctx)

@@ -76,7 +76,9 @@ def build(ctx, deadline):
     f["build_tree_reused"] = os.path.isdir(tree)
     # Named before it exists: should the build fail, the later phases still start hangard.
     ctx.llama_server = given or os.path.join(tree, "bin", "llama-server")
-    options = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF",
+    # Shared libraries: the carried hangard links llama.cpp's (`--features llama-cpp-shared`)
+    # and finds these, with CUDA, through LD_LIBRARY_PATH (check.py).
+    options = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_CURL=OFF",
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
                "-DGGML_CCACHE=OFF"]
@@ -107,8 +109,12 @@ def build(ctx, deadline):
         started = time.monotonic()
         p = run(["cmake", "--build", tree, "--target", "llama-server", "-j", jobs], deadline, log_file)
         f["compile_s"] = round(time.monotonic() - started, 2)
-        ctx.check("build", "cuda_llama_server_builds", p.returncode == 0 and os.path.exists(ctx.llama_server),
-                  f"cmake --build --target llama-server -j {jobs}: exit {p.returncode} in {f['compile_s']}s")
+        libs = [n for n in ("libllama.so", "libggml.so", "libggml-cuda.so")
+                if not os.path.exists(os.path.join(tree, "bin", n))]
+        ctx.check("build", "cuda_llama_server_builds",
+                  p.returncode == 0 and os.path.exists(ctx.llama_server) and not libs,
+                  f"cmake --build --target llama-server -j {jobs}: exit {p.returncode} in "
+                  f"{f['compile_s']}s; shared libraries missing: {libs or 'none'}")
         if p.returncode != 0:
             raise RuntimeError("the llama-server build failed; see build.log")
     f["binary_mib"] = round(os.path.getsize(ctx.llama_server) / MIB, 1)
@@ -125,6 +131,26 @@ def build(ctx, deadline):
         ctx.check("build", "llama_server_sees_cuda", bool(cuda),
                   f"llama-server --list-devices: {cuda[0]}" if cuda else devices[-300:])
     f["total_s"] = round(f["unpack_s"] + f["configure_s"] + (f["compile_s"] or 0), 2)
+    # Where hangard's in-process engine finds llama.cpp: the C libraries in this tree (with
+    # CUDA), llama-cpp-sys-2's libllama-common beside hangard (its DT_RPATH, `lib`).
+    p = run(["ldd", hangard_binary(ctx)], deadline)
+    lines = [line.strip() for line in (p.stdout or "").splitlines()
+             if "llama" in line or "ggml" in line or "not found" in line]
+    f["hangard_libraries"] = lines
+    if ctx.mode == "device":
+        def where(name):
+            return next((line.split("=>")[-1].split("(")[0].strip() for line in lines
+                         if line.startswith(name)), "")
+        bundled = os.path.join(ctx.bundle, "lib")
+        ok = (not any("not found" in line for line in lines)
+              and where("libllama.so").startswith(os.path.join(tree, "bin"))
+              and where("libggml-cuda.so").startswith(os.path.join(tree, "bin"))
+              and where("libllama-common.so").startswith(bundled))
+        ctx.check("build", "hangard_links_the_cuda_libraries", ok, "; ".join(lines) or p.stderr[-300:])
+
+
+def hangard_binary(ctx):
+    return os.environ.get("GPU_CHECK_HANGARD") or os.path.join(ctx.bundle, "hangard")
 
 
 def gguf(ctx, deadline):
@@ -143,7 +169,9 @@ def gguf(ctx, deadline):
               f"{ctx.gguf['mib']} MiB ({ctx.gguf['shape']['layers']} layers) in {ctx.gguf['seconds']}s")
 
 
-def settings(ctx, budget_mib=None):
+def settings(ctx, budget_mib=None, models=None):
+    """hangard's settings: models a and b (`llama_server`, the GGUF on the GPU) unless
+    `models` names others."""
     model = {"backend": "llama_server", "model_path": ctx.gguf_path, "device": "gpu",
              "llama_server_binary_path": ctx.llama_server, "llama_server_n_gpu_layers": -1,
              "llama_server_n_ctx": N_CTX, "load_timeout_s": 120,
@@ -151,7 +179,7 @@ def settings(ctx, budget_mib=None):
              "llama_server_flash_attn": "auto" if os.environ.get("GPU_CHECK_CUDA_FA") == "ON" else "off",
              "llama_server_extra_args": ["--no-webui"]}
     s = {"host": "127.0.0.1", "state_dir": os.path.join(ctx.work, "state"), "auto_load": False,
-         "max_loaded_models": {"llm": 3}, "models": {"a": model, "b": dict(model)}}
+         "max_loaded_models": {"llm": 3}, "models": models or {"a": model, "b": dict(model)}}
     pass_env = os.environ.get("GPU_CHECK_CHILD_PASS_ENV")
     if pass_env:
         s["children"] = {"pass_env": pass_env.split(",")}
@@ -160,11 +188,10 @@ def settings(ctx, budget_mib=None):
     return s
 
 
-def start(ctx, name, deadline, budget_mib=None):
+def start(ctx, name, deadline, budget_mib=None, models=None):
     config = os.path.join(ctx.work, f"config-{name}")
-    write_config(config, settings(ctx, budget_mib))
-    binary = os.environ.get("GPU_CHECK_HANGARD") or os.path.join(ctx.bundle, "hangard")
-    h = Hangard(binary, config, os.path.join(ctx.out, f"hangard-{name}.log"), deadline)
+    write_config(config, settings(ctx, budget_mib, models))
+    h = Hangard(hangard_binary(ctx), config, os.path.join(ctx.out, f"hangard-{name}.log"), deadline)
     ctx.hangards.append(h)
     return h
 

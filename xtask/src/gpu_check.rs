@@ -2,9 +2,11 @@
 //! lent machine with one NVIDIA GPU (no Rust, no network, at most 64 MiB carried from here).
 //!
 //! - `cargo xtask gpu-check` assembles the carried folder (default `<root>/.gpu-check`, which
-//!   git ignores): a stripped release `hangard` (without the in-process llama.cpp engine, which
-//!   the check does not use), the llama.cpp tree of the pinned `llama-cpp-python` sdist trimmed
-//!   to what `llama-server` needs ([`trimmed_tree`]), and the scripts of `xtask/gpu-check`. It
+//!   git ignores): a stripped release `hangard` whose in-process llama.cpp engine links
+//!   llama.cpp's shared libraries (`--features llama-cpp-shared`), the llama.cpp tree of the
+//!   pinned `llama-cpp-python` sdist trimmed to what `llama-server` needs ([`trimmed_tree`]),
+//!   from which the device builds `llama-server` and those libraries with CUDA, and the
+//!   scripts of `xtask/gpu-check`. It
 //!   measures what the device tool would send (that folder plus the repository's tracked and
 //!   untracked-unignored files), refuses over [`CARRY_LIMIT`], and prints the device command.
 //! - `cargo xtask gpu-check --dry-run` runs the same `run.sh` here: the fake NVML of
@@ -29,7 +31,12 @@ mod report;
 /// What the device tool carries at most: the working tree plus the carried paths.
 const CARRY_LIMIT: u64 = 64 << 20;
 /// The scripts of `xtask/gpu-check` that travel.
-const SCRIPTS: [&str; 5] = ["run.sh", "check.py", "phases.py", "support.py", "gguf.py"];
+const SCRIPTS: [&str; 6] =
+    ["run.sh", "check.py", "phases.py", "sleeping.py", "support.py", "gguf.py"];
+/// Where the carried `hangard` finds `libllama-common` first (its `DT_RPATH`, `$ORIGIN/lib`:
+/// `bins/hangard/build.rs`), and the library's file name.
+const COMMON_DIR: &str = "lib";
+const COMMON_LIB: &str = "libllama-common.so.0";
 /// The trimmed llama.cpp tree's name in the carried folder.
 const TARBALL: &str = "llama.cpp.tar.gz";
 /// What of the sdist's `vendor/llama.cpp` stays out of the tarball: documentation, the
@@ -118,6 +125,12 @@ pub(crate) fn prepare(root: &Path, into: Option<PathBuf>) -> Result<()> {
     std::fs::copy(&hangard, &stripped).context("cannot copy hangard")?;
     let mut strip = Command::new("strip");
     strip.arg(&stripped);
+    run_checked(strip)?;
+    let common = bundle.join(COMMON_DIR).join(COMMON_LIB);
+    std::fs::create_dir_all(bundle.join(COMMON_DIR))?;
+    std::fs::copy(common_library(root)?, &common).context("cannot copy libllama-common")?;
+    let mut strip = Command::new("strip");
+    strip.arg("--strip-unneeded").arg(&common);
     run_checked(strip)?;
 
     let carried = dir_bytes(&bundle)?;
@@ -269,13 +282,48 @@ fn fill(root: &Path, bundle: &Path, tarball: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The release `hangard` without default features (no in-process llama.cpp: the check runs
-/// `llama-server` children only, and skipping it saves a release build of llama.cpp here).
+/// The release `hangard` whose in-process engine links llama.cpp's shared libraries, found
+/// at run time: on the device, those the build phase makes with CUDA from the carried tree.
+/// That tree (`llama-cpp-python`'s) is another llama.cpp commit than `llama-cpp-sys-2`'s,
+/// with the same `llama.h`; `ggml-backend.h` only adds two functions, which Hangard does not
+/// call (a missing symbol stops `hangard` at start: Rust links with `-z now`).
 fn release_hangard(root: &Path) -> Result<PathBuf> {
     let mut build = cargo(root);
     build.args(["build", "--locked", "--release", "-p", "hangard", "--no-default-features"]);
+    build.args(["--features", "llama-cpp-shared"]);
     run_checked(build)?;
     Ok(crate::target_dir(root)?.join("release").join("hangard"))
+}
+
+/// `llama-cpp-sys-2`'s `libllama-common` of the newest `dynamic-link` release build (the
+/// one [`release_hangard`] linked against).
+fn common_library(root: &Path) -> Result<PathBuf> {
+    let build = crate::target_dir(root)?.join("release").join("build");
+    let mut found = Vec::new();
+    for entry in
+        std::fs::read_dir(&build).with_context(|| format!("cannot read {}", build.display()))?
+    {
+        let lib = entry?.path().join("out").join("lib").join(COMMON_LIB);
+        if let (true, Ok(modified)) =
+            (entry_name_is_sys(&lib), lib.metadata().and_then(|m| m.modified()))
+        {
+            found.push((modified, lib));
+        }
+    }
+    found.sort();
+    found
+        .pop()
+        .map(|(_, lib)| lib)
+        .with_context(|| format!("no {COMMON_LIB} of llama-cpp-sys-2 under {}", build.display()))
+}
+
+/// Whether `lib` lies in a `llama-cpp-sys-2-<hash>` build folder.
+fn entry_name_is_sys(lib: &Path) -> bool {
+    lib.ancestors()
+        .nth(3)
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("llama-cpp-sys-2-"))
 }
 
 /// `<target>/gpu-check/llama.cpp-<version>.tar.gz`: the sdist's `vendor/llama.cpp` without

@@ -26,8 +26,8 @@ impl Mode {
 }
 
 /// The phases, in the order they run.
-pub(crate) const PHASES: [&str; 8] =
-    ["setup", "build", "gguf", "telemetry", "load", "eviction", "release", "kill"];
+pub(crate) const PHASES: [&str; 9] =
+    ["setup", "build", "gguf", "telemetry", "load", "eviction", "release", "kill", "sleep"];
 
 /// Checks both runs make.
 const CHECKS: &[&str] = &[
@@ -60,10 +60,26 @@ const CHECKS: &[&str] = &[
     "memory_comes_back_after_unload",
     "an_engine_is_on_the_gpu_before_the_kill",
     "no_process_of_hangard_on_the_gpu_after_kill_9",
+    "c_loads_in_process",
+    "c_answers_before_sleeping",
+    "c_sleeps_and_stays_loaded",
+    "a_sleeping_model_is_ready",
+    "c_wakes",
+    "c_answers_as_before_after_waking",
+    "a_request_wakes_c_with_the_same_answer",
+    "hangard_3_exits_0_on_sigterm",
 ];
 
-/// Checks only the device run makes (the dry run builds no CUDA `llama-server`).
-const DEVICE_CHECKS: &[&str] = &["cuda_llama_server_builds", "llama_server_sees_cuda"];
+/// Checks only the device run makes (the dry run builds no CUDA `llama-server`, and its
+/// in-process engine runs on the CPU).
+const DEVICE_CHECKS: &[&str] = &[
+    "cuda_llama_server_builds",
+    "llama_server_sees_cuda",
+    "hangard_links_the_cuda_libraries",
+    "sleep_gives_gpu_memory_back",
+    "weights_stay_on_the_gpu_while_asleep",
+    "wake_takes_the_memory_back",
+];
 
 /// Figures both reports carry, as dotted paths from the report's root.
 const FIGURES: &[&str] = &[
@@ -105,6 +121,16 @@ const FIGURES: &[&str] = &[
     "figures.release.used_after_mib",
     "figures.kill.gone_s",
     "figures.kill.used_after_mib",
+    "figures.sleep.load_s",
+    "figures.sleep.sleep_s",
+    "figures.sleep.wake_s",
+    "figures.sleep.wake_over_load",
+    "figures.sleep.completion_that_wakes_s",
+    "figures.sleep.used_loaded_mib",
+    "figures.sleep.used_asleep_mib",
+    "figures.sleep.used_woken_mib",
+    "figures.sleep.smi_freed_mib",
+    "figures.sleep.residency_asleep.gpu_freed_mib",
 ];
 
 /// Figures only the device report carries.
@@ -113,6 +139,8 @@ const DEVICE_FIGURES: &[&str] = &[
     "figures.build.compile_s",
     "figures.build.jobs",
     "figures.build.cuda_architectures",
+    "figures.sleep.gguf_kv_cache_mib",
+    "figures.sleep.hangard_asleep_mib",
 ];
 
 /// What the device tool brings back at most.
@@ -276,7 +304,7 @@ mod tests {
         let problems = verify(&report, Mode::DryRun);
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].starts_with("check nvidia_smi_reads_the_gpu failed"), "{problems:?}");
-        assert!(problems[1].contains("no_process_of_hangard_on_the_gpu_after_kill_9 missing"));
+        assert!(problems[1].contains("hangard_3_exits_0_on_sigterm missing"), "{problems:?}");
     }
 
     #[test]
