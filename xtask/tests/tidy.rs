@@ -52,7 +52,7 @@ enum May {
 
 /// Every crate of the design's layering (design.md, "Layers") and what it may depend on.
 /// Crates that do not exist yet are listed too, so they are checked from their first commit.
-const LAYERS: [(&str, May); 18] = [
+const LAYERS: [(&str, May); 19] = [
     ("hangar-config", May::Use(&[])),
     ("hangar-eviction", May::Use(&["hangar-config"])),
     ("hangar-lifecycle", May::Use(&["hangar-config"])),
@@ -69,13 +69,24 @@ const LAYERS: [(&str, May); 18] = [
     ("hangar-gpu", May::Use(&["hangar-config"])),
     // Weight-file digests know nothing of models or engines: a leaf.
     ("hangar-weights", May::Use(&[])),
+    // Saved prompt caches know nothing of engines or models but their names: a leaf.
+    ("hangar-prompt-cache", May::Use(&[])),
     // Adapters: the backend contract and the config, nothing above them.
-    ("hangar-backend-llamacpp", May::Use(&["hangar-backend", "hangar-config", "hangar-prompt"])),
+    (
+        "hangar-backend-llamacpp",
+        May::Use(&["hangar-backend", "hangar-config", "hangar-prompt", "hangar-prompt-cache"]),
+    ),
     // Every child process runs under the one supervisor, which knows nothing of HTTP.
     ("hangar-supervisor", May::Use(&["hangar-backend", "hangar-config"])),
     (
         "hangar-backend-process",
-        May::Use(&["hangar-backend", "hangar-config", "hangar-supervisor", "hangar-coalesce"]),
+        May::Use(&[
+            "hangar-backend",
+            "hangar-config",
+            "hangar-supervisor",
+            "hangar-coalesce",
+            "hangar-prompt-cache",
+        ]),
     ),
     // The bridge's workers run under the supervisor too; the bridge pulls in no HTTP stack.
     (
@@ -91,6 +102,7 @@ const LAYERS: [(&str, May); 18] = [
             "hangar-backend",
             "hangar-gpu",
             "hangar-weights",
+            "hangar-prompt-cache",
             "hangar-coalesce",
         ]),
     ),

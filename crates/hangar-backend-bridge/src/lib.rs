@@ -199,7 +199,7 @@ impl Backend for BridgeBackend {
     }
 
     async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
-        let LoadRequest { model, replica, replicas, progress, crash, logs, gpus } = request;
+        let LoadRequest { model, replica, replicas, progress, crash, logs, gpus, .. } = request;
         let python = python(bridge_python(&model))?;
         let (dir, program) = self.prepared()?;
         let socket = dir.socket();

@@ -191,7 +191,8 @@ impl LlamaCppBackend {
         };
         let devices = devices::for_placement(&request.gpus)?;
         let spec = WorkerSpec::new(model, Path::new(&path), request.progress.clone(), plan)
-            .on_devices(devices);
+            .on_devices(devices)
+            .saving_under(request.prompt_cache.clone(), model.name.as_str());
         let key = (PathBuf::from(&path), spec.n_gpu_layers(), spec.devices().to_vec());
         let slot = {
             let mut weights =

@@ -27,6 +27,7 @@ pub mod launch;
 mod owner;
 mod pool;
 mod runtime;
+mod saved;
 mod sleep;
 mod upstream;
 
@@ -110,6 +111,21 @@ impl ProcessBackend {
         Ok((launch, picked))
     }
 
+    /// The saved prompt caches of a `llama-server` generation model's replica started by
+    /// `launch`, when the load has a root for them.
+    fn saved_slots(
+        &self,
+        model: &ModelConfig,
+        root: Option<&hangar_backend::PromptCacheRoot>,
+        launch: &Launch,
+    ) -> Option<saved::SavedSlots> {
+        let usable = self.kind == BackendKind::LlamaServer
+            && model.model_type == hangar_config::ModelType::Llm;
+        let (root, file) = (root.filter(|_| usable)?, model.model_path.as_deref()?);
+        let slots = model.target_inflight.get();
+        saved::SavedSlots::open(root, model.name.as_str(), Path::new(file), launch, slots)
+    }
+
     /// Whether `model`'s children can sleep: `vllm_serve` with vLLM's sleep mode.
     fn sleeps(&self, model: &ModelConfig) -> bool {
         matches!(&model.settings, BackendSettings::VllmServe { engine, .. } if engine.sleeps())
@@ -124,6 +140,7 @@ impl ProcessBackend {
         replica: u32,
         gpus: &[u32],
         logs: &ModelLogs,
+        prompt_cache: Option<&hangar_backend::PromptCacheRoot>,
     ) -> Result<Started, LoadError> {
         let name = model.name.as_str();
         // A child that sleeps listens on a socket in a directory of its own (0700), removed
@@ -132,8 +149,15 @@ impl ProcessBackend {
             true => socket_dir().map(|(dir, socket)| (Some(dir), Some(socket)))?,
             false => (None, None),
         };
+        let mut saved = None;
         for attempt in 1..=PORT_ATTEMPTS {
-            let (launch, picked) = self.launch(model, replica, gpus, socket.as_deref())?;
+            let (mut launch, picked) = self.launch(model, replica, gpus, socket.as_deref())?;
+            if saved.is_none() {
+                saved = self.saved_slots(model, prompt_cache, &launch);
+            }
+            if let Some(saved) = &saved {
+                saved.point(&mut launch);
+            }
             let mut upstream = Upstream::new(launch.base_url(), launch.api_key.as_deref(), None)
                 .map_err(|message| LoadError::Failed { message })?;
             if let Some(socket) = &launch.socket {
@@ -147,7 +171,7 @@ impl ProcessBackend {
             let health = launch.health_url();
             let port = launch.socket.is_none().then_some(launch.port);
             let why = match wait_ready(&child, &upstream, (&health, port), limit).await {
-                Ok(()) => return Ok(Started { launch, upstream, child, dir }),
+                Ok(()) => return Ok(Started { launch, upstream, child, dir, saved }),
                 Err(why) => why,
             };
             child.stop(self.grace).await;
@@ -182,6 +206,8 @@ struct Started {
     upstream: Upstream,
     child: Arc<Child>,
     dir: Option<hangar_supervisor::PrivateDir>,
+    /// Its saved prompt caches (`llama-server` generation models with a root).
+    saved: Option<saved::SavedSlots>,
 }
 
 /// Starts of one replica when the port Hangar picked is taken before the child binds it.
@@ -223,9 +249,12 @@ impl Backend for ProcessBackend {
     }
 
     async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
-        let LoadRequest { model, replica, progress, crash, logs, gpus, .. } = request;
-        let Started { launch, upstream, child, dir } =
-            self.start(&model, replica, &gpus, &logs).await?;
+        let LoadRequest { model, replica, progress, crash, logs, gpus, prompt_cache, .. } = request;
+        let Started { launch, upstream, child, dir, saved } =
+            self.start(&model, replica, &gpus, &logs, prompt_cache.as_ref()).await?;
+        if let Some(saved) = &saved {
+            saved.restore(&upstream).await;
+        }
         progress.report(1.0);
         let stopping = Arc::new(AtomicBool::new(false));
         {
@@ -258,6 +287,7 @@ impl Backend for ProcessBackend {
             details,
             engine: Some(engine),
             sleep,
+            saved,
         }))
     }
 
@@ -331,6 +361,7 @@ impl Backend for RemoteBackend {
             details,
             engine: None,
             sleep: None,
+            saved: None,
         }))
     }
 

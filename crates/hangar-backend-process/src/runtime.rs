@@ -37,6 +37,8 @@ pub(crate) struct ForwardingRuntime {
     pub(crate) engine: Option<Engine>,
     /// vLLM's sleep routes, for a child with sleep mode on.
     pub(crate) sleep: Option<SleepRoutes>,
+    /// Its saved prompt caches, saved before the child stops (`saved.rs`).
+    pub(crate) saved: Option<crate::saved::SavedSlots>,
 }
 
 /// The supervised process behind a [`ForwardingRuntime`].
@@ -235,6 +237,10 @@ impl Runtime for ForwardingRuntime {
     }
 
     async fn unload(&self) {
+        let upstream = self.upstream.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let (Some(saved), Some(upstream), None) = (&self.saved, upstream, self.crashed()) {
+            saved.save(&upstream).await;
+        }
         drop(self.upstream.lock().unwrap_or_else(PoisonError::into_inner).take());
         if let Some(engine) = &self.engine {
             engine.stopping.store(true, Ordering::SeqCst);

@@ -97,6 +97,19 @@ pub struct LoadRequest {
     /// `CUDA_VISIBLE_DEVICES` under `CUDA_DEVICE_ORDER=PCI_BUS_ID` (see
     /// [`cuda_environment`]), in-process engines as device indices.
     pub gpus: Vec<u32>,
+    /// Where the engine may save its prompt caches when it unloads or sleeps, and restore
+    /// them from; `None`: nowhere (no `state_dir`, or a bound of 0).
+    pub prompt_cache: Option<PromptCacheRoot>,
+}
+
+/// The root of the saved prompt caches (`<state_dir>/prompt-cache`) and its byte bound,
+/// shared by every model (see the `hangar-prompt-cache` crate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptCacheRoot {
+    /// The folder; each model saves in a folder of its own under it.
+    pub dir: std::path::PathBuf,
+    /// What every model's saved caches together may take, in bytes.
+    pub max_bytes: u64,
 }
 
 impl LoadRequest {
@@ -111,6 +124,7 @@ impl LoadRequest {
             crash: CrashSink::default(),
             logs: ModelLogs::default(),
             gpus: Vec::new(),
+            prompt_cache: None,
         }
     }
 }

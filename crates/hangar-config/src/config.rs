@@ -115,6 +115,10 @@ pub(crate) struct SettingsFields {
     /// when missing; relative to the working directory. Nothing persists across restarts
     /// when unset.
     pub(crate) state_dir: Option<String>,
+    /// Bytes the saved prompt caches under `<state_dir>/prompt-cache` may take, all models
+    /// together (oldest dropped first); `0` saves none. Default: 2% of the file system
+    /// `state_dir` is on, at most 32 GiB. Nothing is saved without `state_dir`.
+    pub(crate) prompt_cache_max_bytes: Option<u64>,
     /// GPU memory models may fill: MiB (`20000`), a percentage of each GPU's total
     /// (`"90%"`), or budgets by GPU index (`{"0": "90%", "1": 20000}`). When set, a load
     /// that does not fit evicts idle models for memory, or is refused with
@@ -359,6 +363,9 @@ pub struct Config {
     pub children: ChildEnv,
     /// Where Hangar keeps its own state across restarts; nowhere when `None`.
     pub state_dir: Option<PathBuf>,
+    /// Bytes the saved prompt caches may take; `None`: the default share of the disk,
+    /// `Some(0)`: none are saved.
+    pub prompt_cache_max_bytes: Option<u64>,
     /// GPU memory models may fill; no admission by memory when `None`.
     pub vram_budget: Option<VramBudget>,
     /// Host memory CPU models may fill; no admission by host memory when `None`.
@@ -470,6 +477,7 @@ impl Config {
             connections: s.connections.unwrap_or_default().into(),
             children: child_env(s.children.unwrap_or_default(), &models),
             state_dir: s.state_dir.map(PathBuf::from),
+            prompt_cache_max_bytes: s.prompt_cache_max_bytes,
             // Checked by `SettingsFields::check`.
             vram_budget: s.vram_budget.as_ref().and_then(|v| VramBudget::parse(v).ok()),
             ram_budget: s.ram_budget.as_ref().and_then(|v| BudgetAmount::parse(v).ok()),
@@ -513,6 +521,7 @@ impl Config {
             "connections": self.connections.to_json(),
             "children": self.children.to_json(),
             "state_dir": self.state_dir,
+            "prompt_cache_max_bytes": self.prompt_cache_max_bytes,
             "vram_budget": self.vram_budget.as_ref().map(VramBudget::to_json),
             "ram_budget": self.ram_budget,
             "models": models,

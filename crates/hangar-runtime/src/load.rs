@@ -425,7 +425,9 @@ impl Manager {
             let logs = entry.logs.clone();
             let model = Arc::clone(model);
             let gpus = gpus.to_vec();
-            let request = LoadRequest { model, replica, replicas, progress, crash, logs, gpus };
+            let prompt_cache = self.inner.prompt_cache.clone();
+            let request =
+                LoadRequest { model, replica, replicas, progress, crash, logs, gpus, prompt_cache };
             match backend.load(request).await {
                 Ok(runtime) => runtimes.push(runtime),
                 Err(e) => {

@@ -101,6 +101,8 @@ pub(crate) struct Inner {
     pub(crate) ram_budget: Option<hangar_config::BudgetAmount>,
     /// Where measured figures persist (`state_dir`).
     pub(crate) state: Option<crate::state::StateFile>,
+    /// Where engines save prompt caches (`<state_dir>/prompt-cache`), and their bound.
+    pub(crate) prompt_cache: Option<hangar_backend::PromptCacheRoot>,
     /// The enabled models in start-up's order (model positions).
     pub(crate) start_up: Vec<usize>,
     /// Loaded-model slots per type (start-up loads as many of each).
@@ -167,6 +169,7 @@ impl Manager {
                 vram_budget: config.vram_budget.clone(),
                 ram_budget: config.ram_budget,
                 state,
+                prompt_cache: prompt_cache_root(config),
                 start_up,
                 slots: config.max_loaded_models,
             }),
@@ -352,4 +355,15 @@ impl Manager {
     pub fn events_epoch(&self) -> u64 {
         self.inner.events.journal.epoch
     }
+}
+
+/// `<state_dir>/prompt-cache` and its byte bound (the configured one, else the default
+/// share of the disk); none without `state_dir` or with a bound of 0.
+fn prompt_cache_root(config: &Config) -> Option<hangar_backend::PromptCacheRoot> {
+    let state_dir = config.state_dir.as_deref()?;
+    let max_bytes = config
+        .prompt_cache_max_bytes
+        .unwrap_or_else(|| hangar_prompt_cache::default_max_bytes(state_dir));
+    (max_bytes > 0)
+        .then(|| hangar_backend::PromptCacheRoot { dir: state_dir.join("prompt-cache"), max_bytes })
 }

@@ -16,6 +16,7 @@ mod llama_control;
 mod llama_http;
 mod llama_server;
 mod llama_sleep;
+mod prompt_cache;
 mod remote_tls;
 mod serve;
 mod soak;

@@ -8,7 +8,8 @@
 //! Prompt reuse: a slot keeps the tokens its cells hold after its sequence leaves. A new
 //! sequence takes the free slot whose tokens share the longest prefix with its prompt, removes
 //! the cells after that prefix and decodes only the rest — the next turn of a chat decodes
-//! only the new turn, as `llama-server`'s prompt cache does.
+//! only the new turn, as `llama-server`'s prompt cache does. What the slots hold is saved when
+//! the loop ends and restored across an unload or a sleep (`saved.rs`).
 
 use std::collections::VecDeque;
 
@@ -23,11 +24,11 @@ use super::{Command, Worker, failed, unsupported};
 #[derive(Default)]
 pub(super) struct Slot {
     /// The tokens whose KV cells the slot holds, in position order.
-    cached: Vec<LlamaToken>,
+    pub(super) cached: Vec<LlamaToken>,
     /// The generation using the slot.
-    sequence: Option<Sequence>,
+    pub(super) sequence: Option<Sequence>,
     /// When a sequence last took the slot (a counter of seatings).
-    last_used: u64,
+    pub(super) last_used: u64,
 }
 
 /// What a slot holds, for tests and diagnostics.
@@ -103,6 +104,7 @@ impl Worker<'_> {
             }
             self.advance(&entries, &mut slots);
         }
+        self.save_slots(&slots);
     }
 
     /// Takes a command: a generation is checked and waits for a slot (or gets its error at
@@ -148,17 +150,23 @@ impl Worker<'_> {
     /// Seats `sequence` in a free slot, dropping the slot's cells after the prefix they share
     /// with its prompt: the slot sharing the longest prefix when that is at least a tenth of
     /// the prompt (`llama-server`'s similarity rule), else the least recently used one, so
-    /// that an unrelated prompt does not overwrite a conversation's cache.
+    /// that an unrelated prompt does not overwrite a conversation's cache. A saved prompt
+    /// cache sharing more than any slot is restored into the least recently used one first
+    /// (`saved.rs`).
     fn seat(&mut self, mut sequence: Sequence, slots: &mut [Slot]) {
         let free = || (0..slots.len()).filter(|&i| slots[i].sequence.is_none());
         let shared = |i: usize| common_prefix(&slots[i].cached, &sequence.prompt);
+        let best = free().map(shared).max().unwrap_or(0);
         let similar = free()
             .map(|i| (shared(i), i))
             .filter(|&(n, _)| n * 10 >= sequence.prompt.len() && n > 1)
             .max();
-        let Some(index) =
-            similar.map(|(_, i)| i).or_else(|| free().min_by_key(|&i| slots[i].last_used))
-        else {
+        let lru = free().min_by_key(|&i| slots[i].last_used);
+        let restored = match (self.saved_beats(&sequence.prompt, best), lru) {
+            (Some(saved), Some(i)) => self.restore(i, &mut slots[i], saved).then_some(i),
+            _ => None,
+        };
+        let Some(index) = restored.or(similar.map(|(_, i)| i)).or(lru) else {
             sequence.fail(failed("no free sequence slot"));
             return;
         };
@@ -183,7 +191,7 @@ impl Worker<'_> {
     }
 
     /// Drops every cell of slot `index`.
-    fn forget(&mut self, index: usize, slot: &mut Slot) {
+    pub(super) fn forget(&mut self, index: usize, slot: &mut Slot) {
         slot.cached.clear();
         let _ = self.context.clear_kv_cache_seq(u32::try_from(index).ok(), None, None);
     }

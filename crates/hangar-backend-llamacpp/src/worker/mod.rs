@@ -12,6 +12,8 @@
 //! - `generate.rs` — one generation as a sequence of the batch, and `sampling.rs` its sampler
 //!   chain; `output.rs` routes the text (stop sequences, tool calls) and `utf8.rs` keeps it
 //!   valid UTF-8.
+//! - `saved.rs` — prompt caches saved when the loop ends (unload, sleep) and restored when a
+//!   new prompt shares more with one of them than with any slot.
 //! - `embed.rs` — embeddings and reranking, one input after another.
 
 mod batch;
@@ -20,6 +22,7 @@ mod generate;
 mod output;
 mod prepare;
 mod sampling;
+mod saved;
 mod sleep;
 mod utf8;
 
@@ -88,6 +91,8 @@ pub(crate) struct WorkerSpec {
     threads: crate::threads::ThreadPlan,
     /// llama.cpp's devices for the load's placement (`crate::devices`); empty: its default.
     devices: Vec<usize>,
+    /// Where its prompt caches are saved, and the model's name there; none: not saved.
+    saved: Option<(hangar_backend::PromptCacheRoot, String)>,
 }
 
 impl WorkerSpec {
@@ -105,6 +110,17 @@ impl WorkerSpec {
     /// The same spec on llama.cpp's `devices`.
     pub(crate) fn on_devices(mut self, devices: Vec<usize>) -> Self {
         self.devices = devices;
+        self
+    }
+
+    /// The same spec saving its prompt caches under `root` (a generation model's only).
+    pub(crate) fn saving_under(
+        mut self,
+        root: Option<hangar_backend::PromptCacheRoot>,
+        model: &str,
+    ) -> Self {
+        self.saved =
+            root.filter(|_| self.model_type == ModelType::Llm).map(|r| (r, model.to_owned()));
         self
     }
 
@@ -127,6 +143,7 @@ impl WorkerSpec {
             n_seq: crate::parallel_sequences(model).get(),
             threads,
             devices: Vec::new(),
+            saved: None,
         }
     }
 }
@@ -271,6 +288,8 @@ struct Worker<'m> {
     sleep: Option<Reply>,
     /// The threads its context runs.
     threads: u32,
+    /// The model's saved prompt caches (`saved.rs`); none when not saved.
+    store: Option<hangar_prompt_cache::Store>,
 }
 
 fn failed(message: impl std::fmt::Display) -> RuntimeError {
@@ -326,6 +345,7 @@ impl<'m> Worker<'m> {
             seatings: 0,
             sleep: None,
             threads: plan.threads,
+            store: saved::open(spec),
         })
     }
 

@@ -5,6 +5,7 @@
 mod batching;
 mod engine;
 mod memory;
+mod saved;
 mod sleep;
 mod structured;
 mod support;

@@ -6,13 +6,10 @@
 
 use std::sync::Arc;
 
-use hangar_backend::{
-    GenerateEvent, GenerateRequest, Prompt, Runtime, RuntimeError, SamplingParams, SleepLevel,
-};
+use hangar_backend::{Runtime, RuntimeError, SleepLevel};
 use hangar_backend_llamacpp::{LlamaCppBackend, LlamaCppRuntime};
 use hangar_config::{ModelConfig, ModelName};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 use crate::support;
 
@@ -25,26 +22,7 @@ async fn greedy(
     prompt: &str,
     max_tokens: u32,
 ) -> Result<String, RuntimeError> {
-    let request = GenerateRequest {
-        params: SamplingParams {
-            max_tokens: Some(max_tokens),
-            temperature: Some(0.0),
-            ..Default::default()
-        },
-        ..GenerateRequest::new(Prompt::Text(prompt.to_owned()))
-    };
-    let (tx, mut rx) = mpsc::channel(1024);
-    let collect = tokio::spawn(async move {
-        let mut text = String::new();
-        while let Some(event) = rx.recv().await {
-            if let GenerateEvent::Text(piece) = event {
-                text.push_str(&piece);
-            }
-        }
-        text
-    });
-    runtime.generate(request, tx).await?;
-    Ok(collect.await.unwrap())
+    support::greedy(runtime, prompt, max_tokens).await.map(|(text, _)| text)
 }
 
 async fn load(model: Arc<ModelConfig>) -> Arc<LlamaCppRuntime> {
@@ -99,26 +77,9 @@ async fn a_sleep_asked_while_a_generation_runs_is_refused_and_the_generation_end
     runtime.unload().await;
 }
 
-/// The trained chat model, or `None` after a loud message when `cargo xtask fixtures` has
-/// not fetched it and `HANGAR_TRAINED_MODELS` is unset (under `cargo xtask test`, which
-/// sets it, a missing file fails).
-fn trained(file: &str) -> Option<String> {
-    let set = std::env::var_os("HANGAR_TRAINED_MODELS");
-    let workspace = format!("{}/../../target/models", env!("CARGO_MANIFEST_DIR"));
-    let dir = set.clone().map_or_else(|| workspace.into(), std::path::PathBuf::from);
-    match std::fs::canonicalize(dir.join(file)) {
-        Ok(path) => Some(path.to_str().unwrap().to_owned()),
-        Err(e) if set.is_some() => panic!("HANGAR_TRAINED_MODELS: no {file} ({e})"),
-        Err(_) => {
-            eprintln!("\n*** SKIPPED: no trained model {file}: run `cargo xtask fixtures` ***\n");
-            None
-        }
-    }
-}
-
 #[test]
 fn sleep_gives_the_context_memory_back_on_the_trained_model() {
-    let Some(path) = trained("SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
+    let Some(path) = support::trained("SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
     let test = "sleep_gives_the_context_memory_back_on_the_trained_model";
     support::alone(ALONE, module_path!(), test, || context_memory_comes_back(path));
 }

@@ -71,3 +71,49 @@ pub(crate) fn alone<F: std::future::Future<Output = ()>>(
     assert!(output.status.success(), "the measuring child failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("1 passed"), "the child did not run {name}:\n{stdout}");
 }
+
+/// The trained chat model, or `None` after a loud message when `cargo xtask fixtures` has
+/// not fetched it and `HANGAR_TRAINED_MODELS` is unset (under `cargo xtask test`, which
+/// sets it, a missing file fails).
+pub(crate) fn trained(file: &str) -> Option<String> {
+    let set = std::env::var_os("HANGAR_TRAINED_MODELS");
+    let workspace = format!("{}/../../target/models", env!("CARGO_MANIFEST_DIR"));
+    let dir = set.clone().map_or_else(|| workspace.into(), std::path::PathBuf::from);
+    match std::fs::canonicalize(dir.join(file)) {
+        Ok(path) => Some(path.to_str().unwrap().to_owned()),
+        Err(e) if set.is_some() => panic!("HANGAR_TRAINED_MODELS: no {file} ({e})"),
+        Err(_) => {
+            eprintln!("\n*** SKIPPED: no trained model {file}: run `cargo xtask fixtures` ***\n");
+            None
+        }
+    }
+}
+
+/// A greedy completion of `prompt`: its text and what it cost, or the engine's error.
+pub(crate) async fn greedy(
+    runtime: &dyn hangar_backend::Runtime,
+    prompt: &str,
+    max_tokens: u32,
+) -> Result<(String, hangar_backend::GenerateSummary), hangar_backend::RuntimeError> {
+    use hangar_backend::{GenerateEvent, GenerateRequest, Prompt, SamplingParams};
+    let request = GenerateRequest {
+        params: SamplingParams {
+            max_tokens: Some(max_tokens),
+            temperature: Some(0.0),
+            ..Default::default()
+        },
+        ..GenerateRequest::new(Prompt::Text(prompt.to_owned()))
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    let collect = tokio::spawn(async move {
+        let mut text = String::new();
+        while let Some(event) = rx.recv().await {
+            if let GenerateEvent::Text(piece) = event {
+                text.push_str(&piece);
+            }
+        }
+        text
+    });
+    let summary = runtime.generate(request, tx).await?;
+    Ok((collect.await.unwrap(), summary))
+}
