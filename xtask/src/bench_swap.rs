@@ -19,6 +19,9 @@
 //!
 //! Every completion is greedy, [`MAX_TOKENS`] tokens of one fixed prompt: the same work in
 //! every path, so the differences are the way back, not the answer.
+//!
+//! Then a returning conversation after a swap, its prompt cache restored against computed
+//! again ([`crate::bench_conversation`]).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -79,7 +82,8 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         busy.join().map_err(|_| anyhow::anyhow!("the busy requests panicked"))??;
     }
     print_table(&alone, &beside);
-    Ok(())
+    drop(server);
+    crate::bench_conversation::run(&bench.hangard, &bench.llama_server, &bench.model, &bench.work)
 }
 
 /// One round of every measure into `figures`.

@@ -42,6 +42,9 @@
 //!   `llama-server` child (latency and requests/s, direct against through Hangar against
 //!   through nginx, all on the same child) and a model swap through Hangar against the same
 //!   stop + start by hand.
+//! - `cargo xtask bench swap`: the warm tier (a model woken from sleep against loaded cold
+//!   and against `llama-server` started by hand), then a returning conversation after a swap
+//!   with its saved prompt cache restored against its prompt computed again.
 //! - `cargo xtask bench bridge`: the Python bridge's cost per generated token (CTranslate2
 //!   through Hangar next to the same `Generator` called directly in Python).
 
@@ -52,6 +55,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench_bridge;
+mod bench_conversation;
 mod bench_llamacpp;
 mod bench_prefill;
 mod bench_proxy;
@@ -167,8 +171,9 @@ enum Bench {
     /// (xtask/src/bench_proxy.rs).
     Proxy,
     /// The warm tier: a model woken from sleep against the same model loaded cold and
-    /// against `llama-server` started on the file, on the trained SmolLM2 GGUF
-    /// (xtask/src/bench_swap.rs).
+    /// against `llama-server` started on the file, then a returning conversation after a
+    /// swap with its prompt cache restored against computed again, on the trained SmolLM2
+    /// GGUF (xtask/src/bench_swap.rs, xtask/src/bench_conversation.rs).
     Swap,
     /// The Python bridge's cost per token: CTranslate2 through Hangar next to the same
     /// `Generator` called directly in Python, on the tiny CT2 fixture (xtask/src/bench_bridge.rs).
