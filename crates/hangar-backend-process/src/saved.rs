@@ -29,8 +29,9 @@ use crate::upstream::Upstream;
 pub(crate) const MIN_TOKENS: usize = 64;
 /// llama.cpp's sequence state file magic, `ggsq`.
 const SEQ_MAGIC: u32 = 0x6767_7371;
-/// How long one slot's save or restore may take.
-const SLOT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one slot's save or restore may take (a child that lets one pass is asked
+/// nothing more: an unload waits at most this long for a hung child).
+const SLOT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A `llama-server` replica's saved prompt caches.
 pub(crate) struct SavedSlots {
@@ -105,7 +106,10 @@ impl SavedSlots {
                     answer = %String::from_utf8_lossy(&body),
                     "llama-server refused a saved prompt cache"
                 ),
-                Err(e) => tracing::warn!(slot, error = %e, "restoring a prompt cache failed"),
+                Err(e) => {
+                    tracing::warn!(slot, error = %e, "restoring a prompt cache failed");
+                    break;
+                }
             }
         }
     }
@@ -126,6 +130,12 @@ impl SavedSlots {
             let url = slot_url(upstream, slot as usize, "save");
             let body = Bytes::from(serde_json::json!({ "filename": name }).to_string());
             let answered = upstream.call(Method::POST, &url, body, SLOT_TIMEOUT).await;
+            if let Err(e) = &answered {
+                // A child that does not answer is not asked again: the unload goes on.
+                tracing::warn!(slot, error = %e, "llama-server did not save its slots");
+                let _ = std::fs::remove_file(&tmp);
+                break;
+            }
             let store = Arc::clone(&self.store);
             let kept = tokio::task::spawn_blocking(move || {
                 let tokens = match answered {

@@ -367,3 +367,28 @@ fn prompt_cache_root(config: &Config) -> Option<hangar_backend::PromptCacheRoot>
     (max_bytes > 0)
         .then(|| hangar_backend::PromptCacheRoot { dir: state_dir.join("prompt-cache"), max_bytes })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{Config, prompt_cache_root};
+
+    fn config(settings: serde_json::Value) -> Config {
+        Config::from_value(&settings).expect("valid settings")
+    }
+
+    #[test]
+    fn prompt_caches_live_under_state_dir_within_their_bound_and_nowhere_without_one() {
+        let root = prompt_cache_root(&config(json!({ "state_dir": "/var/lib/hangar" })));
+        let root = root.expect("a root under state_dir");
+        assert_eq!(root.dir, std::path::Path::new("/var/lib/hangar/prompt-cache"));
+        assert!(root.max_bytes > 0 && root.max_bytes <= 32 << 30, "the default share");
+        let set = json!({ "state_dir": "/s", "prompt_cache_max_bytes": 1_000_000 });
+        assert_eq!(prompt_cache_root(&config(set)).map(|r| r.max_bytes), Some(1_000_000));
+        let off = json!({ "state_dir": "/s", "prompt_cache_max_bytes": 0 });
+        assert_eq!(prompt_cache_root(&config(off)), None, "a bound of 0 saves nothing");
+        let none = json!({ "prompt_cache_max_bytes": 1_000_000 });
+        assert_eq!(prompt_cache_root(&config(none)), None, "no state_dir, nowhere to save");
+    }
+}
