@@ -144,7 +144,10 @@ pub fn vllm_serve(
             args.push2("--port", port);
         }
     }
-    args.push2("--served-model-name", model.name.as_str());
+    // The model's aliases too: vLLM refuses a request whose `model` it does not serve.
+    args.0.push("--served-model-name".to_owned());
+    args.0.push(model.name.to_string());
+    args.0.extend(model.aliases.iter().map(ToString::to_string));
     engine_args(engine, &mut args);
     if sleeps {
         args.0.push("--enable-sleep-mode".to_owned());

@@ -332,7 +332,10 @@ impl Backend for RemoteBackend {
             })?),
             (None, None) => None,
         };
-        let rename = s.openai_model.clone().filter(|m| m != model.name.as_str());
+        // The remote server knows the model by `openai_model`, else by its name here: a
+        // request naming an alias is renamed to that.
+        let remote = s.openai_model.clone().unwrap_or_else(|| model.name.to_string());
+        let rename = (remote != model.name.as_str() || !model.aliases.is_empty()).then_some(remote);
         let failed = |message: String| LoadError::Failed { message };
         let upstream = Upstream::new(base.clone(), api_key.as_deref(), rename)
             .map_err(|why| failed(format!("openai_base_url: {why}")))?;

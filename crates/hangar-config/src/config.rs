@@ -439,6 +439,7 @@ impl Config {
             // Reported by the key check above.
             Some(_) => {}
         }
+        errors.extend(crate::served::claimed_twice(&models));
         match settings {
             Some(s) if errors.is_empty() => Ok(Self::resolve(s, models)),
             _ => Err(ConfigError::Invalid(errors)),

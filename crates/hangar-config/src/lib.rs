@@ -57,6 +57,7 @@ mod request_args;
 mod schema;
 mod secret;
 mod sections;
+mod served;
 mod start_up;
 mod validate;
 mod vram;
@@ -101,6 +102,7 @@ pub use sections::{
     LlamaServerSettings, OpenAiRemoteSettings, StubSettings, VllmServeSettings, VllmSettings,
     parse_cache_quant,
 };
+pub use served::{MAX_SERVED_NAME_LEN, ServedName};
 pub use start_up::{SlotWarning, StartUpChoice};
 pub use validate::{ValidationError, json_kind};
 pub use vram::{BudgetAmount, VramBudget};

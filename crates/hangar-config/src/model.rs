@@ -41,6 +41,10 @@ pub(crate) struct ModelFields {
     pub(crate) target_inflight: Option<u32>,
     /// Free-form labels; `embedding` / `reranking` set the model type when `type` is unset.
     pub(crate) labels: Option<Vec<String>>,
+    /// Other names the model is served under: in request bodies, percent-encoded (`%2F`)
+    /// in paths, in `/v1/models`. Unlike the model's name an alias may contain `/`
+    /// (`publishers/<ns>/models/<name>`); no name may belong to two models.
+    pub(crate) aliases: Option<Vec<String>>,
     /// What the model serves: llm, embedding or reranking. From `labels` when unset.
     #[serde(rename = "type")]
     pub(crate) model_type: Option<ModelType>,
@@ -114,6 +118,13 @@ impl Section for ModelFields {
                 && split as usize > gpus.len()
             {
                 p.push("gpu_split", format!("must be <= the number of gpus ({})", gpus.len()));
+            }
+        }
+        for (i, alias) in self.aliases.iter().flatten().enumerate() {
+            if let Err(why) = crate::ServedName::new(alias.as_str()) {
+                p.push_item("aliases", i, why);
+            } else if self.aliases.iter().flatten().take(i).any(|a| a == alias) {
+                p.push_item("aliases", i, format!("`{alias}` is listed twice"));
             }
         }
         for (i, label) in self.labels.iter().flatten().enumerate() {
@@ -213,6 +224,8 @@ pub struct ModelConfig {
     pub target_inflight: NonZeroU32,
     /// Labels, as configured.
     pub labels: Vec<String>,
+    /// Other names it is served under.
+    pub aliases: Vec<crate::ServedName>,
     /// What it serves: explicit `type`, else from `labels`.
     pub model_type: ModelType,
     /// Per-model auto-load; `None` defers to the global setting.
@@ -307,6 +320,8 @@ impl ModelConfig {
         put("replica_max", self.replica_max.get().into());
         put("target_inflight", self.target_inflight.get().into());
         put("labels", self.labels.clone().into());
+        let aliases: Vec<Value> = self.aliases.iter().map(|a| a.as_str().into()).collect();
+        put("aliases", aliases.into());
         put("auto_load", self.auto_load.into());
         put("default_max_tokens", self.default_max_tokens.map(NonZeroU32::get).into());
         put("load_timeout_s", self.load_timeout_s.map(NonZeroU32::get).into());
@@ -472,6 +487,12 @@ fn parse_model(
         target_inflight: nonzero(fields.target_inflight),
         model_type: fields.model_type.unwrap_or_else(|| ModelType::from_labels(&labels)),
         labels,
+        aliases: fields
+            .aliases
+            .into_iter()
+            .flatten()
+            .filter_map(|a| crate::ServedName::new(a).ok())
+            .collect(),
         auto_load: fields.auto_load,
         default_max_tokens: fields.default_max_tokens.and_then(NonZeroU32::new),
         load_timeout_s: fields.load_timeout_s.and_then(NonZeroU32::new),

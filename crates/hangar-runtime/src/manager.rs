@@ -103,6 +103,8 @@ pub(crate) struct Inner {
     pub(crate) state: Option<crate::state::StateFile>,
     /// Where engines save prompt caches (`<state_dir>/prompt-cache`), and their bound.
     pub(crate) prompt_cache: Option<hangar_backend::PromptCacheRoot>,
+    /// Each alias and the model it names (config checked that none is claimed twice).
+    pub(crate) aliases: HashMap<String, ModelName>,
     /// The enabled models in start-up's order (model positions).
     pub(crate) start_up: Vec<usize>,
     /// Loaded-model slots per type (start-up loads as many of each).
@@ -170,6 +172,11 @@ impl Manager {
                 ram_budget: config.ram_budget,
                 state,
                 prompt_cache: prompt_cache_root(config),
+                aliases: config
+                    .models
+                    .iter()
+                    .flat_map(|m| m.aliases.iter().map(|a| (a.to_string(), m.name.clone())))
+                    .collect(),
                 start_up,
                 slots: config.max_loaded_models,
             }),
@@ -192,11 +199,21 @@ impl Manager {
     }
 
     pub(crate) fn entry(&self, name: &str) -> Result<Arc<ModelEntry>, ManagerError> {
-        self.inner
-            .models
-            .get(name)
-            .map(|e| Arc::clone(e.value()))
+        self.lookup(name)
             .ok_or_else(|| AdmissionError::UnknownModel { model: name.to_owned() }.into())
+    }
+
+    /// The model `name` means: the one of that name, else the one that has it as an alias.
+    fn lookup(&self, name: &str) -> Option<Arc<ModelEntry>> {
+        let models = &self.inner.models;
+        let found = models.get(name).or_else(|| models.get(self.inner.aliases.get(name)?));
+        found.map(|e| Arc::clone(e.value()))
+    }
+
+    /// The name of the model `name` means (itself, or the model it is an alias of); `None`
+    /// when no model answers to it.
+    pub fn canonical(&self, name: &str) -> Option<ModelName> {
+        self.lookup(name).map(|entry| entry.config.name.clone())
     }
 
     /// Every configured model, in config order.
@@ -285,14 +302,14 @@ impl Manager {
     /// ([`crate::RequestGuard::forward`]): its backend serves an OpenAI-compatible API
     /// itself. False for unknown models and backends not compiled in.
     pub fn forwards(&self, name: &str) -> bool {
-        self.inner.models.get(name).is_some_and(|entry| {
+        self.lookup(name).is_some_and(|entry| {
             self.inner.backends.get(entry.config.backend).is_some_and(|b| b.forwards())
         })
     }
 
     /// The configured definition of `name`, if it is configured.
     pub fn model_config(&self, name: &str) -> Option<Arc<ModelConfig>> {
-        self.inner.models.get(name).map(|entry| Arc::clone(&entry.config))
+        self.lookup(name).map(|entry| Arc::clone(&entry.config))
     }
 
     /// The log of `name`'s engine (its child processes' output, across loads).
@@ -303,9 +320,9 @@ impl Manager {
         Ok(self.entry(name)?.logs.clone())
     }
 
-    /// Whether `name` is a configured model.
+    /// Whether `name` is a configured model or one's alias.
     pub fn contains(&self, name: &str) -> bool {
-        self.inner.models.contains_key(name)
+        self.lookup(name).is_some()
     }
 
     /// The name, state and last error of the models that pass `filter`, in config order:

@@ -172,6 +172,7 @@ fn vllm_serve_argv_has_every_engine_field_and_override() {
         "vllm_env": { "HF_HOME": "/models" },
         "vllm_api_key": "s3cret",
         "vllm_extra_args": ["--enforce-eager"],
+        "aliases": ["publishers/default/models/m", "m-latest"],
     }))
     .unwrap();
     assert_eq!(
@@ -183,8 +184,11 @@ fn vllm_serve_argv_has_every_engine_field_and_override() {
             "127.0.0.1",
             "--port",
             "4321",
+            // vLLM serves the aliases too: it refuses a `model` it does not serve.
             "--served-model-name",
             "m",
+            "publishers/default/models/m",
+            "m-latest",
             "--max-model-len",
             "8192",
             "--kv-cache-dtype",

@@ -2,6 +2,7 @@
 //! CI): command lines, supervision, least-privilege children and answer limits, against the
 //! fake `vllm serve` of `tests/fake-vllm/`.
 
+mod aliases;
 mod answers;
 mod children;
 mod launch;

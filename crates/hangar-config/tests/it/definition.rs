@@ -18,6 +18,7 @@ const COMMON: &[&str] = &[
     "replica_max",
     "target_inflight",
     "labels",
+    "aliases",
     "auto_load",
     "default_max_tokens",
     "load_timeout_s",

@@ -147,13 +147,14 @@ impl Recorder {
     /// 400 `invalid_request` without a model, 404 `unknown_model` for an unknown one.
     pub(crate) fn model(&mut self, model: Option<String>) -> Result<String, ApiError> {
         let model = model.ok_or_else(|| ApiError::bad_request("`model` is required"))?;
-        if !self.state.manager.contains(&model) {
+        // An alias is served as the model it names; metrics count the model.
+        let Some(name) = self.state.manager.canonical(&model) else {
             return Err(hangar_runtime::ManagerError::from(
                 hangar_runtime::AdmissionError::UnknownModel { model },
             )
             .into());
-        }
-        model.clone_into(&mut self.model);
+        };
+        name.as_str().clone_into(&mut self.model);
         Ok(model)
     }
 

@@ -71,12 +71,25 @@ fn boot_time(state: &AppState) -> u64 {
 /// `GET /v1/models`.
 pub(crate) async fn list(ctx: Ctx) -> Result<Response, ApiError> {
     let created = boot_time(&ctx.state);
-    let data = ctx.state.manager.models().iter().map(|m| ModelObject::of(m, created)).collect();
+    let mut data = Vec::new();
+    for m in ctx.state.manager.models() {
+        let object = ModelObject::of(&m, created);
+        // Each alias is listed as a model of its own, as clients pick names from this list.
+        let aliases: Vec<ModelObject> = (m.config.aliases.iter())
+            .map(|alias| ModelObject { id: alias.to_string(), ..object.clone() })
+            .collect();
+        data.push(object);
+        data.extend(aliases);
+    }
     Ok(json_response(StatusCode::OK, &ModelList { object: ListObject::Value, data }))
 }
 
 /// `GET /v1/models/{name}`.
 pub(crate) async fn get(ctx: Ctx) -> Result<Response, ApiError> {
     let snapshot = ctx.state.manager.model(ctx.name())?;
-    Ok(json_response(StatusCode::OK, &ModelObject::of(&snapshot, boot_time(&ctx.state))))
+    let object = ModelObject {
+        id: ctx.name().to_owned(),
+        ..ModelObject::of(&snapshot, boot_time(&ctx.state))
+    };
+    Ok(json_response(StatusCode::OK, &object))
 }

@@ -4,6 +4,7 @@
 //! `support` builds the services and sends the requests.
 
 mod admin;
+mod aliases;
 mod auth;
 mod bodies;
 mod connections;
