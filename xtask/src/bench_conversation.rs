@@ -27,6 +27,7 @@ use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
 use crate::bench_llamacpp::{Bench, Server, median, ms, write_settings};
+use crate::bench_swap::post;
 
 /// The chat model in-process.
 const IN_PROCESS: &str = "conv-inproc";
@@ -130,18 +131,6 @@ fn complete(server: &Server, model: &str, messages: &[Value], max_tokens: u32) -
         bail!("{model} answered {}: {text}", response.status());
     }
     Ok(serde_json::from_str(&text)?)
-}
-
-/// `POST path` with `{}`; must answer 200. Its wall time.
-fn post(server: &Server, path: &str) -> Result<Duration> {
-    let started = Instant::now();
-    let mut response = server.agent.post(server.url(path)).send_json(json!({}))?;
-    let body = response.body_mut().read_to_string()?;
-    let elapsed = started.elapsed();
-    if response.status() != 200 {
-        bail!("POST {path} answered {}: {body}", response.status());
-    }
-    Ok(elapsed)
 }
 
 /// Both chat models on `model` (one slot between them and the stub), caches saved under

@@ -124,7 +124,7 @@ fn keep_busy(server: &Server) -> Result<std::thread::JoinHandle<Result<()>>> {
 }
 
 /// `POST path` with `{}`; must answer 200. Its wall time.
-fn post(server: &Server, path: &str) -> Result<Duration> {
+pub(crate) fn post(server: &Server, path: &str) -> Result<Duration> {
     let started = Instant::now();
     let mut response = server.agent.post(server.url(path)).send_json(json!({}))?;
     let body = response.body_mut().read_to_string()?;

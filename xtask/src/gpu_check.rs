@@ -303,10 +303,12 @@ fn common_library(root: &Path) -> Result<PathBuf> {
     for entry in
         std::fs::read_dir(&build).with_context(|| format!("cannot read {}", build.display()))?
     {
-        let lib = entry?.path().join("out").join("lib").join(COMMON_LIB);
-        if let (true, Ok(modified)) =
-            (entry_name_is_sys(&lib), lib.metadata().and_then(|m| m.modified()))
-        {
+        let dir = entry?.path();
+        if !dir.file_name().is_some_and(|n| n.to_string_lossy().starts_with("llama-cpp-sys-2-")) {
+            continue;
+        }
+        let lib = dir.join("out").join("lib").join(COMMON_LIB);
+        if let Ok(modified) = lib.metadata().and_then(|m| m.modified()) {
             found.push((modified, lib));
         }
     }
@@ -315,15 +317,6 @@ fn common_library(root: &Path) -> Result<PathBuf> {
         .pop()
         .map(|(_, lib)| lib)
         .with_context(|| format!("no {COMMON_LIB} of llama-cpp-sys-2 under {}", build.display()))
-}
-
-/// Whether `lib` lies in a `llama-cpp-sys-2-<hash>` build folder.
-fn entry_name_is_sys(lib: &Path) -> bool {
-    lib.ancestors()
-        .nth(3)
-        .and_then(Path::file_name)
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("llama-cpp-sys-2-"))
 }
 
 /// `<target>/gpu-check/llama.cpp-<version>.tar.gz`: the sdist's `vendor/llama.cpp` without

@@ -19,14 +19,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hangar_backend::PromptCacheRoot;
-use hangar_prompt_cache::{Identity, Saving, Store};
+use hangar_prompt_cache::{Identity, MIN_TOKENS, Saving, Store};
 use http::Method;
 
 use crate::launch::Launch;
 use crate::upstream::Upstream;
 
-/// Fewer cached tokens than this are not worth a file.
-pub(crate) const MIN_TOKENS: usize = 64;
 /// llama.cpp's sequence state file magic, `ggsq`.
 const SEQ_MAGIC: u32 = 0x6767_7371;
 /// How long one slot's save or restore may take (a child that lets one pass is asked

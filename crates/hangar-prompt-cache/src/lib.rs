@@ -22,6 +22,9 @@ mod file;
 
 pub use file::{EXT, PAYLOAD_EXT};
 
+/// Fewer cached tokens than this are not worth a file: engines save no shorter prefix.
+pub const MIN_TOKENS: usize = 64;
+
 /// Why the store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {

@@ -10,14 +10,11 @@
 //! devices and the Hangar version; llama.cpp also checks a state's shape when it reads it
 //! and refuses one that does not fit (the restore is then logged and the slot starts empty).
 
-use hangar_prompt_cache::{Identity, Saving, Store};
+use hangar_prompt_cache::{Identity, MIN_TOKENS, Saving, Store};
 use llama_cpp_2::token::LlamaToken;
 
 use super::batch::Slot;
 use super::{Worker, WorkerSpec};
-
-/// Fewer cached tokens than this are not worth a file.
-pub(super) const MIN_TOKENS: usize = 64;
 
 /// The store of `spec`'s model, when its caches are saved; a store that cannot be opened
 /// is logged and the replica serves without one.
@@ -49,8 +46,7 @@ impl Worker<'_> {
     /// (what the best slot shares) and at least [`MIN_TOKENS`].
     pub(super) fn saved_beats(&self, prompt: &[LlamaToken], shared: usize) -> Option<usize> {
         let store = self.store.as_ref()?;
-        let (index, n) = store.best(&raw(prompt), shared.max(MIN_TOKENS - 1))?;
-        (n > shared).then_some(index)
+        store.best(&raw(prompt), shared.max(MIN_TOKENS - 1)).map(|(index, _)| index)
     }
 
     /// Restores saved cache `saved` into slot `index` (emptied first): true when the slot
