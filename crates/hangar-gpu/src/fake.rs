@@ -21,7 +21,7 @@ pub fn build(dir: &Path) -> io::Result<PathBuf> {
     let out = dir.join("libnvidia-ml.so.1");
     let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&compiler)
-        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .args(["-shared", "-fPIC", "-pthread", "-O1", "-o"])
         .arg(&out)
         .arg(SOURCE)
         .status()?;

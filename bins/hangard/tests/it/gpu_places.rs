@@ -266,8 +266,8 @@ async fn loads_on_different_gpus_do_not_wait_for_each_other() {
         }
     };
     let (loads, both) = tokio::join!(loads, watch);
-    let ((l, _), (r, _)) = loads;
-    assert_eq!((l, r), (200, 200));
+    let ((l, left), (r, right)) = loads;
+    assert_eq!((l, r), (200, 200), "left: {left}\nright: {right}\n{}", server.logs());
     assert!(both, "the two engines never ran at once before either load was answered");
     // A model that may use any GPU takes every GPU's lane, and makes room on one of them:
     // left, the least recently used once right has served a request.

@@ -8,9 +8,11 @@
  *
  * Device handles are (index + 1) cast to a pointer. Only what NVML's header says of these
  * calls is reproduced: return codes, the INSUFFICIENT_SIZE protocol of the process list, the
- * v2 memory struct. */
+ * v2 memory struct. Like the real library, it may be called from several threads at once:
+ * every call holds one lock, as the parsed script is shared. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,7 @@ struct proc { unsigned int gpu, pid; unsigned long long used; };
 static struct gpu gpus[MAX];
 static struct proc procs[64];
 static int nprocs, fail_init;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int load(void) {
     Dl_info self;
@@ -81,12 +84,12 @@ static int index_of(void *device) {
     return (i >= 0 && i < count()) ? (int)i : -1;
 }
 
-nvmlReturn_t nvmlInit_v2(void) {
+static nvmlReturn_t nvmlInit_v2_unlocked(void) {
     if (load() != 0) return NVML_ERROR_UNKNOWN;
     return fail_init ? NVML_ERROR_DRIVER_NOT_LOADED : NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
+static nvmlReturn_t nvmlShutdown_unlocked(void) { return NVML_SUCCESS; }
 
 const char *nvmlErrorString(nvmlReturn_t result) {
     switch (result) {
@@ -97,20 +100,20 @@ const char *nvmlErrorString(nvmlReturn_t result) {
     }
 }
 
-nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
+static nvmlReturn_t nvmlDeviceGetCount_v2_unlocked(unsigned int *n) {
     load();
     *n = (unsigned int)count();
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **device) {
+static nvmlReturn_t nvmlDeviceGetHandleByIndex_v2_unlocked(unsigned int i, void **device) {
     load();
     if ((int)i >= count()) return NVML_ERROR_INVALID_ARGUMENT;
     *device = (void *)(long)(i + 1);
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetName(void *device, char *name, unsigned int length) {
+static nvmlReturn_t nvmlDeviceGetName_unlocked(void *device, char *name, unsigned int length) {
     int i = index_of(device);
     if (i < 0) return NVML_ERROR_INVALID_ARGUMENT;
     if (strlen(gpus[i].name) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -118,7 +121,7 @@ nvmlReturn_t nvmlDeviceGetName(void *device, char *name, unsigned int length) {
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *device, nvmlMemory_v2_t *memory) {
+static nvmlReturn_t nvmlDeviceGetMemoryInfo_v2_unlocked(void *device, nvmlMemory_v2_t *memory) {
     int i = index_of(device);
     if (i < 0) return NVML_ERROR_INVALID_ARGUMENT;
     load();
@@ -129,7 +132,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *device, nvmlMemory_v2_t *memory) {
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *n, nvmlProcessInfo_t *out) {
+static nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3_unlocked(void *device, unsigned int *n, nvmlProcessInfo_t *out) {
     int i = index_of(device), k, have = 0;
     if (i < 0) return NVML_ERROR_INVALID_ARGUMENT;
     for (k = 0; k < nprocs; k++) have += procs[k].gpu == (unsigned int)i;
@@ -146,4 +149,61 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int 
         (*n)++;
     }
     return NVML_SUCCESS;
+}
+
+/* The exported calls, each under the lock. */
+nvmlReturn_t nvmlInit_v2(void) {
+    nvmlReturn_t r;
+    pthread_mutex_lock(&lock);
+    r = nvmlInit_v2_unlocked();
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+nvmlReturn_t nvmlShutdown(void) {
+    nvmlReturn_t r;
+    pthread_mutex_lock(&lock);
+    r = nvmlShutdown_unlocked();
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
+    nvmlReturn_t r;
+    pthread_mutex_lock(&lock);
+    r = nvmlDeviceGetCount_v2_unlocked(n);
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **device) {
+    nvmlReturn_t r;
+    pthread_mutex_lock(&lock);
+    r = nvmlDeviceGetHandleByIndex_v2_unlocked(i, device);
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetName(void *device, char *name, unsigned int length) {
+    nvmlReturn_t r;
+    pthread_mutex_lock(&lock);
+    r = nvmlDeviceGetName_unlocked(device, name, length);
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *device, nvmlMemory_v2_t *memory) {
+    nvmlReturn_t r;
+    pthread_mutex_lock(&lock);
+    r = nvmlDeviceGetMemoryInfo_v2_unlocked(device, memory);
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *n, nvmlProcessInfo_t *out) {
+    nvmlReturn_t r;
+    pthread_mutex_lock(&lock);
+    r = nvmlDeviceGetComputeRunningProcesses_v3_unlocked(device, n, out);
+    pthread_mutex_unlock(&lock);
+    return r;
 }
