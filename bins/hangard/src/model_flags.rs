@@ -14,7 +14,7 @@ use hangar_config::{
 /// Lemonade's model-wide `serve` flags. Each sets a field of every model it concerns, over
 /// the config; a load request's own values still win, since the runtime merges them over
 /// the model as patched here.
-#[derive(Debug, Default, Args)]
+#[derive(Debug, Clone, Default, Args)]
 pub(crate) struct ModelFlags {
     /// Context size of every model whose backend has one (`llama_server_n_ctx`,
     /// `gguf_n_ctx`, `vllm_max_model_len`, `exllama_cache_size`).

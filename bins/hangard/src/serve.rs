@@ -11,7 +11,9 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use hangar_backend_bridge::BridgeBackend;
 use hangar_backend_process::{ProcessBackend, RemoteBackend};
-use hangar_config::{BackendKind, ChildEnv, Config, MaxLoadedModels, ModelName, Secret};
+use hangar_config::{
+    BackendKind, ChildEnv, Config, ConfigError, MaxLoadedModels, ModelName, Secret, ValidationError,
+};
 use hangar_runtime::{Backends, Manager};
 use hangar_server::{HangarService, ServerOptions};
 use hangar_stub::StubBackend;
@@ -22,7 +24,7 @@ use tracing_subscriber::EnvFilter;
 use crate::model_flags::{ModelFlags, apply_model_flags};
 
 /// `hangard serve` options. A flag given on the command line wins over the config.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct ServeArgs {
     /// Config directory holding settings.json and optionally local.json.
     #[arg(long, short, value_name = "DIR", env = "HANGAR_CONFIG")]
@@ -78,15 +80,18 @@ enum LogFormat {
 }
 
 /// Runs the server until SIGINT or SIGTERM, then drains and exits 0. A second signal during
-/// the drain exits at once with status 1.
+/// the drain exits at once with status 1. `SIGHUP` re-reads the config and applies its
+/// models (as `POST /v1/admin/config/reload`).
 pub(crate) fn run(args: ServeArgs) -> Result<ExitCode> {
     init_logging(args.log_format);
     let config = effective_config(&args)?;
+    let reread = args.clone();
+    let source = hangar_server::ConfigSource::new(&config, move || reread_config(&reread));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    let code = runtime.block_on(serve(config, args.insecure_no_admin_key));
+    let code = runtime.block_on(serve(config, source, args.insecure_no_admin_key));
     // Tasks still running (a stalled connection past the shutdown bound) are dropped, not
     // waited for.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
@@ -105,11 +110,26 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// The config as a reload reads it: the directory's files with the command line's overrides
+/// (which were checked at start), every problem reported as a config error.
+fn reread_config(args: &ServeArgs) -> Result<Config, ConfigError> {
+    let config = Config::load(&args.config)?;
+    with_flags(args, config).map_err(|e| {
+        let message = format!("{e:#}");
+        ConfigError::Invalid(vec![ValidationError { path: "command line".into(), message }])
+    })
+}
+
 /// The config directory's settings with the command line's overrides applied.
 fn effective_config(args: &ServeArgs) -> Result<Config> {
     let dir = &args.config;
-    let mut config =
+    let config =
         Config::load(dir).with_context(|| format!("cannot use the config in {}", dir.display()))?;
+    with_flags(args, config)
+}
+
+/// `config` with the command line's overrides applied.
+fn with_flags(args: &ServeArgs, mut config: Config) -> Result<Config> {
     if let Some(host) = &args.host {
         config.host.clone_from(host);
     }
@@ -186,7 +206,11 @@ fn llama_backend() -> Result<Arc<hangar_backend_llamacpp::llama_cpp_2::llama_bac
     Ok(Arc::clone(LLAMA.get_or_init(|| llama)))
 }
 
-async fn serve(mut config: Config, insecure_no_admin_key: bool) -> Result<ExitCode> {
+async fn serve(
+    mut config: Config,
+    source: hangar_server::ConfigSource,
+    insecure_no_admin_key: bool,
+) -> Result<ExitCode> {
     // Handlers first: a signal that arrives right after the listening line must drain, not
     // kill the process.
     let mut signals = Signals::install()?;
@@ -222,6 +246,7 @@ async fn serve(mut config: Config, insecure_no_admin_key: bool) -> Result<ExitCo
     let mut options = ServerOptions::from_config(&config);
     // The address bound decides the Host rule, whatever name `host` gave.
     options.loopback_listener = addr.ip().is_loopback();
+    options.config_source = Some(source);
     let shutdown_timeout = options.http.shutdown_timeout;
     let service = HangarService::new(manager.clone(), options);
     // The manager owns the model definitions from here on; this copy would only hold memory.
@@ -235,6 +260,7 @@ async fn serve(mut config: Config, insecure_no_admin_key: bool) -> Result<ExitCo
     let until_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     };
+    let reloads = tokio::spawn(reload_on_hangup(service.clone()));
     let mut server =
         tokio::spawn(hangar_server::serve(listener, service.clone(), until_stop(stopped.clone())));
     let mut grpc = grpc.map(|listener| {
@@ -282,6 +308,7 @@ async fn serve(mut config: Config, insecure_no_admin_key: bool) -> Result<ExitCo
     }
     // A load still running at shutdown is abandoned; loaded models are released.
     loading.abort();
+    reloads.abort();
     tokio::select! {
         unloaded = manager.unload_all() => {
             tracing::info!(models = unloaded.len(), "stopped");
@@ -363,6 +390,30 @@ async fn load_enabled(manager: Manager) {
 }
 
 /// SIGTERM and SIGINT.
+/// Re-reads the config on every `SIGHUP` and applies its models; a config with problems
+/// changes nothing (each problem is logged).
+async fn reload_on_hangup(service: HangarService) {
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot handle SIGHUP: reload the config with POST /v1/admin/config/reload");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        tracing::info!("SIGHUP: re-reading the config");
+        match service.reload_config().await {
+            Ok(r) => tracing::info!(
+                added = ?r.added, removed = ?r.removed, changed = ?r.changed, pending = ?r.pending,
+                restart_required = ?r.restart_required, "config reloaded"
+            ),
+            Err(e) => {
+                for problem in e.problems.iter().flatten() {
+                    tracing::error!(path = %problem.path, "{}", problem.message);
+                }
+                tracing::error!(error = %e.message, "config reload refused: nothing changed");
+            }
+        }
+    }
+}
+
 struct Signals {
     term: Signal,
     int: Signal,

@@ -131,6 +131,12 @@ pub(crate) struct SettingsFields {
     /// admission by host memory.
     #[schemars(with = "Option<crate::vram::AmountSchema>")]
     pub(crate) ram_budget: Option<Value>,
+    /// A folder whose subfolders are models beside the configured ones: a subfolder's name
+    /// is the model's, its `hangar.json` its definition (see `docs/model-repository.md`).
+    pub(crate) model_repository: Option<String>,
+    /// The model fields every repository subfolder's definition starts from (what a folder
+    /// without `hangar.json` is served with): a model definition without `model_path`.
+    pub(crate) model_repository_defaults: Option<Map<String, Value>>,
     /// The configured models, by name. A model set to `null` (e.g. in `local.json`) is
     /// removed.
     pub(crate) models: Option<Map<String, Value>>,
@@ -168,6 +174,7 @@ impl Section for SettingsFields {
             c.check(&mut p.nested("children"));
         }
         p.non_empty("state_dir", self.state_dir.as_deref());
+        p.non_empty("model_repository", self.model_repository.as_deref());
         match self.vram_budget.as_ref().map(VramBudget::parse) {
             Some(Err((key, message))) if key.is_empty() => p.push("vram_budget", message),
             Some(Err((key, message))) => p.nested("vram_budget").push(&key, message),
@@ -370,6 +377,9 @@ pub struct Config {
     pub vram_budget: Option<VramBudget>,
     /// Host memory CPU models may fill; no admission by host memory when `None`.
     pub ram_budget: Option<BudgetAmount>,
+    /// The model repository folder (`model_repository`), if any; its models are read when
+    /// the manager starts and on each rescan, not here.
+    pub model_repository: Option<crate::ModelRepository>,
     /// Every configured model, in config order.
     pub models: Vec<ModelConfig>,
 }
@@ -406,6 +416,7 @@ impl Config {
             "",
             &[
                 ("models", |_, _, _| {}),
+                ("model_repository_defaults", crate::repository::check_defaults),
                 ("max_loaded_models", check_nested::<MaxLoadedModelsFields>),
                 ("quarantine", check_nested::<QuarantineFields>),
                 ("http", check_nested::<HttpFields>),
@@ -482,6 +493,10 @@ impl Config {
             // Checked by `SettingsFields::check`.
             vram_budget: s.vram_budget.as_ref().and_then(|v| VramBudget::parse(v).ok()),
             ram_budget: s.ram_budget.as_ref().and_then(|v| BudgetAmount::parse(v).ok()),
+            model_repository: s.model_repository.map(|dir| crate::ModelRepository {
+                dir: PathBuf::from(dir),
+                defaults: s.model_repository_defaults,
+            }),
             models,
         }
     }
@@ -525,6 +540,8 @@ impl Config {
             "prompt_cache_max_bytes": self.prompt_cache_max_bytes,
             "vram_budget": self.vram_budget.as_ref().map(VramBudget::to_json),
             "ram_budget": self.ram_budget,
+            "model_repository": self.model_repository.as_ref().map(|r| &r.dir),
+            "model_repository_defaults": self.model_repository.as_ref().map(|r| &r.defaults),
             "models": models,
         })
     }

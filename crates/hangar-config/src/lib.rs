@@ -53,6 +53,7 @@ mod model;
 mod name;
 mod overrides;
 mod recommendations;
+mod repository;
 mod request_args;
 mod schema;
 mod secret;
@@ -94,6 +95,9 @@ pub use model::{BackendSettings, DEFAULT_LOAD_TIMEOUT_S, MAX_GPUS, ModelConfig, 
 pub use name::{MAX_MODEL_NAME_LEN, ModelName, ModelNameError};
 pub use overrides::{LoadOverride, OverrideError, validate_load_override};
 pub use recommendations::{LoadRecommendations, load_recommendations};
+pub use repository::{
+    DEFINITION_FILE, MAX_DEFINITION_BYTES, ModelRepository, OPERATOR_ONLY, RepositoryModel,
+};
 pub use request_args::{LLAMA_SERVER_REQUEST_ARGS, check_request_args};
 pub use schema::config_schema;
 pub use secret::{REDACTED, Secret};

@@ -381,7 +381,9 @@ impl Manager {
     /// (`unknown_model`, `model_not_loaded`, `model_loading`, `model_unloading`,
     /// `model_failed`, `queue_full`).
     pub async fn admit(&self, name: &str, work: Work) -> Result<RequestGuard, ManagerError> {
-        let entry = self.entry(name)?;
+        // A changed definition waiting for the model's next load takes effect first if the
+        // request is to load it.
+        let entry = self.current_entry(name).await?;
         check_work(&entry, &entry.lock(), work)?;
         let auto = entry.config.auto_load_or(self.inner.auto_load);
         let (ready, asleep) = {
@@ -408,7 +410,7 @@ impl Manager {
             Some((s, g)) => (s, g, None),
             None => {
                 // Held until the request is admitted, so the model cannot be evicted first.
-                let pin = self.inner.control.pin(entry.position);
+                let pin = self.inner.control.pin(&entry);
                 match self.load_on_demand(name).await {
                     Ok(_) => {}
                     Err(ManagerError::LoadFailed { snapshot, .. }) => {

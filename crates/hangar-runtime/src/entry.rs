@@ -39,6 +39,10 @@ pub(crate) struct ModelEntry {
     pub(crate) start_up: crate::start_up::MarkCell,
     /// A wake for waiting requests is on its way (`sleep.rs`).
     pub(crate) waking: std::sync::atomic::AtomicBool,
+    /// Requests pinning the model (`crate::control::Pin`).
+    pub(crate) pins: std::sync::atomic::AtomicU32,
+    /// Why the model cannot load: its definition (a repository folder's) does not hold.
+    pub(crate) problem: Option<String>,
 }
 
 pub(crate) struct Slot {
@@ -80,6 +84,9 @@ pub(crate) struct Slot {
     /// What the last sleep of the runtimes in service gave back on the GPUs, in MiB (what
     /// a demotion expects of the next one); `None` before their first sleep.
     pub(crate) sleep_freed_mib: Option<u64>,
+    /// A changed definition from a config reload, waiting for the model's next load
+    /// (`crate::registry`).
+    pub(crate) pending: Option<Arc<ModelConfig>>,
 }
 
 impl ModelEntry {
@@ -110,6 +117,7 @@ impl ModelEntry {
                 placement: None,
                 host: None,
                 sleep_freed_mib: None,
+                pending: None,
             }),
             config,
             position,
@@ -119,6 +127,8 @@ impl ModelEntry {
             interrupts: Interrupts::default(),
             start_up: Default::default(),
             waking: Default::default(),
+            pins: Default::default(),
+            problem: None,
         }
     }
 

@@ -140,7 +140,8 @@ impl Manager {
     /// adds the control loop's holds).
     pub(crate) fn loaded_models(&self, spare_enabled: bool) -> Vec<(ModelId, LoadedModel)> {
         let mut loaded = Vec::new();
-        for entry in &self.inner.order {
+        let registry = self.registry();
+        for entry in &registry.order {
             let slot = entry.lock();
             if slot.lifecycle.state() != ModelState::Loaded {
                 continue;
@@ -156,7 +157,7 @@ impl Manager {
                     model_type: entry.config.model_type,
                     device: entry.config.device,
                     last_use: slot.last_use.map_or_else(Instant::now, |(t, _)| t).into_std(),
-                    inflight: busy + self.inner.control.pins(entry.position),
+                    inflight: busy + entry.pins.load(std::sync::atomic::Ordering::SeqCst),
                     held: entry.config.pinned || (spare_enabled && entry.config.enabled),
                     vram_mib: crate::gpu::vram_held(entry, &slot),
                     asleep: slot.phase.serving().is_some_and(|s| s.asleep.is_some()),

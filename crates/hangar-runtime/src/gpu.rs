@@ -96,8 +96,10 @@ impl Manager {
 
     /// Each model whose runtimes run in child processes, with their process ids.
     fn engine_processes(&self) -> Vec<(ModelName, Vec<u32>)> {
+        // Every model the loop knows: one a reload removed may still be unloading.
         self.inner
-            .order
+            .control
+            .entries()
             .iter()
             .filter_map(|entry| {
                 let slot = entry.lock();
@@ -192,10 +194,10 @@ impl Manager {
         if self.inner.state.is_none() {
             return;
         }
-        let inner = Arc::clone(&self.inner);
+        let (inner, registry) = (Arc::clone(&self.inner), self.registry());
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(state) = &inner.state {
-                state.save(&inner.order);
+                state.save(&registry.order);
             }
         })
         .await;

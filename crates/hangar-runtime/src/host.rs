@@ -168,7 +168,8 @@ impl Manager {
         let budget = budget.resolve(total_mib()?);
         let mut holdings = Vec::new();
         let mut files: Vec<&Path> = Vec::new();
-        for other in &self.inner.order {
+        let registry = self.registry();
+        for other in &registry.order {
             if other.position == entry.position || !local(&other.config) {
                 continue;
             }

@@ -122,6 +122,25 @@ pub enum EventKind {
     },
     /// An explicit load lifted the model's quarantine.
     QuarantineLifted,
+    /// A config reload changed the model's definition: added, removed, changed or pending.
+    Definition {
+        /// What changed.
+        change: DefinitionChange,
+    },
+}
+
+/// What a config reload did to a model's definition (the journal's `definition` events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DefinitionChange {
+    /// The model joined.
+    Added,
+    /// The model left: unloaded gracefully, it answers to no name.
+    Removed,
+    /// A changed definition took effect (nothing of the model was running).
+    Changed,
+    /// A changed definition waits for the model's next load.
+    Pending,
 }
 
 /// What a follower gets: the journaled events after the id it gave, whether some were

@@ -236,7 +236,7 @@ async fn housekeeping(inner: Weak<Inner>) {
         tick.tick().await;
         let Some(inner) = inner.upgrade() else { return };
         let manager = Manager { inner };
-        for entry in manager.inner.order.clone() {
+        for entry in manager.registry().order.clone() {
             let Some(due) = manager.idle_for(&entry).await else { continue };
             // A model busy with an admin operation is not idle; try again next tick.
             let control = &manager.inner.control;
@@ -284,7 +284,7 @@ impl Manager {
                 sleep,
                 pinned: entry.config.pinned,
                 busy: stats.is_none_or(|s| s.runtime_inflight > 0 || s.queue_depth > 0),
-                pins: self.inner.control.pins(entry.position),
+                pins: entry.pins.load(std::sync::atomic::Ordering::SeqCst),
                 idle: slot.last_use.map_or(Duration::ZERO, |(at, _)| at.elapsed()),
             }
         };

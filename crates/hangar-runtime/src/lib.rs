@@ -78,6 +78,7 @@ mod pause;
 mod phase;
 mod place;
 mod quarantine;
+mod registry;
 mod sleep;
 mod sleep_policy;
 mod snapshot;
@@ -96,12 +97,15 @@ pub use gpu::{GpuHolder, GpuMemory, RELEASE_WAIT};
 pub use hangar_gpu::{GpuProbe, GpuProcess, GpuReading, Unavailable as GpuUnavailable};
 pub use hangar_lifecycle::{AdmissionError, LifecycleEvent, ModelState};
 pub use host::{HostFigure, HostMethod};
-pub use journal::{EVENT_CAPACITY, EventKind, Follow, MAX_EVENT_TEXT_BYTES, ManagerEvent};
+pub use journal::{
+    DefinitionChange, EVENT_CAPACITY, EventKind, Follow, MAX_EVENT_TEXT_BYTES, ManagerEvent,
+};
 pub use lease::{Lease, LeaseChange, MAX_LEASE_OWNER_BYTES, MAX_LEASE_SECONDS};
 pub use manager::{Backends, LoadOptions, Manager};
 pub use pause::{PauseCause, PauseInfo, PauseMode};
 pub use place::{Placement, PlacementSource};
 pub use quarantine::{Failure, FailureKind, QuarantineInfo, RECENT_FAILURES};
+pub use registry::ModelChanges;
 pub use sleep_policy::Residency;
 pub use snapshot::{ModelFilter, ModelSnapshot, ModelStatus, VramEstimateSource};
 pub use start_up::{NotServing, NotServingInfo, NotServingReason, StartUp};

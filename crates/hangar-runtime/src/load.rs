@@ -104,7 +104,13 @@ impl Manager {
         same_is_ok: bool,
         trigger: Trigger,
     ) -> Result<ModelSnapshot, ManagerError> {
-        let entry = self.entry(name)?;
+        // A changed definition waiting for this load takes effect first.
+        let entry = self.current_entry(name).await?;
+        if let Some(problem) = &entry.problem {
+            let snapshot = Box::new(snapshot_of(&entry, &entry.lock()));
+            let message = format!("the model's definition does not hold: {problem}");
+            return Err(ManagerError::LoadFailed { message, snapshot });
+        }
         let prepared =
             if options.is_empty() { None } else { Some(prepare(&entry.config, &options)?) };
         // Answers that change nothing come at once; a load to start or to wait for takes
@@ -157,7 +163,7 @@ impl Manager {
                 rx
             }
         };
-        if self.inner.idle_configured {
+        if self.inner.idle_configured.load(std::sync::atomic::Ordering::SeqCst) {
             self.start_housekeeping();
         }
         outcome::answer(&entry, rx).await

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
-use dashmap::DashMap;
 use hangar_backend::{Backend, Capabilities, ModelLogs};
 use hangar_config::{BackendKind, Config, ModelConfig, ModelName};
 use hangar_lifecycle::{AdmissionError, ModelState};
@@ -18,6 +17,7 @@ use crate::entry::ModelEntry;
 use crate::error::ManagerError;
 use crate::events::{Events, ManagerCounters, StateChange};
 use crate::journal::Follow;
+use crate::registry::Registry;
 use crate::snapshot::{ModelFilter, ModelSnapshot, ModelStatus, snapshot_of};
 
 /// The engines a manager can load models with, by backend kind.
@@ -74,9 +74,12 @@ pub struct Manager {
 }
 
 pub(crate) struct Inner {
-    pub(crate) models: DashMap<ModelName, Arc<ModelEntry>>,
-    /// Config order, for listings.
-    pub(crate) order: Vec<Arc<ModelEntry>>,
+    /// The models in service, by name and in config order (`crate::registry`); replaced
+    /// whole by a config reload.
+    pub(crate) registry: std::sync::RwLock<Arc<Registry>>,
+    /// Where the served models come from; config reloads, repository rescans and a
+    /// changed definition's taking effect run one at a time, under this lock.
+    pub(crate) reloading: tokio::sync::Mutex<crate::registry::Sources>,
     pub(crate) backends: Backends,
     pub(crate) auto_load: bool,
     pub(crate) max_queue_depth: usize,
@@ -88,7 +91,9 @@ pub(crate) struct Inner {
     pub(crate) events: Arc<Events>,
     pub(crate) last_loaded: std::sync::Mutex<Option<ModelName>>,
     /// Whether any model has an idle timeout (housekeeping starts at the first load).
-    pub(crate) idle_configured: bool,
+    pub(crate) idle_configured: std::sync::atomic::AtomicBool,
+    /// The global `idle_unload_seconds`, for models added by a reload.
+    pub(crate) idle_default: Option<std::num::NonZeroU32>,
     /// Set once the housekeeping task runs.
     pub(crate) housekeeping: std::sync::OnceLock<()>,
     /// How long an admitted request may run (`limits.request_timeout_s`).
@@ -103,10 +108,8 @@ pub(crate) struct Inner {
     pub(crate) state: Option<crate::state::StateFile>,
     /// Where engines save prompt caches (`<state_dir>/prompt-cache`), and their bound.
     pub(crate) prompt_cache: Option<hangar_backend::PromptCacheRoot>,
-    /// Each alias and the model it names (config checked that none is claimed twice).
-    pub(crate) aliases: HashMap<String, ModelName>,
-    /// The enabled models in start-up's order (model positions).
-    pub(crate) start_up: Vec<usize>,
+    /// The enabled models in start-up's order.
+    pub(crate) start_up: Vec<Arc<ModelEntry>>,
     /// Loaded-model slots per type (start-up loads as many of each).
     pub(crate) slots: hangar_config::MaxLoadedModels,
 }
@@ -116,14 +119,14 @@ impl Manager {
     /// loaded yet; see [`Manager::load_enabled`].
     pub fn new(config: &Config, backends: Backends) -> Self {
         crate::place::warn_if_unmappable(config);
-        let models = DashMap::with_capacity(config.models.len());
-        let mut order = Vec::with_capacity(config.models.len());
+        let (sources, served) = crate::registry::Sources::of(config);
+        let mut order = Vec::with_capacity(served.len());
         // Most models share their capabilities: one allocation each distinct value.
         let mut shared: Vec<Arc<Capabilities>> = Vec::new();
-        for model in &config.models {
+        for crate::registry::Served { config: model, problem } in served {
             let capabilities = backends
                 .get(model.backend)
-                .map_or_else(Capabilities::default, |b| b.capabilities(model));
+                .map_or_else(Capabilities::default, |b| b.capabilities(&model));
             let capabilities = match shared.iter().find(|c| ***c == capabilities) {
                 Some(c) => Arc::clone(c),
                 None => {
@@ -132,11 +135,14 @@ impl Manager {
                 }
             };
             let idle = config.idle_unload_seconds;
-            let entry = Arc::new(ModelEntry::new(model.clone(), order.len(), capabilities, idle));
-            order.push(Arc::clone(&entry));
-            models.insert(model.name.clone(), entry);
+            let mut entry = ModelEntry::new(model, order.len(), capabilities, idle);
+            entry.problem = problem;
+            order.push(Arc::new(entry));
         }
-        let start_up = crate::start_up::mark(config, &models);
+        let definitions: Vec<&ModelConfig> =
+            order.iter().filter(|e| e.problem.is_none()).map(|e| &*e.config).collect();
+        let registry = Registry::new(order.clone(), &definitions);
+        let start_up = crate::start_up::mark(config, &registry);
         let state = config.state_dir.as_deref().map(crate::state::StateFile::new);
         if let Some(state) = &state {
             state.restore(&order);
@@ -147,13 +153,13 @@ impl Manager {
             max_leases: config.limits.max_leases_per_model,
             quarantine: config.quarantine,
             limits: config.max_loaded_models,
-            lanes: config.models.iter().map(crate::place::lanes_of).collect(),
+            lanes: order.iter().map(|e| crate::place::lanes_of(&e.config)).collect(),
         };
         let control = crate::control::Control::new(&order, Arc::clone(&events), rules);
         Self {
             inner: Arc::new(Inner {
-                models,
-                order,
+                registry: std::sync::RwLock::new(Arc::new(registry)),
+                reloading: tokio::sync::Mutex::new(sources),
                 backends,
                 auto_load: config.auto_load,
                 max_queue_depth: config.max_queue_depth.get() as usize,
@@ -161,8 +167,10 @@ impl Manager {
                 control,
                 events,
                 last_loaded: std::sync::Mutex::new(None),
-                idle_configured: config.idle_unload_seconds.is_some()
-                    || config.models.iter().any(|m| m.idle_unload_seconds.is_some()),
+                idle_configured: std::sync::atomic::AtomicBool::new(
+                    order.iter().any(|e| e.idle_timeout.is_some()),
+                ),
+                idle_default: config.idle_unload_seconds,
                 housekeeping: std::sync::OnceLock::new(),
                 request_timeout: config.limits.request_timeout,
                 gpu: std::sync::RwLock::new(Arc::new(hangar_gpu::NoGpu(
@@ -172,11 +180,6 @@ impl Manager {
                 ram_budget: config.ram_budget,
                 state,
                 prompt_cache: prompt_cache_root(config),
-                aliases: config
-                    .models
-                    .iter()
-                    .flat_map(|m| m.aliases.iter().map(|a| (a.to_string(), m.name.clone())))
-                    .collect(),
                 start_up,
                 slots: config.max_loaded_models,
             }),
@@ -205,9 +208,18 @@ impl Manager {
 
     /// The model `name` means: the one of that name, else the one that has it as an alias.
     fn lookup(&self, name: &str) -> Option<Arc<ModelEntry>> {
-        let models = &self.inner.models;
-        let found = models.get(name).or_else(|| models.get(self.inner.aliases.get(name)?));
-        found.map(|e| Arc::clone(e.value()))
+        self.registry().lookup(name).cloned()
+    }
+
+    /// The registry as it is now.
+    pub(crate) fn registry(&self) -> Arc<Registry> {
+        Arc::clone(&self.inner.registry.read().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Makes `registry` the one in service.
+    pub(crate) fn publish(&self, registry: Registry) {
+        *self.inner.registry.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Arc::new(registry);
     }
 
     /// The name of the model `name` means (itself, or the model it is an alias of); `None`
@@ -230,8 +242,9 @@ impl Manager {
         from: usize,
         max: usize,
     ) -> (Vec<ModelSnapshot>, Option<usize>) {
-        let mut page = Vec::with_capacity(max.min(self.inner.order.len()));
-        for (position, entry) in self.inner.order.iter().enumerate().skip(from) {
+        let registry = self.registry();
+        let mut page = Vec::with_capacity(max.min(registry.order.len()));
+        for (position, entry) in registry.order.iter().enumerate().skip(from) {
             if page.len() == max {
                 return (page, Some(position));
             }
@@ -245,7 +258,7 @@ impl Manager {
 
     /// The configured models that pass `filter`, in config order.
     pub fn list(&self, filter: &ModelFilter) -> Vec<ModelSnapshot> {
-        self.inner
+        self.registry()
             .order
             .iter()
             .filter_map(|entry| {
@@ -279,7 +292,8 @@ impl Manager {
         }
         let mut loaded =
             self.list(&ModelFilter { state: Some(ModelState::Loaded), model_type: None });
-        match (loaded.len(), self.inner.order.as_slice()) {
+        let registry = self.registry();
+        match (loaded.len(), registry.order.as_slice()) {
             (1, _) => Ok(loaded.remove(0)),
             (0, [only]) => Ok(snapshot_of(only, &only.lock())),
             (0, _) => Err(ManagerError::ModelRequired {
@@ -328,7 +342,7 @@ impl Manager {
     /// The name, state and last error of the models that pass `filter`, in config order:
     /// the cheap listing for indexes and counts (no row is built).
     pub fn statuses(&self, filter: &ModelFilter) -> Vec<ModelStatus> {
-        self.inner
+        self.registry()
             .order
             .iter()
             .filter_map(|entry| {
@@ -337,7 +351,11 @@ impl Manager {
                 filter.matches(state, entry.config.model_type).then(|| ModelStatus {
                     name: entry.config.name.clone(),
                     state,
-                    last_error: slot.lifecycle.last_error().map(str::to_owned),
+                    last_error: slot
+                        .lifecycle
+                        .last_error()
+                        .or(entry.problem.as_deref())
+                        .map(str::to_owned),
                 })
             })
             .collect()
@@ -346,7 +364,7 @@ impl Manager {
     /// The most recently loaded model still loaded, if any.
     pub fn last_loaded(&self) -> Option<ModelName> {
         let last = self.inner.last_loaded.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
-        let entry = self.inner.models.get(&last)?;
+        let entry = self.lookup(last.as_str())?;
         (entry.lock().lifecycle.state() == ModelState::Loaded).then_some(last)
     }
 

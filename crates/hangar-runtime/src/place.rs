@@ -210,7 +210,8 @@ impl Manager {
     fn holdings(&self, readings: &[GpuReading]) -> Vec<GpuHolding> {
         let every: Vec<u32> = readings.iter().map(|g| g.index).collect();
         let mut holdings = Vec::new();
-        for entry in &self.inner.order {
+        let registry = self.registry();
+        for entry in &registry.order {
             if !entry.config.device.contains(Device::GPU) {
                 continue;
             }

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
+use hangar_lifecycle::AdmissionError;
 
 /// Failures a row shows at most (more are kept while the policy needs them to count).
 pub const RECENT_FAILURES: usize = 8;
@@ -195,18 +196,25 @@ fn active(latest: Option<&(Instant, QuarantineInfo)>, now: Instant) -> Option<Qu
     Some(QuarantineInfo { retry_after_s: ceil_secs(left), ..*info })
 }
 
-/// The refusal of a load on demand while the model is quarantined: the quarantine, and the
-/// newest failure's message.
+/// Why the control loop refuses a load: a load on demand while the model is quarantined
+/// (the quarantine, and the newest failure's message), or any load of a model that left
+/// the config.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Refused {
-    pub(crate) quarantine: QuarantineInfo,
-    pub(crate) last_error: String,
+pub(crate) enum Refused {
+    /// Quarantined: a load on demand waits for the quarantine to end.
+    Quarantined { quarantine: QuarantineInfo, last_error: String },
+    /// The model left the config (a reload removed or replaced it).
+    Removed,
 }
 
 impl Refused {
     pub(crate) fn into_error(self, model: &str) -> ManagerError {
-        let Self { quarantine, last_error } = self;
-        ManagerError::Quarantined { model: model.to_owned(), quarantine, last_error }
+        match self {
+            Self::Quarantined { quarantine, last_error } => {
+                ManagerError::Quarantined { model: model.to_owned(), quarantine, last_error }
+            }
+            Self::Removed => AdmissionError::UnknownModel { model: model.to_owned() }.into(),
+        }
     }
 }
 
@@ -214,7 +222,7 @@ impl Refused {
 pub(crate) fn quarantined(entry: &ModelEntry, slot: &Slot) -> Option<ManagerError> {
     let quarantine = slot.failures.active()?;
     let last_error = slot.failures.last_message.clone().unwrap_or_default();
-    Some(Refused { quarantine, last_error }.into_error(entry.config.name.as_str()))
+    Some(Refused::Quarantined { quarantine, last_error }.into_error(entry.config.name.as_str()))
 }
 
 fn ceil_secs(d: Duration) -> u64 {

@@ -339,7 +339,7 @@ impl Manager {
         let (this, entry) = (self.clone(), Arc::clone(entry));
         tokio::spawn(async move {
             // Held while it wakes: not evicted for the requests' sake.
-            let _pin = this.inner.control.pin(entry.position);
+            let _pin = this.inner.control.pin(&entry);
             loop {
                 let turn = this.admin_turn(&entry).await;
                 // From here a model that goes back to sleep needs a new wake.

@@ -123,6 +123,9 @@ pub struct ModelSnapshot {
     pub quarantine: Option<crate::QuarantineInfo>,
     /// For an enabled model that is not serving: why, and whether it holds readiness back.
     pub not_serving: Option<crate::NotServingInfo>,
+    /// A changed definition from a config reload that waits for the model's next load
+    /// (after an unload); `None` when the configured one is in effect.
+    pub pending_definition: Option<Arc<ModelConfig>>,
 }
 
 impl ModelSnapshot {
@@ -206,7 +209,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         runtime_inflight,
         configured_target_inflight: config.target_inflight.get(),
         effective_target_inflight: effective_target,
-        last_error: slot.lifecycle.last_error().map(str::to_owned),
+        last_error: slot.lifecycle.last_error().or(entry.problem.as_deref()).map(str::to_owned),
         load_progress: match &slot.phase {
             Phase::Loading { progress, .. } => Some(*progress),
             _ => None,
@@ -240,6 +243,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
         },
         pinned: config.pinned,
         leases: slot.live_leases().cloned().collect(),
+        pending_definition: slot.pending.clone(),
         idle_unload_seconds: entry.idle_timeout.map(NonZeroU32::get),
         failures: slot.failures.recent(),
         quarantine,

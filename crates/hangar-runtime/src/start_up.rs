@@ -158,16 +158,16 @@ pub(crate) fn reason(state: ModelState, mark: Mark, quarantined: bool) -> Option
 /// enabled models' positions in start-up's order.
 pub(crate) fn mark(
     config: &hangar_config::Config,
-    models: &dashmap::DashMap<ModelName, std::sync::Arc<crate::entry::ModelEntry>>,
-) -> Vec<usize> {
+    models: &crate::registry::Registry,
+) -> Vec<std::sync::Arc<crate::entry::ModelEntry>> {
     let mut plan = Vec::new();
     for (name, choice) in config.start_up_plan() {
-        let Some(entry) = models.get(&name) else { continue };
+        let Some(entry) = models.lookup(name.as_str()) else { continue };
         entry.start_up.set(match choice {
             StartUpChoice::Load => Mark::Pending,
             StartUpChoice::NoSlot => Mark::NoSlot,
         });
-        plan.push(entry.position);
+        plan.push(std::sync::Arc::clone(entry));
     }
     plan
 }
@@ -182,8 +182,7 @@ impl Manager {
     pub async fn load_enabled(&self) -> Vec<(ModelName, StartUp)> {
         let mut done = Vec::with_capacity(self.inner.start_up.len());
         let mut loaded = [0u32; ModelType::ALL.len()];
-        for &position in &self.inner.start_up {
-            let entry = &self.inner.order[position];
+        for entry in &self.inner.start_up {
             let (name, ty) = (entry.config.name.clone(), entry.config.model_type);
             if loaded[ty as usize] >= self.inner.slots.get(ty).get() {
                 entry.start_up.set(Mark::NoSlot);
@@ -215,7 +214,7 @@ impl Manager {
 
     /// The enabled models that are not serving, in config order, each with its reason.
     pub fn not_serving(&self) -> Vec<NotServing> {
-        self.inner
+        self.registry()
             .order
             .iter()
             .filter_map(|e| {

@@ -29,13 +29,26 @@ pub(crate) enum UnloadCause {
 impl Manager {
     /// Gracefully unloads a configured model and answers when it is unloaded.
     ///
-    /// Unloaded, unloading or failed: the current state, nothing changes.
+    /// Unloaded, unloading or failed: the current state, nothing changes. A model that a
+    /// config reload or repository rescan removed answers with its state too (it is
+    /// unloaded as it leaves).
     ///
     /// # Errors
     /// `unknown_model`; [`ManagerError::Conflict`] while the model is loading;
     /// [`ManagerError::AdminBusy`] when another admin operation holds the model too long.
     pub async fn unload(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
-        let entry = self.entry(name)?;
+        let entry = match self.entry(name) {
+            Ok(entry) => entry,
+            // A model a reload or rescan removed is being unloaded already (KServe's agent
+            // deletes a model's folder, then asks for the unload): its state answers.
+            Err(unknown) => {
+                let every = self.inner.control.entries();
+                let removed = every.iter().rev().find(|e| e.config.name.as_str() == name);
+                let Some(removed) = removed else { return Err(unknown) };
+                let slot = removed.lock();
+                return Ok(snapshot_of(removed, &slot));
+            }
+        };
         // Answers that change nothing come at once; an unload takes the admin turn first,
         // and the state is checked again in it.
         let check = || {
@@ -77,7 +90,9 @@ impl Manager {
         // Detached tasks (not a `JoinSet`, which aborts its tasks when dropped): each unload
         // runs to its end even if this caller goes away.
         let mut tasks = Vec::new();
-        for entry in &self.inner.order {
+        // Models a reload removed too, if one is still unloading.
+        let every = self.inner.control.entries();
+        for entry in &every {
             let (this, entry) = (self.clone(), Arc::clone(entry));
             let decided = this.inner.control.unload_decided(entry.position);
             tasks.push(tokio::spawn(async move {
@@ -90,8 +105,7 @@ impl Manager {
         for task in tasks {
             unloaded.extend(task.await.ok().flatten());
         }
-        let position =
-            |name: &String| self.inner.order.iter().position(|e| e.config.name.as_str() == name);
+        let position = |name: &String| every.iter().position(|e| e.config.name.as_str() == name);
         unloaded.sort_by_key(position);
         unloaded
     }

@@ -56,6 +56,11 @@ pub enum HttpCode {
     /// inputs, documents, tools, stop sequences) or a stop sequence is too long; the message names
     /// the field, its size and the limit, `field` the field. Nothing reached the engine.
     LimitExceeded,
+    /// a config reload read a config with problems (`problems` lists every one); nothing
+    /// changed.
+    InvalidConfig,
+    /// a config reload on a service whose host gave it no config to read.
+    ReloadUnavailable,
 }
 
 /// Every machine-readable code Hangar answers with (the `code` of the error envelope and the
@@ -118,7 +123,8 @@ impl ErrorCode {
             },
             Self::Http(code) => match code {
                 H::NotFound | H::NothingToUnload => StatusCode::NOT_FOUND,
-                H::ModelNotReady | H::LimitExceeded => StatusCode::BAD_REQUEST,
+                H::ModelNotReady | H::LimitExceeded | H::InvalidConfig => StatusCode::BAD_REQUEST,
+                H::ReloadUnavailable => StatusCode::NOT_IMPLEMENTED,
                 H::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
                 H::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
                 H::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -183,6 +189,12 @@ impl ErrorCode {
                 "the route serves another model type (embeddings from an llm, …)."
             }
             Self::Http(H::NotFound) => "no route matches the request path.",
+            Self::Http(H::InvalidConfig) => {
+                "a config reload read `settings.json` + `local.json` with problems; `problems` lists every one (path and message), as `hangard config check` does. Nothing changed."
+            }
+            Self::Http(H::ReloadUnavailable) => {
+                "the service was given no config to re-read (a host that embeds it without files)."
+            }
             Self::Http(H::MethodNotAllowed) => {
                 "the path exists, but not with this method (see the `Allow` header)."
             }

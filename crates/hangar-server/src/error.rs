@@ -32,6 +32,18 @@ pub struct ApiError {
     pub vram_shortfall: Option<Box<VramShortfallBody>>,
     /// With `insufficient_memory`: the same of the host's memory.
     pub memory_shortfall: Option<Box<MemoryShortfallBody>>,
+    /// With `invalid_config`: every problem of the config read, as `hangard config check`
+    /// lists them.
+    pub problems: Option<Vec<ConfigProblem>>,
+}
+
+/// One problem of a config file: where, and what (`invalid_config`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ConfigProblem {
+    /// The JSON path at fault (`models.qwen.gguf_n_ctx`), or the file.
+    pub path: String,
+    /// What is wrong there.
+    pub message: String,
 }
 
 /// Why a model (on the CPU, or a GPU model's host part) does not fit in the host-memory
@@ -153,6 +165,9 @@ pub struct ErrorObject {
     /// budget, and which CPU models hold it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_shortfall: Option<Box<MemoryShortfallBody>>,
+    /// With `invalid_config`: every problem of the config read, at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problems: Option<Vec<ConfigProblem>>,
 }
 
 /// The KServe v2 error envelope of the model-repository routes.
@@ -174,6 +189,7 @@ impl ApiError {
             retry_after: None,
             vram_shortfall: None,
             memory_shortfall: None,
+            problems: None,
         }
     }
 
@@ -210,6 +226,7 @@ impl ApiError {
                 retry_after: self.retry_after,
                 vram_shortfall: self.vram_shortfall.clone(),
                 memory_shortfall: self.memory_shortfall.clone(),
+                problems: self.problems.clone(),
             },
         }
     }

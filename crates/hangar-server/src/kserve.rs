@@ -193,7 +193,10 @@ impl IndexEntry {
             ModelState::Failed => {
                 (IndexState::Unavailable, last_error.unwrap_or_else(|| "load failed".to_owned()))
             }
-            ModelState::Unloaded => (IndexState::Unavailable, "unloaded".to_owned()),
+            // A repository model whose definition does not hold says why.
+            ModelState::Unloaded => {
+                (IndexState::Unavailable, last_error.unwrap_or_else(|| "unloaded".to_owned()))
+            }
         };
         Self { name, version: MODEL_VERSION.to_owned(), state, reason }
     }
@@ -287,8 +290,10 @@ pub(crate) fn check_version(name: &str, version: &str) -> Result<(), ApiError> {
     ))
 }
 
-/// The repository index: every configured model with its state, or only the ready ones.
-pub(crate) fn index_entries(manager: &Manager, only_ready: bool) -> Vec<IndexEntry> {
+/// The repository index: every configured model with its state, or only the ready ones;
+/// the model repository folder is read again first.
+pub(crate) async fn index_entries(manager: &Manager, only_ready: bool) -> Vec<IndexEntry> {
+    manager.rescan_repository().await;
     let filter = hangar_runtime::ModelFilter {
         state: only_ready.then_some(ModelState::Loaded),
         model_type: None,
@@ -310,6 +315,8 @@ pub(crate) async fn load_model(
     name: &str,
     parameters: LoadParameters,
 ) -> Result<(), ApiError> {
+    // A folder that appeared since the last read is a model to load.
+    manager.rescan_repository().await;
     manager.model(name)?;
     refuse_other_parameters(&parameters.other, &["config"])?;
     match config_patch(name, parameters.config)? {
@@ -334,6 +341,8 @@ pub(crate) async fn unload_model(
         tracing::debug!(model = name, "unload_dependents: Hangar models have no dependents");
     }
     manager.unload(name).await?;
+    // A folder deleted before the unload (KServe's agent does so) leaves now.
+    manager.rescan_repository().await;
     Ok(())
 }
 
@@ -390,13 +399,15 @@ pub(crate) async fn model_ready(ctx: Ctx) -> Result<Response, ApiError> {
 /// ones with `ready: true`.
 pub(crate) async fn index(ctx: Ctx) -> Result<Response, ApiError> {
     let body: IndexBody = parse_json(&ctx.body, true)?;
-    let rows = index_entries(&ctx.state.manager, body.ready.unwrap_or(false));
+    let rows = index_entries(&ctx.state.manager, body.ready.unwrap_or(false)).await;
     Ok(json_response(StatusCode::OK, &rows))
 }
 
 /// `POST /v2/repository/models/{name}/load`: load, or reload with `parameters.config`.
 pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
-    // An unknown model is refused before the body is read.
+    // An unknown model is refused before the body is read (a folder that appeared in the
+    // model repository is known once read).
+    ctx.state.manager.rescan_repository().await;
     ctx.state.manager.model(ctx.name())?;
     let body: LoadBody = parse_json(&ctx.body, true)?;
     load_model(&ctx.state.manager, ctx.name(), body.parameters.unwrap_or_default()).await?;

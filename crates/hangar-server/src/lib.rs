@@ -60,10 +60,12 @@ use http::{Request, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Body;
 
-pub use admin::{GpuInfo, GpuMemoryResponse, ModelRow, ModelVram, ModelsResponse};
+pub use admin::{
+    ConfigSource, GpuInfo, GpuMemoryResponse, ModelRow, ModelVram, ModelsResponse, ReloadResponse,
+};
 pub use body::{Response, ResponseBody};
 pub use codes::{ErrorCode, HttpCode, RuntimeCode};
-pub use error::{ApiError, ErrorBody, ErrorObject, V2ErrorBody};
+pub use error::{ApiError, ConfigProblem, ErrorBody, ErrorObject, V2ErrorBody};
 pub use health::{NotServingInfo, NotServingReason};
 pub use listen::serve;
 pub use state::ServerOptions;
@@ -120,6 +122,16 @@ impl HangarService {
     /// The manager behind the service.
     pub fn manager(&self) -> &hangar_runtime::Manager {
         &self.state.manager
+    }
+
+    /// Re-reads the config from [`ServerOptions::config_source`] and applies its models, as
+    /// `POST /v1/admin/config/reload` does (`hangard` calls it on `SIGHUP`).
+    ///
+    /// # Errors
+    /// `invalid_config` with every problem (nothing changed); `reload_unavailable` without
+    /// a config source.
+    pub async fn reload_config(&self) -> Result<ReloadResponse, ApiError> {
+        admin::reload_config(&self.state).await
     }
 
     /// Answers one request. Never fails: every error is an error response.

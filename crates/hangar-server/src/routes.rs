@@ -375,6 +375,14 @@ pub(crate) fn all() -> Vec<Route> {
                 "GPU memory per device (empty with an error string when no telemetry is available; `budget_mib` when a `vram_budget` is set) and every model's VRAM estimate, with `vram_detail` for GPU models: the figure admission uses and how it was obtained (`process_tree`: NVML's memory of the engine child and its descendants; `observed_load_delta`; `gguf_estimate`: the GGUF files plus the KV cache for the context and cache types; `model_artifact_size`).",
             )
             .ok::<admin::GpuMemoryResponse>(),
+        Route::new(post.clone(), "/v1/admin/config/reload", Admin, api!(admin::reload))
+            .admin()
+            .doc(
+                "Re-read the config and apply its models",
+                "Re-reads `settings.json` + `local.json` (as `SIGHUP` does) and applies the models without a restart: new models appear (unloaded); removed ones answer to no name at once and are unloaded gracefully, running requests finishing; a changed definition applies at once to a model with nothing running, else at its next load after an unload (`pending`, and the row's `pending_definition`). Aliases apply at once. Other settings that changed are listed in `restart_required` and apply at the next start. An invalid config changes nothing: 400 invalid_config with every problem in `error.problems`. Each change is an event (`definition`).",
+            )
+            .ok::<admin::ReloadResponse>()
+            .errors(&[H(InvalidConfig), H(ReloadUnavailable)]),
         // Inference: OpenAI-compatible
         Route::new(post.clone(), "/v1/chat/completions", Inference, api!(chat::handle))
             .doc(

@@ -32,6 +32,9 @@ pub struct ServerOptions {
     /// keep-alive may take. Not applied by [`HangarService::handle`](crate::HangarService)
     /// itself: a host that mounts the service sets its own.
     pub connections: ConnectionLimits,
+    /// Where `POST /v1/admin/config/reload` re-reads the config; without one it answers
+    /// 501 `reload_unavailable`.
+    pub config_source: Option<crate::admin::ConfigSource>,
 }
 
 impl Default for ServerOptions {
@@ -44,6 +47,7 @@ impl Default for ServerOptions {
             http: hangar_config::HttpPolicy::default(),
             limits: hangar_config::Limits::default(),
             connections: ConnectionLimits::default(),
+            config_source: None,
         }
     }
 }
@@ -66,6 +70,7 @@ impl ServerOptions {
                 .unwrap_or(usize::MAX),
             limits: config.limits,
             connections: config.connections,
+            config_source: None,
         }
     }
 }

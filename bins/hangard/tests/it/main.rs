@@ -8,6 +8,7 @@ mod bridge;
 mod children;
 mod cli_flags;
 mod config_cli;
+mod config_reload;
 mod edge;
 mod flood;
 mod gpu;

@@ -16,9 +16,13 @@
 //! no lease of the model is granted until its guard ends it.
 //!
 //! Pins are the one count admission changes without a round trip: a request that triggers
-//! an auto-load increments its model's pin count ([`Pin`]) before it asks for the load, so
-//! an eviction planned afterwards sees it; the last pin to go posts [`Command::Unpinned`],
-//! and the loop reads the count itself when it takes a pin command, so no wake-up is lost.
+//! an auto-load increments its model's pin count ([`Pin`], kept in the model's entry)
+//! before it asks for the load, so an eviction planned afterwards sees it; the last pin to
+//! go posts [`Command::Unpinned`], and the loop reads the count itself when it takes a pin
+//! command, so no wake-up is lost.
+//!
+//! Models join and leave at run time (a config reload): [`Control::add`] gives a new model
+//! the next id; [`Control::retire`] makes one that left unloadable. Ids are never reused.
 
 #[cfg(test)]
 mod gpu_tests;
@@ -34,6 +38,8 @@ mod lease_tests;
 mod life_tests;
 #[cfg(test)]
 mod quarantine_tests;
+#[cfg(test)]
+mod retire_tests;
 
 mod shell;
 pub(crate) mod step;
@@ -44,8 +50,8 @@ mod testing;
 #[cfg(test)]
 mod whole_tests;
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -78,6 +84,8 @@ pub(crate) enum Waiter {
     Release(oneshot::Sender<ReleaseAnswer>),
     /// How long a model has been idle and what for, if past a timeout.
     Idle(oneshot::Sender<Option<IdleDue>>),
+    /// Whether a model left the config.
+    Retire(oneshot::Sender<bool>),
 }
 
 /// What a decided lifecycle move does to the model's slot: run by the loop under the slot
@@ -136,8 +144,9 @@ pub(crate) struct Control {
 }
 
 struct Shared {
-    /// Requests pinning each model (see the module docs).
-    pins: Arc<[AtomicU32]>,
+    /// Every model the loop knows, by id (the ids of models that left the config stay
+    /// taken); grows by [`Control::add`].
+    entries: Entries,
     /// The loop's receiver, settings and sink until it starts (at the first call in a
     /// runtime).
     pending: Mutex<Option<shell::Start>>,
@@ -148,10 +157,45 @@ impl Control {
     /// A loop for `entries` (by position) deciding by `rules`, journaling to `events`.
     pub(crate) fn new(entries: &[Arc<ModelEntry>], events: Arc<Events>, rules: Rules) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let pins: Arc<[AtomicU32]> = entries.iter().map(|_| AtomicU32::new(0)).collect();
-        let sink = shell::Sink { entries: entries.to_vec(), events };
-        let pending = Mutex::new(Some(shell::Start { rx, rules, sink }));
-        Self { tx, shared: Arc::new(Shared { pins, pending, started: OnceLock::new() }) }
+        let models = entries.len();
+        let entries: Entries = Arc::new(RwLock::new(entries.to_vec()));
+        let sink = shell::Sink { entries: Arc::clone(&entries), events };
+        let pending = Mutex::new(Some(shell::Start { rx, rules, sink, models }));
+        Self { tx, shared: Arc::new(Shared { entries, pending, started: OnceLock::new() }) }
+    }
+
+    /// The id the next model added will take.
+    pub(crate) fn next_id(&self) -> ModelId {
+        read(&self.shared.entries).len()
+    }
+
+    /// Adds `entry` (made with [`Control::next_id`] as its position) for a model that
+    /// joins the config, with its `lanes` and the `figures` measured before. Adds are taken in id order, before any command
+    /// about the model.
+    pub(crate) fn add(
+        &self,
+        entry: Arc<ModelEntry>,
+        lanes: LaneInfo,
+        figures: crate::vram::ObservedVram,
+    ) {
+        let mut entries = self.shared.entries.write().unwrap_or_else(PoisonError::into_inner);
+        debug_assert_eq!(entry.position, entries.len(), "an entry added out of order");
+        entries.push(entry);
+        // Posted under the lock: the loop learns of ids in the order they were given.
+        self.post(Command::Add { lanes, figures });
+    }
+
+    /// Every model the loop knows, by id (those that left the config too).
+    pub(crate) fn entries(&self) -> Vec<Arc<ModelEntry>> {
+        read(&self.shared.entries).clone()
+    }
+
+    /// `model` leaves the config: no load of it starts from now on. With `down_only`,
+    /// only if nothing of it runs or is about to (see [`Command::Retire`]); the answer
+    /// says whether it left.
+    pub(crate) async fn retire(&self, model: ModelId, down_only: bool) -> bool {
+        let command = |waiter| Command::Retire { model, down_only, waiter };
+        self.request(Waiter::Retire, command).await.unwrap_or(!down_only)
     }
 
     /// Starts the loop task, once (from async code, in a Tokio runtime).
@@ -159,8 +203,7 @@ impl Control {
         self.shared.started.get_or_init(|| {
             let taken = self.shared.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(start) = taken {
-                let (tx, pins) = (self.tx.downgrade(), Arc::clone(&self.shared.pins));
-                tokio::spawn(shell::run(start, tx, pins));
+                tokio::spawn(shell::run(start, self.tx.downgrade()));
             }
         });
     }
@@ -316,16 +359,19 @@ impl Control {
         let _ = self.ask(|waiter| Command::AwaitUnpinned { model, pins: 0, waiter }).await;
     }
 
-    /// Pins `model` until the returned guard is dropped.
-    pub(crate) fn pin(&self, model: ModelId) -> Pin {
-        self.shared.pins[model].fetch_add(1, Ordering::SeqCst);
-        Pin { control: self.clone(), model }
+    /// Pins `entry`'s model until the returned guard is dropped.
+    pub(crate) fn pin(&self, entry: &Arc<ModelEntry>) -> Pin {
+        entry.pins.fetch_add(1, Ordering::SeqCst);
+        Pin { control: self.clone(), entry: Arc::clone(entry) }
     }
+}
 
-    /// Requests pinning `model` now.
-    pub(crate) fn pins(&self, model: ModelId) -> u32 {
-        self.shared.pins[model].load(Ordering::SeqCst)
-    }
+/// Every model the loop knows, by id.
+type Entries = Arc<RwLock<Vec<Arc<ModelEntry>>>>;
+
+/// Reads `entries` (a poisoned lock still holds whole entries: they are only pushed).
+fn read(entries: &Entries) -> std::sync::RwLockReadGuard<'_, Vec<Arc<ModelEntry>>> {
+    entries.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The move of `model` by `change`, dated now (for a failure it records).
@@ -394,13 +440,14 @@ impl Drop for Replacing {
 /// A request pinning its model ([`Control::pin`]).
 pub(crate) struct Pin {
     control: Control,
-    model: ModelId,
+    entry: Arc<ModelEntry>,
 }
 
 impl Drop for Pin {
     fn drop(&mut self) {
-        if self.control.shared.pins[self.model].fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.control.post(Command::Unpinned { model: self.model, pins: 0 });
+        if self.entry.pins.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let model = self.entry.position;
+            self.control.post(Command::Unpinned { model, pins: 0 });
         }
     }
 }

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::step::{Change, ModelId, Rules, State, step};
 use super::testing::{Command, Effect, mv, row};
+use crate::quarantine::Refused;
 
 /// Two failures within a minute quarantine for 10 s, doubling up to 40 s.
 fn rules() -> Rules {
@@ -57,9 +58,12 @@ fn lines(effects: Vec<Effect>) -> Vec<String> {
                 format!("{model}: {} -> {}", moved.from, moved.to)
             }
             Effect::MayLoad { waiter, answer: Ok(()), .. } => format!("{waiter}: ok"),
-            Effect::MayLoad { waiter, answer: Err(refused), .. } => {
-                let q = refused.quarantine;
-                format!("{waiter}: refused {} s: {}", q.retry_after_s, refused.last_error)
+            Effect::MayLoad {
+                waiter,
+                answer: Err(Refused::Quarantined { quarantine, last_error }),
+                ..
+            } => {
+                format!("{waiter}: refused {} s: {last_error}", quarantine.retry_after_s)
             }
             other => unreachable!("not a quarantine effect: {other:?}"),
         })

@@ -3,7 +3,7 @@
 //! publishes to the slots, the journal.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -18,16 +18,21 @@ use crate::journal::EventKind;
 /// What the loop's effects reach besides its waiters: the slots it publishes to, and the
 /// journal.
 pub(super) struct Sink {
-    pub(super) entries: Vec<Arc<ModelEntry>>,
+    pub(super) entries: super::Entries,
     pub(super) events: Arc<Events>,
 }
 
 impl Sink {
     /// Writes what the loop decided about `model` to its slot.
     fn publish(&self, model: usize, write: impl FnOnce(&mut crate::entry::Slot)) {
-        if let Some(entry) = self.entries.get(model) {
+        if let Some(entry) = self.entry(model) {
             write(&mut entry.lock());
         }
+    }
+
+    /// The entry of `model`.
+    fn entry(&self, model: usize) -> Option<Arc<ModelEntry>> {
+        super::read(&self.entries).get(model).cloned()
     }
 }
 
@@ -36,18 +41,22 @@ pub(super) struct Start {
     pub(super) rx: mpsc::UnboundedReceiver<Command<Waiter, Apply>>,
     pub(super) rules: Rules,
     pub(super) sink: Sink,
+    /// How many models the handle was made with.
+    pub(super) models: usize,
 }
 
 /// The loop: takes each command, lets [`step`] decide, answers the waiters.
 pub(super) async fn run(
-    Start { mut rx, rules, sink }: Start,
+    Start { mut rx, rules, sink, models }: Start,
     tx: mpsc::WeakUnboundedSender<Command<Waiter, Apply>>,
-    pins: Arc<[AtomicU32]>,
 ) {
-    let mut state = State::new(pins.len(), rules);
-    // The figures the state file gave the slots before the loop started.
-    for (model, entry) in sink.entries.iter().enumerate() {
-        state.restore_figures(model, entry.lock().vram.clone());
+    // The models the handle was made with (and the figures the state file gave their
+    // slots); those added since come as `Command::Add`, in order, after these.
+    let mut state = State::new(models, rules);
+    for model in 0..models {
+        if let Some(entry) = sink.entry(model) {
+            state.restore_figures(model, entry.lock().vram.clone());
+        }
     }
     loop {
         let command = match state.next_deadline() {
@@ -63,8 +72,9 @@ pub(super) async fn run(
         if let Command::AwaitUnpinned { model, pins: seen, .. }
         | Command::Unpinned { model, pins: seen } = &mut command
         {
-            *seen = pins.get(*model).map_or(0, |p| p.load(Ordering::SeqCst));
+            *seen = sink.entry(*model).map_or(0, |e| e.pins.load(Ordering::SeqCst));
         }
+
         // Answers to moves go out once every effect of the step is performed (a failed
         // load's quarantine included).
         let mut moves = Vec::new();
@@ -103,7 +113,7 @@ fn perform(
             sink.publish(model, |slot| slot.leases = held);
         }
         Effect::LeaseChanged { model, change, lease } => {
-            if let Some(entry) = sink.entries.get(model) {
+            if let Some(entry) = sink.entry(model) {
                 let kind = EventKind::Lease { change, id: lease.id, owner: lease.owner };
                 sink.events.journal.record(&entry.config.name, kind);
             }
@@ -123,11 +133,14 @@ fn perform(
         Effect::Release { waiter: Waiter::Release(waiter), answer } => {
             let _ = waiter.send(answer);
         }
+        Effect::Retired { waiter: Waiter::Retire(waiter), retired, .. } => {
+            let _ = waiter.send(retired);
+        }
         Effect::Granted { waiter: Waiter::Grant(waiter), answer, .. } => {
             let _ = waiter.send(answer);
         }
         Effect::Moved { model, moved, apply, waiter } => {
-            if let Some(entry) = sink.entries.get(model) {
+            if let Some(entry) = sink.entry(model) {
                 let mut slot = entry.lock();
                 (apply.0)(&mut slot);
                 slot.generation = moved.generation;
@@ -147,14 +160,14 @@ fn perform(
             sink.publish(model, |slot| slot.failures = view);
         }
         Effect::Quarantined { model, quarantine } => {
-            if let Some(entry) = sink.entries.get(model) {
+            if let Some(entry) = sink.entry(model) {
                 let name = &entry.config.name;
                 tracing::warn!(model = %name, failures = quarantine.failures, retry_after_s = quarantine.retry_after_s, "model quarantined");
                 sink.events.journal.record(name, EventKind::Quarantined { quarantine });
             }
         }
         Effect::QuarantineLifted { model } => {
-            if let Some(entry) = sink.entries.get(model) {
+            if let Some(entry) = sink.entry(model) {
                 let name = &entry.config.name;
                 tracing::info!(model = %name, "quarantine lifted by an explicit load");
                 sink.events.journal.record(name, EventKind::QuarantineLifted);
@@ -169,6 +182,7 @@ fn perform(
         | Effect::Granted { .. }
         | Effect::Release { .. }
         | Effect::Idle { .. }
+        | Effect::Retired { .. }
         | Effect::Stays { .. } => {}
     }
 }

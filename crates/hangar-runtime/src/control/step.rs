@@ -53,6 +53,8 @@ pub(crate) use release::{ALL_GPUS, GpuRelease, ReleaseAnswer};
 
 use crate::grant::{Grant, Refusal};
 use crate::lease::{Held, Lease, LeaseChange};
+use hangar_lifecycle::ModelState;
+
 use crate::quarantine::{FailureLog, FailureView, QuarantineInfo, Refused};
 use crate::vram::{Figure, ObservedVram};
 
@@ -107,10 +109,13 @@ impl<W, P> Command<W, P> {
             | Self::Replaced { model }
             | Self::Move { model, .. }
             | Self::Measured { model, .. }
-            | Self::Idle { model, .. } => Some(*model),
-            Self::Flush { .. } | Self::Released { .. } | Self::AwaitRelease { .. } | Self::Tick => {
-                None
-            }
+            | Self::Idle { model, .. }
+            | Self::Retire { model, .. } => Some(*model),
+            Self::Flush { .. }
+            | Self::Released { .. }
+            | Self::AwaitRelease { .. }
+            | Self::Add { .. }
+            | Self::Tick => None,
         }
     }
 }
@@ -179,6 +184,15 @@ pub(crate) enum Command<W, P = ()> {
     Replaced { model: ModelId },
     /// Is the model idle past its timeout? `seen`: what housekeeping saw of it.
     Idle { model: ModelId, seen: IdleSeen, waiter: W },
+    /// A model joins (a config reload): it takes the next id, nothing held, with `lanes`
+    /// and the `figures` measured before (the state file).
+    Add { lanes: LaneInfo, figures: ObservedVram },
+    /// The model leaves the config (removed, or replaced by a changed definition): from now
+    /// on no load of it may start ([`Command::MayLoad`] answers
+    /// [`Refused::Removed`]). With `down_only`, only if nothing of it runs or is about to:
+    /// unloaded or failed, no admin operation, no runtimes being created or destroyed. The
+    /// answer says whether it left.
+    Retire { model: ModelId, down_only: bool, waiter: W },
     /// Time passed: admin waits past their deadline are answered busy, leases past theirs
     /// are dropped.
     Tick,
@@ -215,6 +229,8 @@ pub(crate) enum Effect<W, P = ()> {
     Granted { model: ModelId, waiter: W, answer: Result<Grant, Refusal> },
     /// Operations replacing the model's runtimes now (published).
     Replacing { model: ModelId, count: u32 },
+    /// The answer to [`Command::Retire`]: whether the model left.
+    Retired { model: ModelId, waiter: W, retired: bool },
     /// The answer to [`Command::MayLoad`].
     MayLoad { model: ModelId, waiter: W, answer: Result<(), Refused> },
     /// The model's failures changed: what readers see of them now.
@@ -262,6 +278,8 @@ struct Model<W> {
     life: life::Life,
     /// What its loads were measured to take.
     figures: ObservedVram,
+    /// It left the config: no load of it starts again.
+    retired: bool,
 }
 
 impl<W> Model<W> {
@@ -277,6 +295,7 @@ impl<W> Model<W> {
             replacing: 0,
             life: life::Life::default(),
             figures: ObservedVram::default(),
+            retired: false,
         }
     }
 }
@@ -469,6 +488,25 @@ pub(crate) fn step<W, P>(
         Command::Replaced { model } => grant::replacing(state, model, false, &mut effects),
         Command::MayLoad { model, explicit, waiter } => {
             quarantine::may_load(state, model, explicit, waiter, now, &mut effects);
+        }
+        Command::Add { lanes, figures } => {
+            // Rules given for fewer models (tests) leave the rest every place.
+            state.rules.lanes.resize(state.models.len(), LaneInfo::default());
+            state.rules.lanes.push(lanes);
+            state.models.push(Model { figures, ..Model::new() });
+        }
+        Command::Retire { model, down_only, waiter } => {
+            let down = {
+                let m = &state.models[model];
+                let life = m.life.state();
+                !m.admin
+                    && m.runtimes.is_none()
+                    && !state.creations.iter().any(|(c, _)| *c == model)
+                    && matches!(life, ModelState::Unloaded | ModelState::Failed)
+            };
+            let retired = !down_only || down;
+            state.models[model].retired |= retired;
+            effects.push(Effect::Retired { model, waiter, retired });
         }
         Command::Tick => {
             while let Some(&(at, model)) = state.deadlines.front()

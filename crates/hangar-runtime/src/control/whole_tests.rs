@@ -46,6 +46,10 @@ enum Op {
     AwaitRelease(Option<u64>),
     Flush,
     Advance(u64),
+    /// The model leaves the config (down only, or forced).
+    Retire(usize, bool),
+    /// May the model load (explicitly)?
+    MayLoad(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -74,6 +78,8 @@ fn op() -> impl Strategy<Value = Op> {
         proptest::option::of(0..10_000u64).prop_map(Op::AwaitRelease),
         Just(Op::Flush),
         (0..8u64).prop_map(Op::Advance),
+        (m.clone(), any::<bool>()).prop_map(|(m, d)| Op::Retire(m, d)),
+        m.clone().prop_map(Op::MayLoad),
     ]
 }
 
@@ -92,6 +98,8 @@ struct World {
     leases: BTreeMap<usize, Vec<Held>>,
     replaced: BTreeMap<usize, u32>,
     states: BTreeMap<usize, ModelState>,
+    /// Models that left the config.
+    retired: BTreeSet<usize>,
 }
 
 impl World {
@@ -192,9 +200,33 @@ impl World {
                         assert!(!self.held(model, now));
                     }
                 }
+                Effect::Retired { model, waiter, retired } => {
+                    self.answer(waiter);
+                    let Some(Command::Retire { down_only, .. }) = asked else { unreachable!() };
+                    if retired && *down_only {
+                        // Invariant: a model leaves down-only with nothing of it running or
+                        // about to: unloaded or failed, no admin or creation turn held.
+                        assert!(matches!(
+                            self.state(model),
+                            ModelState::Unloaded | ModelState::Failed
+                        ));
+                        let holds = |t: &TurnKind| matches!(t, TurnKind::Admin | TurnKind::Create);
+                        assert!(!self.turns.values().any(|(m, t)| *m == model && holds(t)));
+                    }
+                    if retired {
+                        self.retired.insert(model);
+                    }
+                }
+                Effect::MayLoad { model, waiter, answer } => {
+                    self.answer(waiter);
+                    // Invariant: no load of a model that left the config may start.
+                    assert!(
+                        !(self.retired.contains(&model) && answer.is_ok()),
+                        "{model} left, yet may load"
+                    );
+                }
                 Effect::Busy { waiter, .. }
                 | Effect::Stays { waiter, .. }
-                | Effect::MayLoad { waiter, .. }
                 | Effect::Flushed { waiter }
                 | Effect::Release { waiter, .. } => self.answer(waiter),
                 Effect::LeaseChanged { .. }
@@ -309,17 +341,20 @@ proptest! {
                 }
                 Op::Flush => Command::Flush { waiter },
                 Op::Advance(s) => { now += Duration::from_secs(s); Command::Tick }
+                Op::Retire(model, down_only) => Command::Retire { model, down_only, waiter },
+                Op::MayLoad(model) => Command::MayLoad { model, explicit: true, waiter },
             };
             let asks = matches!(
                 command,
                 Command::Admin { .. } | Command::Create { .. } | Command::Destroy { .. }
                     | Command::Lease { .. } | Command::Move { .. } | Command::Grant { .. }
                     | Command::Idle { .. } | Command::AwaitRelease { .. } | Command::Flush { .. }
+                    | Command::Retire { .. } | Command::MayLoad { .. }
             );
             if asks {
                 world.asked.insert(waiter);
             }
-            let shown = matches!(command, Command::Move { .. } | Command::Grant { .. }).then(|| command.clone());
+            let shown = matches!(command, Command::Move { .. } | Command::Grant { .. } | Command::Retire { .. }).then(|| command.clone());
             let effects = step(&mut state, command, now);
             world.take(effects, shown.as_ref(), &mib, now);
             // Invariant: no command lost: whoever asked and was not answered still waits.

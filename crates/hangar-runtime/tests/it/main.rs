@@ -10,6 +10,7 @@ mod host_memory;
 mod lifecycle;
 mod multi_model;
 mod properties;
+mod reload;
 mod sleep;
 mod start_up;
 mod support;

@@ -5,6 +5,7 @@ mod control;
 mod events;
 mod list;
 mod logs;
+mod reload;
 mod row;
 
 use std::num::NonZeroU32;
@@ -24,6 +25,8 @@ pub(crate) use control::{
 };
 pub(crate) use events::{EventOut, EventsQuery, events};
 pub(crate) use logs::{LogLineOut, LogsQuery, LogsResponse, logs};
+pub use reload::{ConfigSource, ReloadResponse};
+pub(crate) use reload::{reload, reload_config};
 pub use row::ModelRow;
 pub(crate) use row::StaticRows;
 

@@ -143,6 +143,34 @@ pub struct ModelRow {
     /// whether the server is not ready while this lasts (`holds_readiness`); `null` when it
     /// serves or is not enabled.
     pub not_serving: Option<crate::NotServingInfo>,
+    /// A changed definition from a config reload that waits for the model's next load
+    /// (after an unload): the fields that differ and the whole new definition; `null` when
+    /// the configured one is in effect.
+    pub pending_definition: Option<PendingDefinition>,
+}
+
+/// A definition waiting for a model's next load ([`ModelRow::pending_definition`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PendingDefinition {
+    /// The top-level fields whose value differs from the definition in effect, sorted.
+    pub changed: Vec<String>,
+    /// The new definition, as `definition` shows one.
+    pub definition: Map<String, Value>,
+}
+
+impl PendingDefinition {
+    fn of(s: &ModelSnapshot) -> Option<Self> {
+        let pending = s.pending_definition.as_ref()?.definition();
+        let current = s.config.definition();
+        let mut changed: Vec<String> = pending
+            .iter()
+            .filter(|(k, v)| current.get(*k) != Some(v))
+            .map(|(k, _)| k.clone())
+            .chain(current.keys().filter(|k| !pending.contains_key(*k)).cloned())
+            .collect();
+        changed.sort();
+        Some(Self { changed, definition: pending })
+    }
 }
 
 /// The static fields of a row before `load_constraints`, in [`ModelRow`]'s order.
@@ -325,6 +353,7 @@ fn write_row(out: &mut Vec<u8>, parts: &StaticParts, s: &ModelSnapshot) {
     value(out, b",\"failures\":", &live.failures);
     value(out, b",\"quarantine\":", &live.quarantine);
     value(out, b",\"not_serving\":", &live.not_serving);
+    value(out, b",\"pending_definition\":", &PendingDefinition::of(s));
     out.push(b'}');
 }
 
@@ -424,6 +453,7 @@ impl ModelRow {
             failures: live.failures,
             quarantine: live.quarantine,
             not_serving: live.not_serving,
+            pending_definition: PendingDefinition::of(s),
         }
     }
 

@@ -216,6 +216,7 @@ impl GrpcInferenceService for Grpc {
         let request = request.into_inner();
         check_repository(&request.repository_name)?;
         let models = kserve::index_entries(self.manager(), request.ready)
+            .await
             .into_iter()
             .map(|e| repository_index_response::ModelIndex {
                 name: e.name,

@@ -48,9 +48,9 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         },
         ErrorCode::Http(code) => match code {
             H::NotFound | H::NothingToUnload => Code::NotFound,
-            H::ModelNotReady | H::LimitExceeded => Code::InvalidArgument,
+            H::ModelNotReady | H::LimitExceeded | H::InvalidConfig => Code::InvalidArgument,
             H::PayloadTooLarge => Code::ResourceExhausted,
-            H::MethodNotAllowed => Code::Unimplemented,
+            H::MethodNotAllowed | H::ReloadUnavailable => Code::Unimplemented,
             H::Unauthorized => Code::Unauthenticated,
             H::Forbidden | H::OriginNotAllowed | H::HostNotAllowed => Code::PermissionDenied,
             H::BodyTimeout => Code::DeadlineExceeded,

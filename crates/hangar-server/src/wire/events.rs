@@ -101,6 +101,25 @@ pub enum EventKind {
     },
     /// An explicit load lifted the model's quarantine.
     QuarantineLifted,
+    /// A config reload changed the model's definition.
+    Definition {
+        /// What changed.
+        change: DefinitionChange,
+    },
+}
+
+/// What a config reload did to a model's definition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DefinitionChange {
+    /// The model joined.
+    Added,
+    /// The model left: unloaded gracefully, it answers to no name.
+    Removed,
+    /// A changed definition took effect (nothing of the model was running).
+    Changed,
+    /// A changed definition waits for the model's next load (the row's `pending_definition`).
+    Pending,
 }
 
 /// What happened to a lease (the journal's `lease` events).
@@ -171,6 +190,14 @@ impl From<hangar_runtime::EventKind> for EventKind {
                 Self::Quarantined { quarantine: quarantine.into() }
             }
             hangar_runtime::EventKind::QuarantineLifted => Self::QuarantineLifted,
+            hangar_runtime::EventKind::Definition { change } => Self::Definition {
+                change: match change {
+                    hangar_runtime::DefinitionChange::Added => DefinitionChange::Added,
+                    hangar_runtime::DefinitionChange::Removed => DefinitionChange::Removed,
+                    hangar_runtime::DefinitionChange::Changed => DefinitionChange::Changed,
+                    hangar_runtime::DefinitionChange::Pending => DefinitionChange::Pending,
+                },
+            },
         }
     }
 }

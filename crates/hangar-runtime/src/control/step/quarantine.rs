@@ -7,7 +7,8 @@
 //!   quarantine (journaled);
 //! - [`Command::MayLoad`](super::Command::MayLoad) asks before a load starts: a load on
 //!   demand (a request's auto-load, a lease) is refused while the model is quarantined; an
-//!   explicit one lifts the quarantine (journaled) and goes ahead.
+//!   explicit one lifts the quarantine (journaled) and goes ahead. No load of a model that
+//!   left the config starts ([`Command::Retire`](super::Command::Retire)).
 //!
 //! Every change of a model's failures is published before any answer of the same step.
 
@@ -42,6 +43,10 @@ pub(super) fn may_load<W, P>(
     now: Instant,
     effects: &mut Vec<Effect<W, P>>,
 ) {
+    if state.models[model].retired {
+        effects.push(Effect::MayLoad { model, waiter, answer: Err(Refused::Removed) });
+        return;
+    }
     let log = &mut state.models[model].failures;
     let answer = if explicit {
         if log.lift(now) {
@@ -54,7 +59,7 @@ pub(super) fn may_load<W, P>(
             None => Ok(()),
             Some(quarantine) => {
                 let last_error = log.last_message().unwrap_or_default().to_owned();
-                Err(Refused { quarantine, last_error })
+                Err(Refused::Quarantined { quarantine, last_error })
             }
         }
     };

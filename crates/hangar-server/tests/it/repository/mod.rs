@@ -2,6 +2,7 @@
 //! routes (`/api/v1/…`), driven in-process through `HangarService::handle` over a manager
 //! on the stub backend (standing in for llama_cpp and llama_server too).
 
+mod folder;
 mod health;
 mod load;
 mod unload;
