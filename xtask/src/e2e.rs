@@ -344,6 +344,7 @@ pub(crate) fn spawn_serve(
 
 impl DemoServer {
     fn start(root: &Path, binary: &Path, log_path: &Path, args: &[&str]) -> Result<Self> {
+        std::fs::create_dir_all(root.join(crate::DEMO_REPOSITORY))?;
         let (child, base) = spawn_serve(binary, Path::new("fixtures/demo"), args, root, log_path)?;
         Ok(Self { child, base, exited: false })
     }

@@ -71,6 +71,9 @@ mod pypi;
 mod trained;
 mod venv;
 
+/// The `model_repository` of `fixtures/demo/settings.json`.
+pub(crate) const DEMO_REPOSITORY: &str = "target/demo-repository";
+
 /// The `llama_server_binary_path` of `fixtures/demo/settings.json`.
 const DEMO_LLAMA_SERVER: &str = "target/llama-server/llama-server";
 
@@ -214,6 +217,9 @@ fn main() -> Result<()> {
             // The demo's chat and embedding models, and the `llama-server` its
             // `smollm2-server` runs (the path the demo config names, relative to the root).
             trained::ensure(&root)?;
+            // The demo's model repository (`model_repository`), empty until a model is put
+            // in it.
+            std::fs::create_dir_all(root.join(DEMO_REPOSITORY))?;
             let binary = llama_server::ensure(&root)?;
             if binary != root.join(DEMO_LLAMA_SERVER) {
                 eprintln!(

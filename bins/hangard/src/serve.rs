@@ -214,6 +214,8 @@ async fn serve(
     // Handlers first: a signal that arrives right after the listening line must drain, not
     // kill the process.
     let mut signals = Signals::install()?;
+    // SIGHUP's too: one right after the listening line must reload, not kill the process.
+    let hangups = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
@@ -260,7 +262,7 @@ async fn serve(
     let until_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     };
-    let reloads = tokio::spawn(reload_on_hangup(service.clone()));
+    let reloads = tokio::spawn(reload_on_hangup(service.clone(), hangups));
     let mut server =
         tokio::spawn(hangar_server::serve(listener, service.clone(), until_stop(stopped.clone())));
     let mut grpc = grpc.map(|listener| {
@@ -392,11 +394,7 @@ async fn load_enabled(manager: Manager) {
 /// SIGTERM and SIGINT.
 /// Re-reads the config on every `SIGHUP` and applies its models; a config with problems
 /// changes nothing (each problem is logged).
-async fn reload_on_hangup(service: HangarService) {
-    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot handle SIGHUP: reload the config with POST /v1/admin/config/reload");
-        return;
-    };
+async fn reload_on_hangup(service: HangarService, mut hangups: Signal) {
     while hangups.recv().await.is_some() {
         tracing::info!("SIGHUP: re-reading the config");
         match service.reload_config().await {

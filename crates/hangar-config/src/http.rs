@@ -33,6 +33,11 @@ pub(crate) struct HttpFields {
     /// Whether `/metrics` needs an inference (or the admin) key when inference keys are
     /// set. Default false: scrapers stay keyless.
     metrics_require_key: Option<bool>,
+    /// Whether a peer on a loopback address may call the v2 repository index, load and
+    /// unload (HTTP and gRPC) without the admin key, as KServe's model agent does from its
+    /// sidecar; nothing else opens. Off by default; leave it off behind a reverse proxy on
+    /// the same machine (requests that carry `Forwarded` or `X-Forwarded-For` never count).
+    trust_local_repository_agent: Option<bool>,
     /// Seconds a server-sent event may wait for a client that stopped reading; then the
     /// stream ends and its generation is cancelled. Default 60.
     stream_write_timeout_s: Option<u64>,
@@ -71,6 +76,9 @@ pub struct HttpPolicy {
     pub allowed_hosts: Vec<String>,
     /// Whether `/metrics` needs a key when inference keys are set.
     pub metrics_require_key: bool,
+    /// Whether loopback peers may call the v2 repository index, load and unload without
+    /// the admin key.
+    pub trust_local_repository_agent: bool,
     /// How long a server-sent event waits for a client that stopped reading.
     pub stream_write_timeout: Duration,
     /// Bound on the whole shutdown.
@@ -101,6 +109,7 @@ impl From<HttpFields> for HttpPolicy {
                 .map(|h| h.trim().to_ascii_lowercase())
                 .collect(),
             metrics_require_key: f.metrics_require_key.unwrap_or(false),
+            trust_local_repository_agent: f.trust_local_repository_agent.unwrap_or(false),
             stream_write_timeout: secs(f.stream_write_timeout_s, DEFAULT_STREAM_WRITE_TIMEOUT_S),
             shutdown_timeout: secs(f.shutdown_timeout_s, DEFAULT_SHUTDOWN_TIMEOUT_S),
         }
@@ -114,6 +123,7 @@ impl HttpPolicy {
             "allowed_origins": self.allowed_origins,
             "allowed_hosts": self.allowed_hosts,
             "metrics_require_key": self.metrics_require_key,
+            "trust_local_repository_agent": self.trust_local_repository_agent,
             "stream_write_timeout_s": self.stream_write_timeout.as_secs(),
             "shutdown_timeout_s": self.shutdown_timeout.as_secs(),
         })

@@ -43,6 +43,37 @@ pub(crate) fn authorize(
     }
 }
 
+/// The address a request came from, as the listener saw it: [`serve`](crate::serve) and
+/// [`grpc::serve`](crate::grpc::serve) put it in each request's extensions; a host that
+/// mounts the service may too. Without it no request counts as a local agent's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
+/// Whether a call is a trusted local agent's (KServe's model agent in the pod's sidecar):
+/// `http.trust_local_repository_agent` is on, the route is the v2 repository index, a load
+/// or an unload (`path`: the route's pattern or the request's path), the peer is on a
+/// loopback address, and no proxy header says the request came from elsewhere. Such a call
+/// needs no admin key; nothing else opens.
+pub(crate) fn local_agent(
+    options: &ServerOptions,
+    method: &http::Method,
+    path: &str,
+    peer: Option<std::net::IpAddr>,
+    headers: &HeaderMap,
+) -> bool {
+    let repository_call = path == "/v2/repository/index"
+        || path
+            .strip_prefix("/v2/repository/models/")
+            .is_some_and(|rest| rest.ends_with("/load") || rest.ends_with("/unload"));
+    let proxied =
+        headers.contains_key(header::FORWARDED) || headers.contains_key("x-forwarded-for");
+    options.http.trust_local_repository_agent
+        && method == http::Method::POST
+        && repository_call
+        && peer.is_some_and(|ip| ip.to_canonical().is_loopback())
+        && !proxied
+}
+
 /// Whether the caller may see what the open routes (`/api/v1/health`,
 /// `/v2/models/{name}/ready`) show only to key holders — model paths, engine URLs, error
 /// texts: always while no key is configured, else with a valid inference or admin key.
@@ -91,5 +122,39 @@ mod tests {
         for value in ["Basic k1", "Bearer", "Bearer ", "Bearerk1", "k1"] {
             assert_eq!(token(value), None, "{value:?}");
         }
+    }
+
+    #[test]
+    fn a_local_agent_is_a_loopback_peer_on_the_three_repository_calls_only() {
+        let mut options = ServerOptions::default();
+        options.http.trust_local_repository_agent = true;
+        let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let far: std::net::IpAddr = "192.0.2.7".parse().unwrap();
+        let none = HeaderMap::new();
+        let mut proxied = HeaderMap::new();
+        proxied.insert("x-forwarded-for", "192.0.2.7".parse().unwrap());
+        let post = http::Method::POST;
+        // (method, path, peer, headers, trusted)
+        let rows: [(&http::Method, &str, Option<std::net::IpAddr>, &HeaderMap, bool); 10] = [
+            (&post, "/v2/repository/index", Some(loopback), &none, true),
+            (&post, "/v2/repository/models/{name}/load", Some(loopback), &none, true),
+            (&post, "/v2/repository/models/m/unload", Some(loopback), &none, true),
+            (&http::Method::GET, "/v2/repository/index", Some(loopback), &none, false),
+            (&post, "/v2/repository/models/m/other", Some(loopback), &none, false),
+            (&post, "/v1/admin/models/m/load", Some(loopback), &none, false),
+            (&post, "/v1/admin/config/reload", Some(loopback), &none, false),
+            (&post, "/v2/repository/index", Some(far), &none, false),
+            (&post, "/v2/repository/index", None, &none, false),
+            (&post, "/v2/repository/index", Some(loopback), &proxied, false),
+        ];
+        for (method, path, peer, headers, trusted) in rows {
+            assert_eq!(
+                local_agent(&options, method, path, peer, headers),
+                trusted,
+                "{method} {path} {peer:?}"
+            );
+        }
+        options.http.trust_local_repository_agent = false;
+        assert!(!local_agent(&options, &post, "/v2/repository/index", Some(loopback), &none));
     }
 }

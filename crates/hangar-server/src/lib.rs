@@ -63,6 +63,7 @@ use hyper::body::Body;
 pub use admin::{
     ConfigSource, GpuInfo, GpuMemoryResponse, ModelRow, ModelVram, ModelsResponse, ReloadResponse,
 };
+pub use auth::PeerAddr;
 pub use body::{Response, ResponseBody};
 pub use codes::{ErrorCode, HttpCode, RuntimeCode};
 pub use error::{ApiError, ConfigProblem, ErrorBody, ErrorObject, V2ErrorBody};
@@ -200,7 +201,10 @@ impl HangarService {
         };
         let v2 = route.group == router::Group::Repository;
         let fail = |e: ApiError| if v2 { e.into_v2_response() } else { e.into_response() };
-        if let Err(e) = self.authorize(route.auth, &parts.headers) {
+        let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
+        let options = &self.state.options;
+        let agent = auth::local_agent(options, &route.method, route.path, peer, &parts.headers);
+        if !agent && let Err(e) = self.authorize(route.auth, &parts.headers) {
             return fail(e);
         }
         let limit = self.state.options.max_request_body_bytes;
@@ -232,6 +236,11 @@ impl HangarService {
             body,
         };
         (route.handler)(ctx).await
+    }
+
+    /// The options the service runs with.
+    pub(crate) fn options(&self) -> &ServerOptions {
+        &self.state.options
     }
 
     /// Checks the bearer key a route of class `auth` needs (see [`auth::authorize`]).

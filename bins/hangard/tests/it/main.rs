@@ -17,6 +17,7 @@ mod llama_control;
 mod llama_http;
 mod llama_server;
 mod llama_sleep;
+mod local_agent;
 mod prompt_cache;
 mod remote_tls;
 mod serve;

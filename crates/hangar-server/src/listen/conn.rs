@@ -36,9 +36,16 @@ pub(crate) fn lock(shared: &Shared) -> MutexGuard<'_, Registry> {
 pub(crate) struct ConnTag {
     id: ConnId,
     shared: Shared,
+    /// The client's address.
+    peer: SocketAddr,
 }
 
 impl ConnTag {
+    /// The client's address.
+    pub(crate) fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
     /// A request head arrived on this connection: it is busy until the returned guard
     /// drops (with the answer's body, or with the request if it is abandoned).
     pub(crate) fn request(&self) -> InFlight {
@@ -104,7 +111,7 @@ impl Conn {
         Self {
             io,
             peer,
-            tag: ConnTag { id, shared },
+            tag: ConnTag { id, shared, peer },
             shed: Some(shed),
             closed: None,
             watchdog: Box::pin(tokio::time::sleep_until(deadline)),

@@ -84,8 +84,9 @@ pub async fn serve(
                 let timeout = limits.body_read_timeout;
                 let service = hyper::service::service_fn({
                     let service = service.clone();
-                    move |req: Request<hyper::body::Incoming>| {
+                    move |mut req: Request<hyper::body::Incoming>| {
                         let (service, tag) = (service.clone(), tag.clone());
+                        req.extensions_mut().insert(crate::PeerAddr(peer));
                         async move { Ok::<_, Infallible>(answer(&service, &tag, req, timeout).await) }
                     }
                 });

@@ -14,6 +14,7 @@ mod events;
 mod grpc;
 mod leases;
 mod limits;
+mod local_agent;
 mod openai;
 mod openapi;
 mod quarantine;

@@ -207,6 +207,13 @@ impl Call {
         headers.iter().fold(self, |call, (name, value)| call.header(name, value))
     }
 
+    /// As the listener marks a request that came from `peer` (an `ip:port`).
+    pub(crate) fn from(mut self, peer: &str) -> Self {
+        let peer = peer.parse().expect("a socket address");
+        self.request = self.request.extension(hangar_server::PeerAddr(peer));
+        self
+    }
+
     /// `Authorization: Bearer <key>`.
     pub(crate) fn bearer(self, key: &str) -> Self {
         self.header("authorization", &format!("Bearer {key}"))
