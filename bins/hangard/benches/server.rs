@@ -12,8 +12,9 @@
 //! - with [`MANY`] (10,000) configured models (80% llm, 10% embedding, 10% reranking, one
 //!   loaded): the admin list in full and filtered (`?state=loaded`, `?type=llm`), one model
 //!   (`GET /v1/admin/models/{name}`), the model repository index (`POST
-//!   /v2/repository/index`), `GET /api/v1/health` and `GET /metrics`: p50 and p99, each
-//!   checked against the goal where there is one ([`LIST_P50_GOAL_US`]);
+//!   /v2/repository/index`), `GET /api/v1/health`, `GET /metrics` and the routers' scrape
+//!   `GET /metrics/node`: p50 and p99, each checked against the goal where there is one
+//!   ([`LIST_P50_GOAL_US`], [`NODE_SCRAPE_GOAL_US`]);
 //! - the server's resident memory (`VmRSS` of `/proc/<pid>/status`) with no model
 //!   configured and with [`MANY`], after start-up (and the load of one model) and again
 //!   after a dozen full `GET /v1/admin/models`: total MiB and KiB per configured model over
@@ -35,6 +36,9 @@ const RUN: Duration = Duration::from_secs(2);
 const MANY: usize = 10_000;
 /// Goal: `GET /v1/admin/models` p50 at [`MANY`] models, in µs.
 const LIST_P50_GOAL_US: f64 = 20_000.0;
+/// Goal: what `GET /metrics/node` costs over `GET /healthz` at [`MANY`] models (p50), in µs:
+/// an endpoint picker scrapes every 50 ms.
+const NODE_SCRAPE_GOAL_US: f64 = 1_000.0;
 /// Goal: resident memory per configured model after start-up, over the empty server, in KiB.
 const RSS_START_UP_GOAL_KIB: f64 = 4.0;
 /// Goal: the same after [`LISTS`] full lists.
@@ -286,6 +290,7 @@ fn main() {
             Target::post(&server, "/v2/repository/index", json!({})),
             Target::get(&server, "/api/v1/health"),
             Target::get(&server, "/metrics"),
+            Target::get(&server, "/metrics/node"),
         ];
         for target in &targets {
             let label = format!("{} {}, {MANY} models", target.method(), target.path(&server));
@@ -309,6 +314,16 @@ fn print_goals(rows: &[Row], memory: &Memory) {
             LIST_P50_GOAL_US / 1000.0,
             p50 / 1000.0,
             verdict(p50 <= LIST_P50_GOAL_US)
+        );
+    }
+    let node = format!("GET /metrics/node, {MANY} models");
+    if let Some(r) = rows.iter().find(|r| r.measure == node) {
+        let cost = r.hangar.percentile_us(0.5) - r.reference.percentile_us(0.5);
+        println!(
+            "goal: {node} p50 over GET /healthz ≤ {:.0} ms: {:.3} ms ({})",
+            NODE_SCRAPE_GOAL_US / 1000.0,
+            cost / 1000.0,
+            verdict(cost <= NODE_SCRAPE_GOAL_US)
         );
     }
     let mib = |kib: u64| kib as f64 / 1024.0;

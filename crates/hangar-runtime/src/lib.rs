@@ -73,6 +73,7 @@ mod journal;
 mod lease;
 mod load;
 mod manager;
+mod node;
 mod outcome;
 mod pause;
 mod phase;
@@ -102,6 +103,7 @@ pub use journal::{
 };
 pub use lease::{Lease, LeaseChange, MAX_LEASE_OWNER_BYTES, MAX_LEASE_SECONDS};
 pub use manager::{Backends, LoadOptions, Manager};
+pub use node::NodeView;
 pub use pause::{PauseCause, PauseInfo, PauseMode};
 pub use place::{Placement, PlacementSource};
 pub use quarantine::{Failure, FailureKind, QuarantineInfo, RECENT_FAILURES};

@@ -39,6 +39,7 @@ mod kserve;
 mod listen;
 mod metrics;
 mod multi_model;
+mod node_metrics;
 mod openai;
 mod openapi;
 mod router;

@@ -11,7 +11,7 @@ use crate::error::RuntimeCode::*;
 use crate::openai::{chat, completions, embeddings, models, rerank, responses};
 use crate::router::Group::{Admin, Inference, MultiModel, Operations, Repository, WeightControl};
 use crate::router::{Route, Success};
-use crate::{admin, health, kserve, multi_model, openapi, sglang, ui};
+use crate::{admin, health, kserve, multi_model, node_metrics, openapi, sglang, ui};
 
 /// Wraps an `async fn(Ctx) -> Result<Response, ApiError>` with the standard envelope.
 macro_rules! api {
@@ -550,6 +550,13 @@ pub(crate) fn all() -> Vec<Route> {
             .doc(
                 "Prometheus metrics",
                 "Per-model state, in-flight and queue gauges, request counts and latency histograms by model and outcome, load / unload / eviction / crash counters. OpenMetrics text when the `Accept` header asks for it, else the Prometheus text format.",
+            )
+            .success(Success::Metrics),
+        Route::new(get.clone(), "/metrics/node", Operations, api!(node_metrics::node))
+            .metrics()
+            .doc(
+                "Node gauges for routers (llm-d / Gateway API Inference Extension)",
+                "The machine-level gauges an inference router's endpoint picker reads from a vLLM pod, one series per name: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (the share of the loaded models' request slots in use, 0 to 1) and `vllm:lora_requests_info` (`running_lora_adapters`: the names the loaded models answer to; `waiting_lora_adapters`: the models loading; `max_lora`: the llm slots; the value is the reading's time), so the picker routes each model to a node that serves it. Prometheus text; see docs/cluster.md.",
             )
             .success(Success::Metrics),
         Route::new(get.clone(), "/openapi.json", Operations, api!(openapi::document))

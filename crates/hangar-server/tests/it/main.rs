@@ -15,6 +15,7 @@ mod grpc;
 mod leases;
 mod limits;
 mod local_agent;
+mod node_metrics;
 mod openai;
 mod openapi;
 mod quarantine;

@@ -58,6 +58,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v2/repository/models/{name}/load"),
     ("POST", "/v2/repository/models/{name}/unload"),
     ("GET", "/metrics"),
+    ("GET", "/metrics/node"),
     ("GET", "/openapi.json"),
     ("GET", "/ui"),
     ("GET", "/ui/{name}"),
