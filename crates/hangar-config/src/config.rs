@@ -514,7 +514,15 @@ impl Config {
             .iter()
             .map(|m| (m.name.to_string(), Value::Object(m.definition())))
             .collect();
-        serde_json::json!({
+        let mut all = self.settings_json();
+        all.insert("models".into(), Value::Object(models));
+        Value::Object(all)
+    }
+
+    /// Every global setting with its default applied, as [`Config::to_effective_json`]
+    /// shows them, without the models (nothing per model is built).
+    pub fn settings_json(&self) -> Map<String, Value> {
+        let settings = serde_json::json!({
             "host": self.host,
             "port": self.port,
             "grpc_port": self.grpc_port,
@@ -542,8 +550,11 @@ impl Config {
             "ram_budget": self.ram_budget,
             "model_repository": self.model_repository.as_ref().map(|r| &r.dir),
             "model_repository_defaults": self.model_repository.as_ref().map(|r| &r.defaults),
-            "models": models,
-        })
+        });
+        match settings {
+            Value::Object(map) => map,
+            _ => unreachable!("a JSON object literal"),
+        }
     }
 }
 

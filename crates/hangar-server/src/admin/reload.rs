@@ -41,11 +41,10 @@ impl ConfigSource {
     }
 }
 
-/// Every setting of `config` but its models, as effective JSON.
+/// Every setting of `config` but its models, as effective JSON (no model's definition is
+/// built: at thousands of models that would be megabytes at start-up).
 fn settings(config: &Config) -> serde_json::Map<String, Value> {
-    let Value::Object(mut all) = config.to_effective_json() else { return Default::default() };
-    all.remove("models");
-    all
+    config.settings_json()
 }
 
 /// What a config reload changed (`POST /v1/admin/config/reload`).
