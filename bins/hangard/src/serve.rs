@@ -391,7 +391,6 @@ async fn load_enabled(manager: Manager) {
     }
 }
 
-/// SIGTERM and SIGINT.
 /// Re-reads the config on every `SIGHUP` and applies its models; a config with problems
 /// changes nothing (each problem is logged).
 async fn reload_on_hangup(service: HangarService, mut hangups: Signal) {
@@ -412,6 +411,7 @@ async fn reload_on_hangup(service: HangarService, mut hangups: Signal) {
     }
 }
 
+/// SIGTERM and SIGINT.
 struct Signals {
     term: Signal,
     int: Signal,

@@ -7,7 +7,7 @@
 //! control loop first, so no load of it starts again; a replacement takes a new id. Ids are
 //! never reused, so a late command about the old model can reach only the old one.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use hangar_config::{ModelConfig, ModelName};
@@ -94,51 +94,68 @@ pub(crate) struct Sources {
 }
 
 impl Sources {
-    /// The sources of `config`, and the models they serve now.
+    /// The sources of `config`, and the models they serve now (the repository read here,
+    /// on the caller's thread: a manager is made before it serves).
     pub(crate) fn of(config: &hangar_config::Config) -> (Self, Vec<Served>) {
         let mut sources = Self {
             configured: config.models.iter().map(|m| m.name.clone()).collect(),
             repository: config.model_repository.clone(),
             scanned: Vec::new(),
         };
-        let mut served: Vec<Served> =
-            config.models.iter().map(|m| Served { config: m.clone(), problem: None }).collect();
-        served.extend(sources.scan(&config.models));
+        let taken = taken(&config.models);
+        let read = sources.repository.as_ref().map(|r| r.scan(&|name| taken.contains(name)));
+        let served = sources.served(&config.models, read);
         (sources, served)
     }
 
-    /// The repository's models beside the `configured` ones (whose names and aliases they
-    /// may not take), as last read when the folder cannot be read now.
-    fn scan(&mut self, configured: &[ModelConfig]) -> Vec<Served> {
-        let Some(repository) = &self.repository else { return Vec::new() };
-        let mut taken: std::collections::HashSet<String> = configured
-            .iter()
-            .flat_map(|m| {
-                std::iter::once(m.name.to_string()).chain(m.aliases.iter().map(|a| a.to_string()))
-            })
-            .collect();
-        let models = match repository.scan(&|name| taken.contains(name)) {
-            Ok(models) => models,
-            Err(e) => {
-                tracing::warn!(dir = %repository.dir.display(), error = %e, "cannot read the model repository: its models stay as they were");
-                return self.scanned.clone();
+    /// `configured`, then the repository's models as `read` found them (as last read when
+    /// the folder could not be read; an alias another model has is the folder's problem).
+    fn served(
+        &mut self,
+        configured: &[ModelConfig],
+        read: Option<std::io::Result<Vec<hangar_config::RepositoryModel>>>,
+    ) -> Vec<Served> {
+        let mut served: Vec<Served> =
+            configured.iter().map(|m| Served { config: m.clone(), problem: None }).collect();
+        match read {
+            None => self.scanned.clear(),
+            Some(Err(e)) => {
+                let dir = self.repository.as_ref().map(|r| r.dir.display().to_string());
+                tracing::warn!(dir = dir.unwrap_or_default(), error = %e, "cannot read the model repository: its models stay as they were");
             }
-        };
-        self.scanned = models
-            .into_iter()
-            .map(|m| {
-                let claimed = m.definition.aliases.iter().find(|a| taken.contains(a.as_str()));
-                let problem = m.problem.or_else(|| {
-                    claimed.map(|a| format!("the alias `{a}` is another model's name or alias"))
-                });
-                if problem.is_none() {
-                    taken.extend(m.definition.aliases.iter().map(|a| a.to_string()));
-                }
-                Served { config: m.definition, problem }
-            })
-            .collect();
-        self.scanned.clone()
+            Some(Ok(models)) => {
+                let mut taken = taken(configured);
+                self.scanned = models
+                    .into_iter()
+                    .map(|m| {
+                        let aliases = &m.definition.aliases;
+                        let claimed = aliases.iter().find(|a| taken.contains(a.as_str()));
+                        let problem = m.problem.or_else(|| {
+                            claimed.map(|a| {
+                                format!("the alias `{a}` is another model's name or alias")
+                            })
+                        });
+                        if problem.is_none() {
+                            taken.extend(aliases.iter().map(|a| a.to_string()));
+                        }
+                        Served { config: m.definition, problem }
+                    })
+                    .collect();
+            }
+        }
+        served.extend(self.scanned.iter().cloned());
+        served
     }
+}
+
+/// The names and aliases of `configured`, which no repository model may take.
+fn taken(configured: &[ModelConfig]) -> HashSet<String> {
+    configured
+        .iter()
+        .flat_map(|m| {
+            std::iter::once(m.name.to_string()).chain(m.aliases.iter().map(|a| a.to_string()))
+        })
+        .collect()
 }
 
 impl Manager {
@@ -148,18 +165,18 @@ impl Manager {
     pub async fn apply_models(&self, models: &[ModelConfig]) -> ModelChanges {
         let mut sources = self.inner.reloading.lock().await;
         sources.configured = models.iter().map(|m| m.name.clone()).collect();
-        let mut served: Vec<Served> =
-            models.iter().map(|m| Served { config: m.clone(), problem: None }).collect();
-        served.extend(sources.scan(models));
-        self.apply(served).await
+        self.refresh(&mut sources, models).await
     }
 
     /// Applies a re-read config's models and model repository (a config reload).
     pub async fn apply_config(&self, config: &hangar_config::Config) -> ModelChanges {
-        let (sources, served) = Sources::of(config);
-        let mut current = self.inner.reloading.lock().await;
-        *current = sources;
-        self.apply(served).await
+        let mut sources = self.inner.reloading.lock().await;
+        if sources.repository != config.model_repository {
+            sources.scanned.clear();
+        }
+        sources.repository.clone_from(&config.model_repository);
+        sources.configured = config.models.iter().map(|m| m.name.clone()).collect();
+        self.refresh(&mut sources, &config.models).await
     }
 
     /// Reads the model repository again and applies what changed in it (KServe's and
@@ -176,9 +193,22 @@ impl Manager {
             .filter_map(|name| registry.by_name.get(name))
             .map(|e| e.lock().pending.as_deref().unwrap_or(&e.config).clone())
             .collect();
-        let mut served: Vec<Served> =
-            configured.iter().map(|m| Served { config: m.clone(), problem: None }).collect();
-        served.extend(sources.scan(&configured));
+        self.refresh(&mut sources, &configured).await
+    }
+
+    /// Serves `configured` and the repository's models, read again off the async threads;
+    /// the caller holds the reload turn (`sources`).
+    async fn refresh(&self, sources: &mut Sources, configured: &[ModelConfig]) -> ModelChanges {
+        let read = match sources.repository.clone() {
+            None => None,
+            Some(repository) => {
+                let taken = taken(configured);
+                let scan = move || repository.scan(&|name| taken.contains(name));
+                let read = tokio::task::spawn_blocking(scan).await;
+                Some(read.unwrap_or_else(|e| Err(std::io::Error::other(e))))
+            }
+        };
+        let served = sources.served(configured, read);
         self.apply(served).await
     }
 
@@ -280,7 +310,7 @@ impl Manager {
     }
 
     /// A new entry for `model`, known to the control loop (with the figures the state file
-    /// kept for it).
+    /// kept for it). The caller holds the reload turn, so ids are taken one at a time.
     fn add_entry(&self, model: ModelConfig, problem: Option<String>) -> Arc<ModelEntry> {
         let capabilities = self
             .inner

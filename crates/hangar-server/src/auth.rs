@@ -43,9 +43,9 @@ pub(crate) fn authorize(
     }
 }
 
-/// The address a request came from, as the listener saw it: [`serve`](crate::serve) and
-/// [`grpc::serve`](crate::grpc::serve) put it in each request's extensions; a host that
-/// mounts the service may too. Without it no request counts as a local agent's.
+/// The address a request came from, as the listener saw it: [`serve`](crate::serve) puts
+/// it in each request's extensions (gRPC calls read it from their connection); a host that
+/// mounts the service may too. Without it no HTTP request counts as a local agent's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub std::net::SocketAddr);
 

@@ -305,19 +305,27 @@ pub(crate) async fn index_entries(manager: &Manager, only_ready: bool) -> Vec<In
         .collect()
 }
 
-/// A repository load: a plain load without `config`, a reload with it.
+/// Refuses a model the repository does not know, after reading the model repository folder
+/// again (a folder that appeared since the last read is a model to load).
 ///
 /// # Errors
-/// 404 `unknown_model` (checked first), 400 for `file:` or unknown parameters and a bad
-/// `config`, and the load's own errors.
+/// `unknown_model`.
+pub(crate) async fn known(manager: &Manager, name: &str) -> Result<(), ApiError> {
+    manager.rescan_repository().await;
+    manager.model(name)?;
+    Ok(())
+}
+
+/// A repository load: a plain load without `config`, a reload with it. The caller has
+/// checked the model is [`known`] (both routes do so first).
+///
+/// # Errors
+/// 400 for `file:` or unknown parameters and a bad `config`, and the load's own errors.
 pub(crate) async fn load_model(
     manager: &Manager,
     name: &str,
     parameters: LoadParameters,
 ) -> Result<(), ApiError> {
-    // A folder that appeared since the last read is a model to load.
-    manager.rescan_repository().await;
-    manager.model(name)?;
     refuse_other_parameters(&parameters.other, &["config"])?;
     match config_patch(name, parameters.config)? {
         // No config: Triton's no-op for a loaded model, else a plain load.
@@ -405,10 +413,8 @@ pub(crate) async fn index(ctx: Ctx) -> Result<Response, ApiError> {
 
 /// `POST /v2/repository/models/{name}/load`: load, or reload with `parameters.config`.
 pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
-    // An unknown model is refused before the body is read (a folder that appeared in the
-    // model repository is known once read).
-    ctx.state.manager.rescan_repository().await;
-    ctx.state.manager.model(ctx.name())?;
+    // An unknown model is refused before the body is read.
+    known(&ctx.state.manager, ctx.name()).await?;
     let body: LoadBody = parse_json(&ctx.body, true)?;
     load_model(&ctx.state.manager, ctx.name(), body.parameters.unwrap_or_default()).await?;
     Ok(empty_object())

@@ -59,7 +59,8 @@ impl EncodeLabelValue for Label {
     }
 }
 
-fn escape(v: &str) -> String {
+/// `v` as a Prometheus label value: backslash, quote and newline escaped.
+pub(crate) fn escape(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 

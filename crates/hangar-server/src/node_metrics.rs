@@ -64,19 +64,9 @@ pub(crate) fn render(view: &hangar_runtime::NodeView, now: f64) -> String {
     out
 }
 
-/// `names`, comma-separated, as a label value (backslash, quote and newline escaped).
+/// `names`, comma-separated, as a label value.
 fn label(names: &[String]) -> String {
-    let joined = names.join(",");
-    let mut out = String::with_capacity(joined.len());
-    for c in joined.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
+    crate::metrics::escape(&names.join(","))
 }
 
 #[cfg(test)]

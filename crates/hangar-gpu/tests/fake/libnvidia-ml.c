@@ -152,58 +152,19 @@ static nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3_unlocked(void *devic
 }
 
 /* The exported calls, each under the lock. */
-nvmlReturn_t nvmlInit_v2(void) {
-    nvmlReturn_t r;
-    pthread_mutex_lock(&lock);
-    r = nvmlInit_v2_unlocked();
-    pthread_mutex_unlock(&lock);
-    return r;
-}
+#define LOCKED(call) \
+    do { \
+        nvmlReturn_t r; \
+        pthread_mutex_lock(&lock); \
+        r = call; \
+        pthread_mutex_unlock(&lock); \
+        return r; \
+    } while (0)
 
-nvmlReturn_t nvmlShutdown(void) {
-    nvmlReturn_t r;
-    pthread_mutex_lock(&lock);
-    r = nvmlShutdown_unlocked();
-    pthread_mutex_unlock(&lock);
-    return r;
-}
-
-nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
-    nvmlReturn_t r;
-    pthread_mutex_lock(&lock);
-    r = nvmlDeviceGetCount_v2_unlocked(n);
-    pthread_mutex_unlock(&lock);
-    return r;
-}
-
-nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **device) {
-    nvmlReturn_t r;
-    pthread_mutex_lock(&lock);
-    r = nvmlDeviceGetHandleByIndex_v2_unlocked(i, device);
-    pthread_mutex_unlock(&lock);
-    return r;
-}
-
-nvmlReturn_t nvmlDeviceGetName(void *device, char *name, unsigned int length) {
-    nvmlReturn_t r;
-    pthread_mutex_lock(&lock);
-    r = nvmlDeviceGetName_unlocked(device, name, length);
-    pthread_mutex_unlock(&lock);
-    return r;
-}
-
-nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *device, nvmlMemory_v2_t *memory) {
-    nvmlReturn_t r;
-    pthread_mutex_lock(&lock);
-    r = nvmlDeviceGetMemoryInfo_v2_unlocked(device, memory);
-    pthread_mutex_unlock(&lock);
-    return r;
-}
-
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *n, nvmlProcessInfo_t *out) {
-    nvmlReturn_t r;
-    pthread_mutex_lock(&lock);
-    r = nvmlDeviceGetComputeRunningProcesses_v3_unlocked(device, n, out);
-    pthread_mutex_unlock(&lock);
-    return r;
-}
+nvmlReturn_t nvmlInit_v2(void) { LOCKED(nvmlInit_v2_unlocked()); }
+nvmlReturn_t nvmlShutdown(void) { LOCKED(nvmlShutdown_unlocked()); }
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) { LOCKED(nvmlDeviceGetCount_v2_unlocked(n)); }
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **device) { LOCKED(nvmlDeviceGetHandleByIndex_v2_unlocked(i, device)); }
+nvmlReturn_t nvmlDeviceGetName(void *device, char *name, unsigned int length) { LOCKED(nvmlDeviceGetName_unlocked(device, name, length)); }
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *device, nvmlMemory_v2_t *memory) { LOCKED(nvmlDeviceGetMemoryInfo_v2_unlocked(device, memory)); }
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *n, nvmlProcessInfo_t *out) { LOCKED(nvmlDeviceGetComputeRunningProcesses_v3_unlocked(device, n, out)); }

@@ -169,9 +169,10 @@ impl Control {
         read(&self.shared.entries).len()
     }
 
-    /// Adds `entry` (made with [`Control::next_id`] as its position) for a model that
-    /// joins the config, with its `lanes` and the `figures` measured before. Adds are taken in id order, before any command
-    /// about the model.
+    /// Adds `entry` (made with [`Control::next_id`] as its position, the caller adding one
+    /// model at a time) for a model that joins the config, with its `lanes` and the
+    /// `figures` measured before. Adds are taken in id order, before any command about the
+    /// model.
     pub(crate) fn add(
         &self,
         entry: Arc<ModelEntry>,

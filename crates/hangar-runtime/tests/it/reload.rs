@@ -155,3 +155,34 @@ async fn aliases_follow_the_newest_definition_at_once() {
     // A request by the new name is served by the loaded model.
     assert_eq!(generate(&m, "new/name", 2).await.unwrap().split(' ').count(), 2);
 }
+
+#[tokio::test]
+async fn a_repository_that_cannot_be_read_keeps_its_models_through_rescans_and_reloads() {
+    let dir = std::env::temp_dir().join(format!("hangar-runtime-repo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("folder")).unwrap();
+    let settings = json!({
+        "model_repository": dir,
+        "model_repository_defaults": { "backend": "stub" },
+        "models": { "a": chat(1) }
+    });
+    let (m, _stub) = manager(settings.clone());
+    assert_eq!(listed(&m), ["a", "folder"]);
+    // The folder goes away for a moment (an unmounted volume): nothing leaves.
+    let away = dir.with_extension("away");
+    std::fs::rename(&dir, &away).unwrap();
+    assert!(m.rescan_repository().await.is_empty());
+    assert!(m.apply_config(&config(settings.clone())).await.is_empty());
+    assert_eq!(listed(&m), ["a", "folder"]);
+    // Back, with the folder gone from it: now it leaves.
+    std::fs::rename(&away, &dir).unwrap();
+    std::fs::remove_dir_all(dir.join("folder")).unwrap();
+    assert_eq!(m.rescan_repository().await.removed, names(&["folder"]));
+    // Another repository in a reload: the old one's models do not stay.
+    std::fs::create_dir_all(dir.join("again")).unwrap();
+    m.rescan_repository().await;
+    let mut elsewhere = settings;
+    elsewhere["model_repository"] = json!(dir.join("missing"));
+    assert_eq!(m.apply_config(&config(elsewhere)).await.removed, names(&["again"]));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,6 +1,6 @@
 //! Config reload (`POST /v1/admin/config/reload`, and `SIGHUP` in `hangard`): re-read the
-//! config the host named ([`ConfigSource`]) and apply its models
-//! ([`hangar_runtime::Manager::apply_models`]). Settings other than the models apply at the
+//! config the host named ([`ConfigSource`]) and apply its models and model repository
+//! ([`hangar_runtime::Manager::apply_config`]). Settings other than the models apply at the
 //! next start: the answer names the ones that changed.
 
 use std::sync::Arc;
@@ -37,14 +37,8 @@ impl ConfigSource {
         running: &Config,
         read: impl Fn() -> Result<Config, ConfigError> + Send + Sync + 'static,
     ) -> Self {
-        Self { read: Arc::new(read), running: Arc::new(settings(running)) }
+        Self { read: Arc::new(read), running: Arc::new(running.settings_json()) }
     }
-}
-
-/// Every setting of `config` but its models, as effective JSON (no model's definition is
-/// built: at thousands of models that would be megabytes at start-up).
-fn settings(config: &Config) -> serde_json::Map<String, Value> {
-    config.settings_json()
 }
 
 /// What a config reload changed (`POST /v1/admin/config/reload`).
@@ -86,7 +80,7 @@ pub(crate) async fn reload_config(state: &AppState) -> Result<ReloadResponse, Ap
         .map_err(|e| ApiError::new(HttpCode::InvalidConfig, format!("reading the config: {e}")))?
         .map_err(invalid)?;
     let changes = state.manager.apply_config(&config).await;
-    let new = settings(&config);
+    let new = config.settings_json();
     let mut restart_required: Vec<String> = new
         .iter()
         .filter(|(key, value)| source.running.get(*key) != Some(value))

@@ -241,6 +241,7 @@ impl GrpcInferenceService for Grpc {
         let _call = self.authorize(&request, Method::POST, "/v2/repository/models/m/load")?;
         let request = request.into_inner();
         check_repository(&request.repository_name)?;
+        kserve::known(self.manager(), &request.model_name).await.map_err(fail)?;
         let parameters = LoadParameters::from_map(status::parameters(request.parameters));
         kserve::load_model(self.manager(), &request.model_name, parameters).await.map_err(fail)?;
         Ok(Response::new(RepositoryModelLoadResponse {}))
