@@ -4,7 +4,7 @@
 //! which loads libclang. On a machine without them this installs `cmake`, `clang` and
 //! `libclang-dev` through apt when running as root, and otherwise says what to install.
 //! `cargo xtask e2e` installs Debian's `chromium` the same way ([`ensure_chromium`]) for the
-//! workbench's browser test.
+//! workbench's browser test, and `iproute2` for the multi-host test ([`ensure_iproute2`]).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -74,6 +74,35 @@ pub(crate) fn ensure_chromium() -> Result<()> {
         bail!("apt-get installed chromium, but {} is still missing", path.display());
     }
     Ok(())
+}
+
+/// Installs Debian's `iproute2` (the `ip` command) when missing and running as root; the
+/// multi-host test makes network namespaces with it, and skips, loudly, where it cannot.
+pub(crate) fn ensure_iproute2() -> Result<()> {
+    if succeeds(Command::new("ip").arg("-V")) || !is_root() {
+        return Ok(());
+    }
+    if succeeds(Command::new("apt-get").arg("--version")) {
+        crate::run(apt(&["update"]))?;
+        crate::run(apt(&["install", "-y", "--no-install-recommends", "iproute2"]))?;
+    }
+    Ok(())
+}
+
+/// Checks for `kubectl` with its built-in kustomize (v5: kubectl 1.27 or newer), which
+/// renders `deploy/`. Debian's `kubernetes-client` is 1.20 (kustomize v2) and cannot.
+pub(crate) fn ensure_kubectl() -> Result<()> {
+    let out = Command::new("kubectl").args(["version", "--client"]).output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    let kustomize = text.lines().find_map(|l| l.strip_prefix("Kustomize Version: v"));
+    match kustomize.and_then(|v| v.split('.').next()?.parse::<u32>().ok()) {
+        Some(major) if major >= 5 => Ok(()),
+        _ => bail!(
+            "rendering deploy/ needs kubectl 1.27 or newer (kustomize v5); found: {}. Install \
+             kubectl (the Google Cloud CLI's `kubectl` package, or kubernetes.io's release)",
+            if text.is_empty() { "none" } else { text.trim() }
+        ),
+    }
 }
 
 fn apt(args: &[&str]) -> Command {

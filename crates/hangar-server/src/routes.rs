@@ -578,6 +578,9 @@ pub(crate) fn all() -> Vec<Route> {
         Route::new(get.clone(), "/healthz", Operations, api!(health::healthz))
             .doc("Liveness", "200 while the process is up.")
             .ok::<health::Healthz>(),
+        Route::new(get.clone(), "/health", Operations, api!(health::healthz))
+            .doc("Liveness, by the name routers probe", "`/healthz` under the path vLLM, SGLang and `llama-server` serve it, which routers such as `vllm-router` probe on every worker.")
+            .ok::<health::Healthz>(),
         Route::new(get, "/readyz", Operations, api!(health::readyz))
             .doc(
                 "Readiness",

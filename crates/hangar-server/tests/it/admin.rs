@@ -371,7 +371,7 @@ async fn malformed_json_answers_422_with_the_parser_position() {
 }
 
 #[tokio::test]
-async fn healthz_and_readyz() {
+async fn healthz_health_and_readyz() {
     let s = server()
         .models(json!({ "a": { "backend": "stub", "enabled": true }, "b": { "backend": "stub" } }))
         .build();
@@ -380,6 +380,11 @@ async fn healthz_and_readyz() {
     s.manager().load_enabled().await;
     assert_eq!(get(&s, "/readyz").await.0, 200);
     assert_eq!(get(&s, "/healthz").await.1["status"], "ok");
+    // The name routers probe (vLLM's, SGLang's, llama-server's), while a model is not loaded.
+    s.manager().unload("a").await.unwrap();
+    let (status, body) = get(&s, "/health").await;
+    assert_eq!((status, &body["status"]), (200, &json!("ok")), "{body}");
+    assert!(body["uptime_seconds"].is_u64(), "{body}");
 }
 
 /// Admin operations on one model run one at a time; one that cannot start within

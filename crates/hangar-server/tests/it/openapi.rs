@@ -63,6 +63,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/ui"),
     ("GET", "/ui/{name}"),
     ("GET", "/healthz"),
+    ("GET", "/health"),
     ("GET", "/readyz"),
 ];
 
