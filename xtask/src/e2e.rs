@@ -23,7 +23,8 @@
 //!    (one stub model) for `workbench_hosts.py`: the workbench through `[::1]` and
 //!    `localhost` (the main run covers `127.0.0.1`), and a name the browser resolves to
 //!    it, as DNS rebinding would, refused with 403.
-//! 6. A second server on the demo config with `--admin-api-key <random key>`: schemathesis
+//! 6. A second server on the demo config with `--admin-api-key <random key>` and
+//!    `--inference-api-key <another>`: the keyed scripts, then schemathesis
 //!    again, with the key as a bearer token, and the same SIGTERM check; then a report.
 //!    Every step is a row of the report; any failed row fails the run.
 //! 7. `cargo xtask gpu-check --dry-run` with the same `hangard`: the GPU check's script
@@ -45,18 +46,20 @@ use crate::venv::{ensure_venv, quiet};
 use crate::{cargo, deps, llama_server, run as run_checked};
 
 /// The client scripts, in the order they run.
-const SCRIPTS: [&str; 5] = [
+const SCRIPTS: [&str; 6] = [
     "openai_client.py",
+    "anthropic_client.py",
     "triton_client.py",
     "triton_grpc.py",
     "validate_openapi.py",
     "workbench.py",
 ];
-/// The scripts run again against the server with an admin key (`HANGAR_ADMIN_KEY` set):
-/// gRPC with its metadata, and the workbench asking for the key.
-const KEYED_SCRIPTS: [&str; 2] = ["triton_grpc.py", "workbench.py"];
+/// The scripts run again against the server with an admin key and an inference key
+/// (`HANGAR_ADMIN_KEY` and `HANGAR_INFERENCE_KEY` set): gRPC with its metadata, the workbench
+/// asking for the key, and the Anthropic SDK sending its `x-api-key`.
+const KEYED_SCRIPTS: [&str; 3] = ["triton_grpc.py", "workbench.py", "anthropic_client.py"];
 /// What the scripts import; when all import, nothing is installed.
-const IMPORTS: &str = "import openai, tritonclient.http, tritonclient.grpc, openapi_spec_validator, \
+const IMPORTS: &str = "import openai, anthropic, tritonclient.http, tritonclient.grpc, openapi_spec_validator, \
                        schemathesis, playwright.sync_api, kubernetes_validate, vllm_router";
 /// The exit status of a script that could not run here (the multi-host test without
 /// network namespaces).
@@ -113,9 +116,11 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     results.extend(workbench_hosts(root, &python, &target)?);
 
     let key = random_key()?;
+    let inference_key = random_key()?;
     let key_log_path = target.join("e2e-hangard-admin-key.log");
     let grpc = free_port()?.to_string();
-    let args = ["--admin-api-key", &key, "--grpc-port", &grpc];
+    let args =
+        ["--admin-api-key", &key, "--inference-api-key", &inference_key, "--grpc-port", &grpc];
     let mut server = DemoServer::start(root, &binary, &key_log_path, &args)?;
     eprintln!(
         "hangard with an admin key listening on {} (log: {})",
@@ -124,7 +129,8 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     );
     server.wait_ready(Duration::from_secs(60))?;
     for script in KEYED_SCRIPTS {
-        results.push(run_script(root, &python, script, &server.base, &grpc, Some(&key))?);
+        let keys = Some((key.as_str(), inference_key.as_str()));
+        results.push(run_script(root, &python, script, &server.base, &grpc, keys)?);
     }
     let key_reports = reports.join("admin-key");
     results.push(run_schemathesis(
@@ -209,29 +215,30 @@ fn workbench_hosts(root: &Path, python: &Path, target: &Path) -> Result<[Check; 
 }
 
 /// Runs `xtask/e2e/<script>` against the server at `base` (gRPC on `grpc_port`), with
-/// `HANGAR_ADMIN_KEY` when `key` is given; a row of the report.
+/// `HANGAR_ADMIN_KEY` and `HANGAR_INFERENCE_KEY` when `keys` (admin, inference) are given; a
+/// row of the report.
 fn run_script(
     root: &Path,
     python: &Path,
     script: &str,
     base: &str,
     grpc_port: &str,
-    key: Option<&str>,
+    keys: Option<(&str, &str)>,
 ) -> Result<Check> {
     let started = Instant::now();
-    let shown_key = if key.is_some() { "HANGAR_ADMIN_KEY=… " } else { "" };
+    let shown_key =
+        if keys.is_some() { "HANGAR_ADMIN_KEY=… HANGAR_INFERENCE_KEY=… " } else { "" };
     eprintln!("$ {shown_key}{} xtask/e2e/{script}", python.display());
     let mut cmd = Command::new(python);
     cmd.arg(root.join("xtask/e2e").join(script))
         .env("HANGAR_URL", base)
         .env("HANGAR_GRPC_URL", format!("127.0.0.1:{grpc_port}"))
         .current_dir(root);
-    if let Some(key) = key {
-        cmd.env("HANGAR_ADMIN_KEY", key);
+    if let Some((admin, inference)) = keys {
+        cmd.env("HANGAR_ADMIN_KEY", admin).env("HANGAR_INFERENCE_KEY", inference);
     }
     let status = cmd.status().with_context(|| format!("cannot run {script}"))?;
-    let name =
-        if key.is_some() { format!("{script}, with the admin key") } else { script.to_owned() };
+    let name = if keys.is_some() { format!("{script}, with the keys") } else { script.to_owned() };
     Ok((name, status.success(), status.to_string(), started.elapsed()))
 }
 

@@ -240,6 +240,9 @@ impl Runtime for BridgeRuntime {
                         prompt_tokens,
                         completion_tokens,
                         cached_tokens: 0,
+                        // The worker reports `stop` for an end of sequence and a stop
+                        // sequence alike.
+                        stop_sequence: None,
                     });
                 }
                 Ok(Reply::Error { code, message, .. }) => {

@@ -390,6 +390,21 @@ impl Runtime for LlamaCppRuntime {
             .await
     }
 
+    /// The generation's own preparation (template, tokenizer, context check), on a blocking
+    /// thread as for [`Runtime::generate`]; the worker decodes nothing.
+    async fn count_tokens(&self, request: GenerateRequest) -> Result<u32, RuntimeError> {
+        self.sender()?;
+        let shared = self.weights.upgrade().ok_or_else(worker_gone)?;
+        let (format, n_ctx) = (self.prompt_format, self.info.n_ctx_seq as usize);
+        let prepared =
+            tokio::task::spawn_blocking(move || worker::prepare(&shared, format, n_ctx, &request))
+                .await
+                .map_err(|e| RuntimeError::Failed {
+                    message: format!("prompt preparation failed: {e}"),
+                })??;
+        Ok(u32::try_from(prepared.own_prompt_tokens()).unwrap_or(u32::MAX))
+    }
+
     async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, RuntimeError> {
         self.call(|reply| Command::Embed { request, reply }).await
     }

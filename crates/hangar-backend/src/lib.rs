@@ -183,6 +183,20 @@ pub trait Runtime: Send + Sync + 'static {
         events: mpsc::Sender<GenerateEvent>,
     ) -> Result<GenerateSummary, RuntimeError>;
 
+    /// The prompt tokens [`Runtime::generate`] would read for `request` (its usage's
+    /// `prompt_tokens`): the prompt rendered and tokenized as a generation would, nothing
+    /// generated.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Unsupported`] for an engine that cannot count without generating (the
+    /// default), or as [`Runtime::generate`].
+    async fn count_tokens(&self, request: GenerateRequest) -> Result<u32, RuntimeError> {
+        let _ = request;
+        Err(RuntimeError::Unsupported {
+            message: "this engine cannot count prompt tokens without generating".into(),
+        })
+    }
+
     /// Embeds each input.
     ///
     /// # Errors

@@ -315,6 +315,9 @@ pub struct GenerateSummary {
     /// Prompt tokens the engine reused from an earlier request instead of decoding them again
     /// (a prompt cache); 0 when it has none.
     pub cached_tokens: u32,
+    /// The position in the request's `params.stop` of the stop sequence that ended the
+    /// generation; `None` when something else ended it, or the engine cannot tell.
+    pub stop_sequence: Option<u16>,
 }
 
 /// An embedding request.

@@ -419,7 +419,8 @@ pub struct StubSettings {
     /// Requests the scheduler hands one stub replica beyond `target_inflight`, as for an
     /// engine with its own queue (default 0).
     pub dispatch_ahead: Option<u32>,
-    /// Whether the stub accepts request-level `thinking` (`enabled` / `disabled`).
+    /// Whether the stub accepts request-level `thinking` (`enabled` / `disabled`); with
+    /// `enabled` its reply opens with a `<think>…</think>` part, as a reasoning model's does.
     pub thinking: Option<bool>,
     /// Fixed reply text; when unset, the reply is derived from the prompt.
     pub reply: Option<String>,

@@ -184,6 +184,17 @@ impl RequestGuard {
         self.check(result).await
     }
 
+    /// The prompt tokens a generation of `request` would read, nothing generated
+    /// ([`Runtime::count_tokens`](crate::engine::Runtime::count_tokens)).
+    ///
+    /// # Errors
+    /// As [`RequestGuard::generate`]; `unsupported` for an engine that cannot count.
+    pub async fn count_tokens(&self, request: GenerateRequest) -> Result<u32, ManagerError> {
+        let runtime = self.runtime()?;
+        let result = self.unless_aborted(runtime.count_tokens(request)).await?;
+        self.check(result).await
+    }
+
     /// Scores each document against the query.
     ///
     /// # Errors

@@ -12,7 +12,8 @@ use crate::state::ServerOptions;
 /// Checks the bearer key a route of class `auth` needs: admin routes the admin key;
 /// inference routes an inference key or the admin key; each class is open while it has
 /// no key configured. `Metrics` is open unless `http.metrics_require_key`, then an
-/// inference route.
+/// inference route. Inference keys may also come as `x-api-key` (Anthropic's clients send
+/// them so); the admin routes take only `Authorization: Bearer`.
 pub(crate) fn authorize(
     options: &ServerOptions,
     auth: Auth,
@@ -30,7 +31,8 @@ pub(crate) fn authorize(
         return Ok(());
     }
     let admin: &[Secret] = if auth == Auth::Admin { &[] } else { options.admin_api_key.as_slice() };
-    let Some(given) = bearer(headers) else {
+    let given = if auth == Auth::Admin { bearer(headers) } else { inference_key(headers) };
+    let Some(given) = given else {
         return Err(ApiError::new(
             HttpCode::Unauthorized,
             format!("{class} routes need `Authorization: Bearer <{class} key>`"),
@@ -82,7 +84,15 @@ pub(crate) fn discloses(options: &ServerOptions, headers: &HeaderMap) -> bool {
     if options.admin_api_key.is_none() && options.inference_api_keys.is_empty() {
         return true;
     }
-    bearer(headers).is_some_and(|given| matches_any(keys, given))
+    inference_key(headers).is_some_and(|given| matches_any(keys, given))
+}
+
+/// The key of an inference request: the bearer token, else an `x-api-key` header.
+pub(crate) fn inference_key(headers: &HeaderMap) -> Option<&str> {
+    bearer(headers).or_else(|| {
+        let key = headers.get("x-api-key")?.to_str().ok()?.trim();
+        (!key.is_empty()).then_some(key)
+    })
 }
 
 /// The token of an `Authorization: Bearer <token>` header; the scheme is matched without

@@ -238,6 +238,13 @@ impl ApiError {
         with_retry_after(json_response(self.status(), &self.to_body()), retry_after)
     }
 
+    /// This error's status with `body` as its envelope (with `Retry-After` when the error
+    /// has one): the Messages API's routes answer Anthropic's.
+    pub(crate) fn into_response_with<T: serde::Serialize>(self, body: &T) -> Response {
+        let retry_after = self.retry_after;
+        with_retry_after(json_response(self.status(), body), retry_after)
+    }
+
     /// The KServe v2 response, `{"error": "…"}`, with the same status.
     pub fn into_v2_response(self) -> Response {
         let retry_after = self.retry_after;

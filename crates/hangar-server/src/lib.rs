@@ -28,6 +28,7 @@
 //! ```
 
 mod admin;
+mod anthropic;
 mod auth;
 mod body;
 mod codes;
@@ -150,7 +151,12 @@ impl HangarService {
         // The KServe v2 routes answer their own envelope, refusals included.
         let path = req.uri().path();
         let v2 = path == "/v2" || path.starts_with("/v2/");
-        let refuse = |e: ApiError| if v2 { e.into_v2_response() } else { e.into_response() };
+        let messages = anthropic::owns(path);
+        let refuse = |e: ApiError| match (v2, messages) {
+            (true, _) => e.into_v2_response(),
+            (_, true) => anthropic::error_response(e),
+            _ => e.into_response(),
+        };
         let cors = match verdict {
             edge::Verdict::Pass { cors } => cors,
             edge::Verdict::Preflight { origin } => {
@@ -188,8 +194,12 @@ impl HangarService {
             Match::MethodNotAllowed(allow) => {
                 let message =
                     format!("{} is not allowed on {path}; allowed: {allow}", parts.method);
-                let mut response =
-                    ApiError::new(HttpCode::MethodNotAllowed, message).into_response();
+                let error = ApiError::new(HttpCode::MethodNotAllowed, message);
+                let mut response = if anthropic::owns(path) {
+                    anthropic::error_response(error)
+                } else {
+                    error.into_response()
+                };
                 if let Ok(allow) = header::HeaderValue::from_str(&allow) {
                     response.headers_mut().insert(header::ALLOW, allow);
                 }
@@ -200,8 +210,11 @@ impl HangarService {
                     .into_response();
             }
         };
-        let v2 = route.group == router::Group::Repository;
-        let fail = |e: ApiError| if v2 { e.into_v2_response() } else { e.into_response() };
+        let fail = |e: ApiError| match route.group {
+            router::Group::Repository => e.into_v2_response(),
+            router::Group::Anthropic => anthropic::error_response(e),
+            _ => e.into_response(),
+        };
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
         let options = &self.state.options;
         let agent = auth::local_agent(options, &route.method, route.path, peer, &parts.headers);

@@ -47,6 +47,10 @@ pub(crate) enum Endpoint {
     Embeddings,
     /// `POST /v1/rerank`.
     Rerank,
+    /// `POST /v1/messages` (Anthropic's Messages API).
+    Messages,
+    /// `POST /v1/messages/count_tokens`.
+    CountTokens,
 }
 
 /// A label value, escaped as the text format wants (`\`, `"` and newlines).

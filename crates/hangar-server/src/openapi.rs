@@ -88,6 +88,7 @@ pub(crate) fn build(keys: Keys, examples: &ExampleModels) -> Value {
     let envelopes = Envelopes {
         json: generator.subschema_for::<ErrorBody>().to_value(),
         v2: generator.subschema_for::<V2ErrorBody>().to_value(),
+        anthropic: generator.subschema_for::<crate::anthropic::types::ErrorEnvelope>().to_value(),
     };
     let mut paths = Map::new();
     let mut ids = BTreeSet::new();
@@ -182,6 +183,7 @@ fn integer_bounds(schema: &mut Schema) {
 struct Envelopes {
     json: Value,
     v2: Value,
+    anthropic: Value,
 }
 
 /// The operation object of one route.
@@ -232,7 +234,11 @@ fn operation(
             json!({ "description": "Not ready.", "content": { "application/json": { "schema": schema } } }),
         );
     }
-    let envelope = if route.group == Group::Repository { &envelopes.v2 } else { &envelopes.json };
+    let envelope = match route.group {
+        Group::Repository => &envelopes.v2,
+        Group::Anthropic => &envelopes.anthropic,
+        _ => &envelopes.json,
+    };
     for (status, codes) in error_statuses(route, secured) {
         let list: Vec<String> = codes.iter().map(|c| format!("`{}`", c.as_str())).collect();
         let description =
@@ -442,6 +448,12 @@ const fn group_description(group: Group) -> &'static str {
         Group::Inference => {
             "OpenAI-compatible inference (`/v1/…`): responses, chat completions, completions, \
              embeddings, rerank, model list. Requests are admitted only while the model is loaded."
+        }
+        Group::Anthropic => {
+            "Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`) over the same \
+             models and state rules as the OpenAI routes. Takes `x-api-key` as well as the bearer \
+             key. Errors use Anthropic's envelope `{\"type\": \"error\", \"error\": {\"type\", \
+             \"message\", \"code\"}}`, with Hangar's code in `code`."
         }
         Group::MultiModel => {
             "Multi-model operations (`/api/v1/…`, Lemonade-style): health with every loaded model, \

@@ -56,6 +56,8 @@ pub(crate) fn schema_of<T: JsonSchema>() -> SchemaFn {
 pub(crate) enum Group {
     Admin,
     Inference,
+    /// Anthropic's Messages API, with its own error envelope.
+    Anthropic,
     MultiModel,
     #[strum(serialize = "model-repository")]
     Repository,
@@ -161,7 +163,11 @@ impl Route {
             method,
             path,
             group,
-            auth: if group == Group::Inference { Auth::Inference } else { Auth::Open },
+            auth: if matches!(group, Group::Inference | Group::Anthropic) {
+                Auth::Inference
+            } else {
+                Auth::Open
+            },
             summary: "",
             description: "",
             body: None,

@@ -35,7 +35,7 @@ macro_rules! plain {
 }
 
 /// Errors of every route that admits an inference request.
-const INFERENCE: &[ErrorCode] = &[
+pub(crate) const INFERENCE: &[ErrorCode] = &[
     R(InvalidRequest),
     R(UnknownModel),
     R(ModelTypeMismatch),
@@ -589,4 +589,7 @@ pub(crate) fn all() -> Vec<Route> {
             .ok::<health::Readyz>()
             .also::<health::Readyz>(StatusCode::SERVICE_UNAVAILABLE),
     ]
+    .into_iter()
+    .chain(crate::anthropic::routes())
+    .collect()
 }

@@ -212,6 +212,17 @@ impl ToolCallIn {
     }
 }
 
+impl FunctionDef {
+    /// A function definition from its parts (the Messages API's tools).
+    pub(crate) fn new(
+        name: String,
+        description: Option<String>,
+        parameters: Option<Value>,
+    ) -> Self {
+        Self { name, description, parameters, strict: None }
+    }
+}
+
 fn check_function(f: FunctionDef, at: &str) -> Result<ToolDefinition, ApiError> {
     let valid = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
     if f.name.is_empty() || f.name.len() > 64 || !f.name.chars().all(valid) {
@@ -235,7 +246,7 @@ fn check_function(f: FunctionDef, at: &str) -> Result<ToolDefinition, ApiError> 
 
 /// Checks `tools` and `tool_choice` (`field` is where the tools are, for messages).
 /// `None` when there are no tools or the choice is `none`.
-fn tool_use(
+pub(crate) fn tool_use(
     tools: Vec<(String, FunctionDef)>,
     choice: Option<ToolChoiceIn>,
     field: &str,

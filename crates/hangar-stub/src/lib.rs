@@ -334,15 +334,19 @@ impl Runtime for StubRuntime {
                 ),
                 None => Box::new(derived_reply(&prompt)),
             };
+        // A thinking model asked to think opens with its reasoning, as Qwen3 and its kin do.
+        let thinks = self.settings.thinking == Some(true)
+            && request.thinking == hangar_backend::ThinkingMode::Enabled;
+        let words = thinks.then(|| reasoning(&prompt)).into_iter().flatten().chain(words);
         let max_tokens = request.params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-        let stops: Vec<&str> =
-            request.params.stop.iter().map(String::as_str).filter(|s| !s.is_empty()).collect();
+        let stops = &request.params.stop;
         let latency = self.settings.token_latency_ms.filter(|&ms| ms > 0);
 
         // A resumed generation continues after the words it already produced.
         let mut output = request.resume.unwrap_or_default();
         let mut completion_tokens = count_words(&output);
         let mut finish_reason = FinishReason::Stop;
+        let mut stop_sequence = None;
         for word in words.skip(completion_tokens as usize) {
             if completion_tokens >= max_tokens {
                 finish_reason = FinishReason::Length;
@@ -350,7 +354,10 @@ impl Runtime for StubRuntime {
             }
             let piece = if output.is_empty() { word } else { format!(" {word}") };
             let candidate = format!("{output}{piece}");
-            if stops.iter().any(|stop| candidate.contains(stop)) {
+            let stopped =
+                stops.iter().position(|s| !s.is_empty() && candidate.contains(s.as_str()));
+            if let Some(i) = stopped {
+                stop_sequence = u16::try_from(i).ok();
                 break;
             }
             if let Some(ms) = latency {
@@ -370,7 +377,17 @@ impl Runtime for StubRuntime {
             prompt_tokens: count_words(&prompt).max(1),
             completion_tokens,
             cached_tokens: 0,
+            stop_sequence,
         })
+    }
+
+    /// The words of the prompt, as [`Runtime::generate`] counts them.
+    async fn count_tokens(&self, request: GenerateRequest) -> Result<u32, RuntimeError> {
+        if let Some(e) = self.crash_error() {
+            return Err(e);
+        }
+        self.admit(ModelType::Llm, "count tokens")?;
+        Ok(count_words(&prompt_text(&request.prompt)).max(1))
     }
 
     /// One L2-normalized vector of [`EMBEDDING_DIM`] per input, derived from its hash.
@@ -509,6 +526,13 @@ fn derived_reply(prompt: &str) -> impl Iterator<Item = String> + Send + use<> {
     std::iter::from_fn(move || {
         Some(VOCABULARY[(rng.next() % VOCABULARY.len() as u64) as usize].to_owned())
     })
+}
+
+/// The reasoning a thinking stub writes before its reply: `<think> The prompt has N words.
+/// </think>`, word by word.
+fn reasoning(prompt: &str) -> Vec<String> {
+    let count = count_words(prompt).to_string();
+    ["<think>", "The", "prompt", "has", &count, "words.", "</think>"].map(str::to_owned).to_vec()
 }
 
 /// A unit vector derived from `input`'s hash.

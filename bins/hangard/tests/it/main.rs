@@ -4,6 +4,7 @@
 //! Python bridge) on the committed fixtures and the trained models. `support` starts and
 //! stops the server and speaks HTTP and server-sent events to it.
 
+mod anthropic;
 mod bridge;
 mod children;
 mod cli_flags;

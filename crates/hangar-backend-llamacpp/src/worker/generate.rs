@@ -201,11 +201,16 @@ impl Sequence {
             self.outbox.push_back(GenerateEvent::ToolCall(call));
             finish_reason = FinishReason::ToolCalls;
         }
+        let stop_sequence = (finish_reason == FinishReason::Stop)
+            .then(|| self.output.stop_sequence())
+            .flatten()
+            .and_then(|i| u16::try_from(i).ok());
         self.done = Some(Ok(GenerateSummary {
             finish_reason,
             prompt_tokens: count(self.own_prompt),
             completion_tokens: self.completion,
             cached_tokens: count(self.reused),
+            stop_sequence,
         }));
     }
 }

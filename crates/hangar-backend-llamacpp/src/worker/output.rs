@@ -48,6 +48,11 @@ impl Output {
         (out, stopped)
     }
 
+    /// The position in the request's stop sequences of the one that ended the content.
+    pub(super) fn stop_sequence(&self) -> Option<usize> {
+        self.content.matched()
+    }
+
     /// Ends the output: the content still held back, and the tool call if the model wrote a
     /// complete one. An incomplete call (cut by `max_tokens` or the context's end) is
     /// returned as content, as written.
@@ -78,6 +83,8 @@ pub(super) struct StopStream {
     /// What followed the stop sequence in the text pushed so far.
     after: String,
     stopped: bool,
+    /// The position in `stops` of the sequence that stopped it.
+    matched: Option<usize>,
 }
 
 impl StopStream {
@@ -86,12 +93,13 @@ impl StopStream {
     }
 
     pub(super) fn with(stops: Vec<String>) -> Self {
-        Self {
-            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
-            held: String::new(),
-            after: String::new(),
-            stopped: false,
-        }
+        // Empty sequences stay in place (so positions are the request's) and never match.
+        Self { stops, held: String::new(), after: String::new(), stopped: false, matched: None }
+    }
+
+    /// The position of the stop sequence that ended the stream, once one did.
+    pub(super) fn matched(&self) -> Option<usize> {
+        self.matched
     }
 
     /// The text that followed the stop sequence (after [`Self::push`] reported a stop).
@@ -106,12 +114,15 @@ impl StopStream {
         let found = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s.len())))
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|at| (at, s.len(), i)))
             .min();
-        if let Some((at, len)) = found {
+        if let Some((at, len, i)) = found {
             self.after = self.held.split_off(at + len);
             self.held.truncate(at);
             self.stopped = true;
+            self.matched = Some(i);
             return (std::mem::take(&mut self.held), true);
         }
         let keep = self
@@ -162,6 +173,17 @@ mod tests {
         assert_eq!(run(&["END"], &["ab", "cE", "N"]), ("abcEN".to_owned(), false));
         assert_eq!(run(&[], &["a", "b"]), ("ab".to_owned(), false));
         assert_eq!(run(&["x", "bc"], &["abcx"]), ("a".to_owned(), true));
+    }
+
+    #[test]
+    fn the_matched_sequence_is_the_earliest_in_the_text_at_its_request_position() {
+        let stops: Vec<String> = ["", "zz", "c", "b"].map(str::to_owned).to_vec();
+        let mut stream = StopStream::new(&stops);
+        assert_eq!(stream.push("abczz"), ("a".to_owned(), true));
+        assert_eq!(stream.matched(), Some(3));
+        let mut none = StopStream::new(&stops);
+        assert_eq!(none.push("aaa"), ("aaa".to_owned(), false));
+        assert_eq!(none.matched(), None);
     }
 
     /// Pushes `pieces` through an [`Output`] for tools; returns the content sent and the call.

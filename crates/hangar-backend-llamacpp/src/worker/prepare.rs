@@ -26,6 +26,13 @@ pub(crate) struct Prepared {
     pub(super) own_prompt: usize,
 }
 
+impl Prepared {
+    /// Tokens of the request's own prompt: what its usage reports as `prompt_tokens`.
+    pub(crate) fn own_prompt_tokens(&self) -> usize {
+        self.own_prompt
+    }
+}
+
 /// The most bytes of prompt text one token can stand for, when the vocabulary makes that a
 /// bound: then a text of `b` bytes is at least `b / bound` tokens, and one too long for the
 /// context is refused before it is tokenized.

@@ -104,17 +104,36 @@ async fn seeded_sampling_is_reproducible() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stop_sequence_ends_generation_before_it() {
     let runtime = load(json!({})).await;
-    let (_, pieces) = generate(&*runtime, text("abc", 24)).await;
+    let (unstopped, pieces) = generate(&*runtime, text("abc", 24)).await;
+    assert_eq!(unstopped.unwrap().stop_sequence, None);
     let full = pieces.concat();
     // Stop at the text's second character: what comes out is only the first.
     let cut: String = full.chars().skip(1).take(1).collect();
     let mut request = text("abc", 24);
-    request.params.stop = vec![cut.clone()];
+    request.params.stop = vec!["\u{1}never".to_owned(), cut.clone()];
     let (summary, pieces) = generate(&*runtime, request).await;
     let summary = summary.unwrap();
     assert_eq!(summary.finish_reason, FinishReason::Stop);
+    assert_eq!(summary.stop_sequence, Some(1), "the second sequence stopped it");
     let out = pieces.concat();
     assert!(!out.contains(&cut) && full.starts_with(&out), "{out:?} vs {full:?} cut at {cut:?}");
+    runtime.unload().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn counting_a_prompt_gives_the_usage_of_its_generation() {
+    let runtime = load(json!({})).await;
+    let request = GenerateRequest {
+        prompt: Prompt::Chat(vec![
+            ChatMessage::new(Role::System, "be brief"),
+            ChatMessage::new(Role::User, "count these words, please"),
+        ]),
+        ..text("", 2)
+    };
+    let counted = runtime.count_tokens(request.clone()).await.unwrap();
+    let (summary, _) = generate(&*runtime, request).await;
+    assert_eq!(counted, summary.unwrap().prompt_tokens);
+    assert!(counted > 5, "{counted}");
     runtime.unload().await;
 }
 

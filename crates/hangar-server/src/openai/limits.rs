@@ -1,5 +1,6 @@
 //! The caps of `limits` on the lists of one inference request: chat `messages`, Responses
-//! `input` items, embedding `input`s, rerank `documents`, `tools` and `stop` sequences.
+//! `input` items, embedding `input`s, rerank `documents`, `tools` and `stop` sequences (the
+//! Messages API's `messages`, `tools` and `stop_sequences` alike).
 //!
 //! They are checked first in every inference handler, on the raw body, for models whose
 //! engine takes typed requests and for those whose engine the body is forwarded to alike:
@@ -25,7 +26,8 @@ use crate::error::{ApiError, HttpCode};
 use crate::router::Ctx;
 
 /// The top-level fields this module reads.
-const READ: [&str; 6] = ["model", "messages", "input", "documents", "tools", "stop"];
+const READ: [&str; 7] =
+    ["model", "messages", "input", "documents", "tools", "stop", "stop_sequences"];
 
 /// The fields of [`READ`] a body holds, as raw JSON, in body order (a key sent twice is
 /// there twice: each occurrence is checked).
@@ -87,29 +89,29 @@ fn check_items(field: &str, n: usize, limit: u32, key: &str) -> Result<(), ApiEr
 }
 
 /// Refuses stop sequences over their count or a stop sequence over its length.
-fn check_stop(raw: &RawValue, limits: &Limits) -> Result<(), ApiError> {
+fn check_stop(field: &str, raw: &RawValue, limits: &Limits) -> Result<(), ApiError> {
     let max_bytes = limits.max_stop_sequence_bytes.get();
     let check_one = |name: &str, bytes: usize| {
         if bytes <= max_bytes as usize {
             return Ok(());
         }
         Err(exceeded(
-            "stop",
+            field,
             format!(
                 "`{name}` is {bytes} bytes; the limit is {max_bytes} (limits.max_stop_sequence_bytes); nothing was run"
             ),
         ))
     };
     if let Some(bytes) = string_bytes(raw) {
-        return check_one("stop", bytes);
+        return check_one(field, bytes);
     }
     let Some(n) = items(raw) else { return Ok(()) };
-    check_items("stop", n, limits.max_stop_sequences.get(), "max_stop_sequences")?;
+    check_items(field, n, limits.max_stop_sequences.get(), "max_stop_sequences")?;
     // At most `max_stop_sequences` elements, each read on its own.
     let elements: Vec<&RawValue> = serde_json::from_str(raw.get()).unwrap_or_default();
     for (i, element) in elements.iter().enumerate() {
         if let Some(bytes) = string_bytes(element) {
-            check_one(&format!("stop[{i}]"), bytes)?;
+            check_one(&format!("{field}[{i}]"), bytes)?;
         }
     }
     Ok(())
@@ -139,7 +141,22 @@ fn check_field(
         (ChatCompletions | Responses, "tools") => {
             count().map_or(Ok(()), |n| check_items("tools", n, limits.max_tools.get(), "max_tools"))
         }
-        (ChatCompletions | Completions, "stop") => check_stop(raw, limits),
+        (ChatCompletions | Completions, "stop") => check_stop("stop", raw, limits),
+        _ => Ok(()),
+    }
+}
+
+/// Checks one field of a Messages API body: `messages`, `tools` and `stop_sequences`.
+fn check_messages_field(name: &str, raw: &RawValue, limits: &Limits) -> Result<(), ApiError> {
+    let count = || items(raw);
+    match name {
+        "messages" => count().map_or(Ok(()), |n| {
+            check_items("messages", n, limits.max_messages.get(), "max_messages")
+        }),
+        "tools" => {
+            count().map_or(Ok(()), |n| check_items("tools", n, limits.max_tools.get(), "max_tools"))
+        }
+        "stop_sequences" => check_stop("stop_sequences", raw, limits),
         _ => Ok(()),
     }
 }
@@ -150,6 +167,22 @@ fn check_field(
 /// # Errors
 /// 400 `limit_exceeded` naming the field, its size and the limit.
 pub(crate) fn check(ctx: &Ctx, rec: &mut Recorder, route: ForwardRoute) -> Result<(), ApiError> {
+    check_with(ctx, rec, |name, raw, limits| check_field(route, name, raw, limits))
+}
+
+/// [`check`] for the Messages API's bodies.
+///
+/// # Errors
+/// As [`check`].
+pub(crate) fn check_messages(ctx: &Ctx, rec: &mut Recorder) -> Result<(), ApiError> {
+    check_with(ctx, rec, check_messages_field)
+}
+
+fn check_with(
+    ctx: &Ctx,
+    rec: &mut Recorder,
+    field: impl Fn(&str, &RawValue, &Limits) -> Result<(), ApiError>,
+) -> Result<(), ApiError> {
     // Not an object, or not JSON: the typed parser says what is wrong.
     let Ok(Fields(fields)) = serde_json::from_slice::<Fields<'_>>(&ctx.body) else {
         return Ok(());
@@ -158,7 +191,7 @@ pub(crate) fn check(ctx: &Ctx, rec: &mut Recorder, route: ForwardRoute) -> Resul
     let checked: Result<(), ApiError> = fields
         .iter()
         .filter(|(name, _)| *name != "model")
-        .try_for_each(|(name, raw)| check_field(route, name, raw, limits));
+        .try_for_each(|(name, raw)| field(name, raw, limits));
     if checked.is_err() {
         let model = fields.iter().find(|(name, _)| *name == "model");
         if let Some(model) = model.and_then(|(_, raw)| serde_json::from_str(raw.get()).ok()) {

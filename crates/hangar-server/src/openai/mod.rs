@@ -19,16 +19,16 @@
 pub(crate) mod chat;
 pub(crate) mod completions;
 pub(crate) mod embeddings;
-mod forward;
+pub(crate) mod forward;
 mod forward_rules;
-mod limits;
+pub(crate) mod limits;
 mod messages;
 pub(crate) mod models;
 pub(crate) mod rerank;
 pub(crate) mod responses;
 mod responses_stream;
-mod sampling;
-mod stream;
+pub(crate) mod sampling;
+pub(crate) mod stream;
 
 pub(crate) use responses_stream::ResponseEvent;
 pub(crate) use stream::data_event;

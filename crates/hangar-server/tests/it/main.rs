@@ -5,6 +5,7 @@
 
 mod admin;
 mod aliases;
+mod anthropic;
 mod auth;
 mod bodies;
 mod connections;

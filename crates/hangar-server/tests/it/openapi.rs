@@ -64,6 +64,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/ui/{name}"),
     ("GET", "/healthz"),
     ("GET", "/health"),
+    ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
     ("GET", "/readyz"),
 ];
 
@@ -175,6 +177,7 @@ async fn document_is_openapi_3_1_with_info_and_tags() {
         tags,
         BTreeSet::from([
             "admin",
+            "anthropic",
             "inference",
             "multi-model",
             "model-repository",

@@ -98,7 +98,13 @@ async fn responses_thinking_must_be_a_capability_of_the_model() {
         )
         .await;
         assert_eq!(status, StatusCode::OK, "{thinking}: {body}");
-        assert_eq!(body["output_text"], "deep thoughts");
+        // Asked to think, the stub writes its reasoning into the text, as a reasoning model
+        // does (the Messages API splits it into thinking blocks; these routes pass it on).
+        let text = body["output_text"].as_str().unwrap();
+        match thinking {
+            "enabled" => assert_eq!(text, "<think> The prompt has 1 words. </think> deep thoughts"),
+            _ => assert_eq!(text, "deep thoughts"),
+        }
     }
     let (status, _) = post(
         &svc,

@@ -1,0 +1,301 @@
+//! A Messages API request as the engines' typed one: the system prompt and the turns as chat
+//! messages (tool results as `tool` messages, tool uses as the assistant's calls), the tools
+//! and `tool_choice` through the same checks as the OpenAI routes, `thinking` as the
+//! request-level switch, and the sampling fields.
+
+use super::types::{
+    Content, ContentBlock, Conversation, MessageIn, MessagesRequest, OutputFormat, Role, System,
+    Thinking, ToolChoice, ToolIn, ToolResultContent,
+};
+use crate::error::ApiError;
+use crate::openai::sampling::checked;
+use crate::tools::{self, FunctionDef, ToolChoiceIn};
+use hangar_runtime::engine::{
+    ChatMessage, GenerateRequest, OutputFormat as EngineFormat, Prompt, Role as ChatRole,
+    SamplingParams, ThinkingMode, ToolCall, ToolUse,
+};
+use serde_json::Value;
+
+/// A conversation's prompt, tools and thinking switch, checked.
+pub(crate) struct Prompted {
+    pub(crate) model: Option<String>,
+    pub(crate) messages: Vec<ChatMessage>,
+    pub(crate) tools: Option<ToolUse>,
+    pub(crate) thinking: ThinkingMode,
+    /// `display: omitted`: thinking blocks carry their signature only.
+    pub(crate) omit_thinking: bool,
+}
+
+/// A `POST /v1/messages` request, read.
+pub(crate) struct Converted {
+    pub(crate) model: Option<String>,
+    pub(crate) request: GenerateRequest,
+    /// The stop sequences, for the one that ended the answer.
+    pub(crate) stops: Vec<String>,
+    pub(crate) omit_thinking: bool,
+}
+
+/// Reads the conversation.
+///
+/// # Errors
+/// 400 `invalid_request` for what the engines cannot take (images, documents, server
+/// tools, a tool result from the assistant) and for tools that do not hold.
+pub(crate) fn prompted(conversation: Conversation) -> Result<Prompted, ApiError> {
+    let Conversation { model, messages, system, tools, tool_choice, thinking } = conversation;
+    let turns = messages.ok_or_else(|| ApiError::bad_request("`messages` is required"))?;
+    if turns.is_empty() {
+        return Err(ApiError::bad_request("`messages` must hold at least one message"));
+    }
+    let mut messages = Vec::with_capacity(turns.len() + 1);
+    match system {
+        Some(System::Text(text)) if !text.is_empty() => {
+            messages.push(ChatMessage::new(ChatRole::System, text));
+        }
+        Some(System::Blocks(blocks)) => {
+            if let Some(block) = blocks.iter().find(|b| b.kind != "text") {
+                return Err(ApiError::bad_request(format!(
+                    "`system` blocks must be `text`, got `{}`",
+                    block.kind
+                )));
+            }
+            let text: Vec<String> = blocks.into_iter().map(|b| b.text).collect();
+            messages.push(ChatMessage::new(ChatRole::System, text.join("\n")));
+        }
+        Some(System::Text(_)) | None => {}
+    }
+    for (i, turn) in turns.into_iter().enumerate() {
+        add_turn(&mut messages, i, turn)?;
+    }
+    let omit_thinking = thinking.as_ref().is_some_and(Thinking::omitted);
+    let thinking = match thinking {
+        None | Some(Thinking::Adaptive { .. }) => ThinkingMode::Default,
+        Some(Thinking::Enabled { .. } | Thinking::BetweenTools) => ThinkingMode::Enabled,
+        Some(Thinking::Disabled) => ThinkingMode::Disabled,
+    };
+    let tools = tool_use(tools, tool_choice)?;
+    Ok(Prompted { model, messages, tools, thinking, omit_thinking })
+}
+
+/// The whole generation request of `POST /v1/messages`, and its stop sequences.
+///
+/// # Errors
+/// As [`prompted`]; 400 without `max_tokens` or with sampling values out of range.
+pub(crate) fn request(body: MessagesRequest) -> Result<Converted, ApiError> {
+    let max_tokens = body.max_tokens.ok_or_else(|| {
+        ApiError::bad_request("`max_tokens` is required (as in Anthropic's Messages API)")
+    })?;
+    if let Some(t) = body.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
+        return Err(ApiError::bad_request(format!(
+            "`temperature` must be between 0 and 1, got {t}"
+        )));
+    }
+    let mut params: SamplingParams =
+        checked((Some(max_tokens), "max_tokens"), body.temperature, body.top_p)?;
+    params.top_k = body.top_k;
+    let stops = body.stop_sequences.unwrap_or_default();
+    params.stop.clone_from(&stops);
+    let format = match body.output_config.and_then(|c| c.format) {
+        None => None,
+        Some(OutputFormat::JsonSchema {
+            schema: schema @ (Value::Object(_) | Value::Bool(true)),
+        }) => Some(EngineFormat::JsonSchema(schema)),
+        Some(OutputFormat::JsonSchema { .. }) => {
+            return Err(ApiError::bad_request(
+                "`output_config.format.schema` must be a JSON Schema object",
+            ));
+        }
+    };
+    let Prompted { model, messages, tools, thinking, omit_thinking } = prompted(body.conversation)?;
+    if tools.is_some() && format.is_some() {
+        return Err(ApiError::bad_request(
+            "`output_config.format` cannot be combined with `tools`; set `tool_choice` to `none` \
+             or drop one of them",
+        ));
+    }
+    let mut request = GenerateRequest::new(Prompt::Chat(messages));
+    request.params = params;
+    request.thinking = thinking;
+    request.tools = tools;
+    request.format = format;
+    Ok(Converted { model, request, stops, omit_thinking })
+}
+
+/// Adds one turn: a user turn's tool results become `tool` messages (in order, before its
+/// text), an assistant turn's tool uses its calls; earlier reasoning is left out.
+fn add_turn(messages: &mut Vec<ChatMessage>, i: usize, turn: MessageIn) -> Result<(), ApiError> {
+    let role = match turn.role {
+        Role::User => ChatRole::User,
+        Role::Assistant => ChatRole::Assistant,
+    };
+    let blocks = match turn.content {
+        Content::Text(text) => {
+            messages.push(ChatMessage::new(role, text));
+            return Ok(());
+        }
+        Content::Blocks(blocks) => blocks,
+    };
+    let mut texts = Vec::new();
+    let mut calls = Vec::new();
+    for (j, block) in blocks.into_iter().enumerate() {
+        let at = format!("messages[{i}].content[{j}]");
+        match (block, role) {
+            (ContentBlock::Text { text }, _) => texts.push(text),
+            (ContentBlock::ToolResult { content, is_error, .. }, ChatRole::User) => {
+                let mut text = result_text(content, &at)?;
+                if is_error == Some(true) {
+                    text = format!("Error: {text}");
+                }
+                messages.push(ChatMessage::new(ChatRole::Tool, text));
+            }
+            (ContentBlock::ToolUse { name, input, .. }, ChatRole::Assistant) => {
+                if !input.is_object() {
+                    return Err(ApiError::bad_request(format!("{at}: `input` must be an object")));
+                }
+                calls.push(ToolCall { name, arguments: input.to_string() });
+            }
+            (ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. }, _) => {}
+            (ContentBlock::Image { .. }, _) => {
+                return Err(ApiError::bad_request(format!(
+                    "{at}: image blocks are not supported by this model's engine (text only)"
+                )));
+            }
+            (ContentBlock::ToolResult { .. }, _) => {
+                return Err(ApiError::bad_request(format!(
+                    "{at}: `tool_result` blocks belong in user messages"
+                )));
+            }
+            (ContentBlock::ToolUse { .. }, _) => {
+                return Err(ApiError::bad_request(format!(
+                    "{at}: `tool_use` blocks belong in assistant messages"
+                )));
+            }
+            (ContentBlock::Unsupported, _) => {
+                return Err(ApiError::bad_request(format!(
+                    "{at}: blocks of this type are not supported; send `text`, `tool_use`, \
+                     `tool_result` or `thinking` blocks"
+                )));
+            }
+        }
+    }
+    if !texts.is_empty() || !calls.is_empty() {
+        let mut message = ChatMessage::new(role, texts.join("\n"));
+        message.tool_calls = calls;
+        messages.push(message);
+    }
+    Ok(())
+}
+
+/// The text of a tool result: a string, or its text blocks joined by newlines.
+fn result_text(content: Option<ToolResultContent>, at: &str) -> Result<String, ApiError> {
+    match content {
+        None => Ok(String::new()),
+        Some(ToolResultContent::Text(text)) => Ok(text),
+        Some(ToolResultContent::Blocks(blocks)) => {
+            let mut texts = Vec::with_capacity(blocks.len());
+            for block in blocks {
+                match block {
+                    ContentBlock::Text { text } => texts.push(text),
+                    _ => {
+                        return Err(ApiError::bad_request(format!(
+                            "{at}: a tool result's content must be text here"
+                        )));
+                    }
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+    }
+}
+
+/// The tools and `tool_choice`, through the OpenAI routes' checks.
+fn tool_use(
+    tools: Option<Vec<ToolIn>>,
+    choice: Option<ToolChoice>,
+) -> Result<Option<ToolUse>, ApiError> {
+    let mut functions = Vec::new();
+    for (i, tool) in tools.unwrap_or_default().into_iter().enumerate() {
+        if let Some(kind) = tool.kind.as_deref().filter(|k| *k != "custom") {
+            return Err(ApiError::bad_request(format!(
+                "tools[{i}]: tools of type `{kind}` (server tools) are not supported; define \
+                 client tools with `name` and `input_schema`"
+            )));
+        }
+        let schema = Some(tool.input_schema).filter(|s| !s.is_null());
+        functions
+            .push(("function".to_owned(), FunctionDef::new(tool.name, tool.description, schema)));
+    }
+    let choice = choice.map(|c| match c {
+        ToolChoice::Auto { .. } => ToolChoiceIn::Mode("auto".into()),
+        ToolChoice::Any { .. } => ToolChoiceIn::Mode("required".into()),
+        ToolChoice::None => ToolChoiceIn::Mode("none".into()),
+        ToolChoice::Tool { name, .. } => ToolChoiceIn::Flat { kind: "function".into(), name },
+    });
+    tools::tool_use(functions, choice, "tools")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn conversation(body: Value) -> Result<Prompted, ApiError> {
+        prompted(serde_json::from_value(body).unwrap())
+    }
+
+    #[test]
+    fn a_tool_round_trip_becomes_calls_and_tool_messages() {
+        let p = conversation(json!({
+            "model": "m",
+            "system": [{ "type": "text", "text": "be brief" }, { "type": "text", "text": "be kind" }],
+            "messages": [
+                { "role": "user", "content": "weather in Paris?" },
+                { "role": "assistant", "content": [
+                    { "type": "thinking", "thinking": "use the tool", "signature": "s" },
+                    { "type": "text", "text": "Let me look." },
+                    { "type": "tool_use", "id": "toolu_1", "name": "weather", "input": { "city": "Paris" } }
+                ] },
+                { "role": "user", "content": [
+                    { "type": "tool_result", "tool_use_id": "toolu_1", "content": [{ "type": "text", "text": "18C" }] },
+                    { "type": "text", "text": "and tomorrow?" }
+                ] }
+            ],
+            "tools": [{ "name": "weather", "input_schema": { "type": "object" } }],
+            "tool_choice": { "type": "any" }
+        }))
+        .ok()
+        .unwrap();
+        let roles: Vec<ChatRole> = p.messages.iter().map(|m| m.role).collect();
+        use ChatRole::*;
+        assert_eq!(roles, [System, User, Assistant, Tool, User]);
+        assert_eq!(p.messages[0].content, "be brief\nbe kind");
+        assert_eq!(p.messages[2].content, "Let me look.");
+        assert_eq!(p.messages[2].tool_calls[0].name, "weather");
+        let arguments: Value =
+            serde_json::from_str(&p.messages[2].tool_calls[0].arguments).unwrap();
+        assert_eq!(arguments, json!({ "city": "Paris" }));
+        assert_eq!(p.messages[3].content, "18C");
+        let tools = p.tools.unwrap();
+        assert_eq!(tools.choice, hangar_runtime::engine::ToolChoice::Required);
+    }
+
+    #[test]
+    fn what_the_engines_cannot_take_is_refused_with_where() {
+        let refused = |content: Value, role: &str| {
+            let body = json!({ "model": "m", "messages": [{ "role": role, "content": content }] });
+            conversation(body).err().map(|e| e.message).unwrap_or_default()
+        };
+        let image =
+            json!([{ "type": "image", "source": { "type": "url", "url": "https://x/a.png" } }]);
+        assert!(refused(image, "user").contains("messages[0].content[0]: image"));
+        let document = json!([{ "type": "document", "source": {} }]);
+        assert!(refused(document, "user").contains("not supported"));
+        let result = json!([{ "type": "tool_result", "tool_use_id": "t" }]);
+        assert!(refused(result, "assistant").contains("belong in user"));
+        let server = json!({ "model": "m", "messages": [{ "role": "user", "content": "x" }],
+            "tools": [{ "type": "web_search_20250305", "name": "web_search", "input_schema": {} }] });
+        assert!(conversation(server).err().unwrap().message.contains("server tools"));
+        let none = json!({ "model": "m", "messages": [] });
+        assert!(conversation(none).is_err());
+    }
+}

@@ -1,0 +1,194 @@
+//! Anthropic's Messages API beside the OpenAI one: `POST /v1/messages` and
+//! `POST /v1/messages/count_tokens`.
+//!
+//! A request takes the OpenAI routes' steps (`openai/mod.rs`): its lists checked against
+//! `limits`, the typed body parsed, the model named, the conversation turned into the
+//! engines' typed request (`convert.rs`), admitted by the manager with the same state rules,
+//! generated, and answered as content blocks (`stream.rs`), the reasoning a model writes
+//! into its text split into thinking blocks (`split.rs`). Errors answer in Anthropic's
+//! envelope, `{"type": "error", "error": {"type", "message", "code"}}`, with Hangar's code
+//! kept inside; the status is Hangar's, as on every route.
+//!
+//! Models whose engine forwards OpenAI requests (`llama_server`, `vllm_serve`,
+//! `openai_remote`) are not served here yet: 501 `not_implemented`, naming the chat route.
+
+mod convert;
+mod split;
+mod stream;
+pub(crate) mod types;
+
+use std::sync::LazyLock;
+
+use hangar_runtime::{ManagerError, Work};
+use http::StatusCode;
+use serde_json::json;
+
+use self::stream::{MessageMeta, MessagesStream, Reasoning, StreamEvent};
+use self::types::{
+    Conversation, ErrorDetail, ErrorEnvelope, ErrorType, MessagesRequest, TokenCount,
+};
+use crate::body::{Response, json_response, parse_json};
+use crate::error::{ApiError, ErrorCode, RuntimeCode};
+use crate::metrics::Endpoint;
+use crate::openai::stream::{Generated, generate_all, stream_generation};
+use crate::openai::{Recorder, Reply, new_id};
+use crate::router::{Ctx, Group, HandlerFuture, Route};
+
+/// `POST /v1/messages`.
+async fn messages(ctx: Ctx) -> Result<Response, ApiError> {
+    let mut rec = Recorder::new(&ctx.state, Endpoint::Messages);
+    let reply = message(&ctx, &mut rec).await;
+    rec.finish(reply)
+}
+
+async fn message(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
+    crate::openai::limits::check_messages(ctx, rec)?;
+    let body: MessagesRequest = parse_json(&ctx.body, false)?;
+    let stream = body.stream.unwrap_or(false);
+    let convert::Converted { model, request, stops, omit_thinking } = convert::request(body)?;
+    let model = rec.model(model)?;
+    refuse_forwarding(ctx, &model)?;
+    let reasoning = match request.thinking {
+        hangar_runtime::engine::ThinkingMode::Disabled => Reasoning::None,
+        _ if omit_thinking => Reasoning::Omitted,
+        _ => Reasoning::Shown,
+    };
+    let guard = ctx.state.manager.admit(&model, Work::generation(&request)).await?;
+    let meta = MessageMeta { id: new_id("msg_"), model, stops };
+    if stream {
+        let format = MessagesStream::new(meta, reasoning);
+        let response = stream_generation(guard, request, format, rec.clone()).await?;
+        return Ok(Reply::Streaming(response));
+    }
+    let Generated { text, calls, summary } = generate_all(guard, request, rec).await?;
+    let answer = stream::whole(&meta, reasoning, &text, &calls, &summary);
+    Ok(Reply::Done(json_response(StatusCode::OK, &answer)))
+}
+
+/// `POST /v1/messages/count_tokens`.
+async fn count_tokens(ctx: Ctx) -> Result<Response, ApiError> {
+    let mut rec = Recorder::new(&ctx.state, Endpoint::CountTokens);
+    let reply = count(&ctx, &mut rec).await;
+    rec.finish(reply)
+}
+
+async fn count(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
+    crate::openai::limits::check_messages(ctx, rec)?;
+    let body: Conversation = parse_json(&ctx.body, false)?;
+    let prompted = convert::prompted(body)?;
+    let model = rec.model(prompted.model)?;
+    refuse_forwarding(ctx, &model)?;
+    let mut request = hangar_runtime::engine::GenerateRequest::new(
+        hangar_runtime::engine::Prompt::Chat(prompted.messages),
+    );
+    request.thinking = prompted.thinking;
+    request.tools = prompted.tools;
+    let guard = ctx.state.manager.admit(&model, Work::generation(&request)).await?;
+    let input_tokens = guard.count_tokens(request).await.map_err(|e| match e {
+        ManagerError::Runtime(hangar_runtime::engine::RuntimeError::Unsupported { message }) => {
+            ApiError::new(RuntimeCode::NotImplemented, message)
+        }
+        other => other.into(),
+    })?;
+    Ok(Reply::Done(json_response(StatusCode::OK, &TokenCount { input_tokens })))
+}
+
+/// A model whose engine forwards OpenAI requests is not served by this API yet.
+fn refuse_forwarding(ctx: &Ctx, model: &str) -> Result<(), ApiError> {
+    if !ctx.state.manager.forwards(model) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        RuntimeCode::NotImplemented,
+        format!(
+            "model `{model}` is served by an engine that takes OpenAI requests (llama_server, \
+             vllm_serve or openai_remote); the Messages API does not reach it yet: use \
+             POST /v1/chat/completions"
+        ),
+    ))
+}
+
+/// Anthropic's error type for a status.
+fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
+    }
+}
+
+/// The `error` object of Anthropic's envelope for `error`.
+pub(crate) fn error_detail(error: &ApiError) -> ErrorDetail {
+    ErrorDetail {
+        kind: error_type(error.status()).to_owned(),
+        message: error.message.clone(),
+        code: error.code.as_str().to_owned(),
+    }
+}
+
+/// `error` in Anthropic's envelope, with Hangar's status (and `Retry-After`).
+pub(crate) fn error_response(error: ApiError) -> Response {
+    let body = ErrorEnvelope { kind: ErrorType::Value, error: error_detail(&error) };
+    error.into_response_with(&body)
+}
+
+/// Whether `path` is one of this API's, whose refusals answer in its envelope.
+pub(crate) fn owns(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
+}
+
+/// The errors of the two routes: those of every inference route, and `not_implemented`.
+static ERRORS: LazyLock<Vec<ErrorCode>> = LazyLock::new(|| {
+    let mut errors = crate::routes::INFERENCE.to_vec();
+    errors.push(ErrorCode::Runtime(RuntimeCode::NotImplemented));
+    errors
+});
+
+fn messages_route(ctx: Ctx) -> HandlerFuture {
+    Box::pin(async move { messages(ctx).await.unwrap_or_else(error_response) })
+}
+
+fn count_tokens_route(ctx: Ctx) -> HandlerFuture {
+    Box::pin(async move { count_tokens(ctx).await.unwrap_or_else(error_response) })
+}
+
+/// The two routes.
+pub(crate) fn routes() -> Vec<Route> {
+    let post = http::Method::POST;
+    vec![
+        Route::new(post.clone(), "/v1/messages", Group::Anthropic, messages_route)
+            .doc(
+                "Message (Anthropic Messages API)",
+                "Generates the next assistant turn of `messages` as content blocks (`text`, `thinking`, `tool_use`); `max_tokens` is required. `thinking: {\"type\": \"enabled\"}` must be allowed by the model's capabilities.thinking_modes (400 thinking_unsupported); a reasoning model's thinking comes back as `thinking` blocks with a `signature` (accepted back, and left out of the prompt). Streams the Messages API's events with `stream: true`. Takes `x-api-key` as well as `Authorization: Bearer`, and any `anthropic-version`. Errors answer in Anthropic's envelope with Hangar's `code` inside. Models of forwarding engines (llama_server, vllm_serve, openai_remote): 501 not_implemented.",
+            )
+            .body::<MessagesRequest>(false)
+            .example(|m| {
+                Some(json!({
+                    "model": m.llm.as_ref()?,
+                    "max_tokens": 16,
+                    "messages": [{ "role": "user", "content": "Say hello." }]
+                }))
+            })
+            .ok_or_events::<types::MessageOut, StreamEvent>()
+            .errors(&ERRORS),
+        Route::new(post, "/v1/messages/count_tokens", Group::Anthropic, count_tokens_route)
+            .doc(
+                "Count tokens (Anthropic Messages API)",
+                "The prompt tokens of a `/v1/messages` request, rendered and tokenized by the model's own template and tokenizer without generating: the `input_tokens` plus `cache_read_input_tokens` of the same request's usage. An engine that cannot count without generating answers 501 not_implemented.",
+            )
+            .body::<Conversation>(false)
+            .example(|m| {
+                Some(json!({
+                    "model": m.llm.as_ref()?,
+                    "messages": [{ "role": "user", "content": "Say hello." }]
+                }))
+            })
+            .ok::<TokenCount>()
+            .errors(&ERRORS),
+    ]
+}
