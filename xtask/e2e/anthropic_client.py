@@ -3,8 +3,9 @@ prompt, several turns, a tool-use round trip with `tool_choice: any`, a stop seq
 the trained SmolLM2 (in-process llama.cpp, the model's own template); count_tokens equal to
 the usage of the same request; thinking on and off with the thinking stub (its blocks and
 signature, sent back on the next turn); a client that hangs up cancelling its generation;
-and Anthropic-shaped errors for an unknown model, one not loaded, one loading, and a model
-whose engine this API does not reach yet. With HANGAR_INFERENCE_KEY the key goes as
+the same message and stream from SmolLM2 under a `llama-server` child (the request
+translated to its chat route); and Anthropic-shaped errors for an unknown model, one not
+loaded, one loading, and count_tokens where the engine cannot count. With HANGAR_INFERENCE_KEY the key goes as
 `x-api-key` (the SDK's way) and a wrong one is refused. Exits non-zero on the first failure.
 
 Usage: HANGAR_URL=http://127.0.0.1:PORT python anthropic_client.py  (demo config)
@@ -27,7 +28,7 @@ client = anthropic.Anthropic(base_url=BASE, api_key=KEY or "unused", max_retries
 TRAINED = "smollm2"
 THINKER = "chat-thinking"  # stub with thinking modes; configured, not enabled
 SLOW = "chat-slow"  # stub that takes 3 s to load
-FORWARDED = "tiny-llama-server"
+FORWARDED = "smollm2-server"  # the trained SmolLM2 under a llama-server child
 QUESTION = "What is the capital of France? Answer in one word."
 # Anthropic's current SDK has no `temperature` argument; Hangar takes it from the body, where
 # `extra_body` puts it. Greedy: the same request gives the same text.
@@ -218,6 +219,16 @@ def thinking():
     assert [b.type for b in off.content] == ["text"], off
 
 
+def forwarded():
+    whole = text(message())
+    m = client.messages.create(model=FORWARDED, messages=[{"role": "user", "content": QUESTION}], **GREEDY)
+    assert m.model == FORWARDED and text(m) == whole, (text(m), whole)
+    with client.messages.stream(model=FORWARDED, messages=[{"role": "user", "content": QUESTION}], **GREEDY) as s:
+        final = s.get_final_message()
+    assert text(final) == whole and final.stop_reason == "end_turn", final
+    assert final.usage.output_tokens > 0, final
+
+
 def hang_up():
     long = {"role": "user", "content": "Write a very long story about the sea."}
     with client.messages.stream(model=TRAINED, max_tokens=1500, messages=[long]) as s:
@@ -255,7 +266,11 @@ def errors():
         time.sleep(0.02)
     expect(anthropic.InternalServerError, 503, "model_loading", model=SLOW)
     loading.join()
-    expect(anthropic.APIStatusError, 501, "not_implemented", model=FORWARDED)
+    try:
+        client.messages.count_tokens(model=FORWARDED, messages=[{"role": "user", "content": "hi"}])
+        raise AssertionError("count_tokens answered for an engine that cannot count")
+    except anthropic.APIStatusError as e:
+        assert e.status_code == 501 and e.body["error"]["code"] == "not_implemented", e.body
     expect(anthropic.BadRequestError, 400, "invalid_request", model=TRAINED, extra_body={"temperature": 1.5})
 
 
@@ -280,6 +295,7 @@ def main():
         ("count_tokens equals usage", count_tokens),
         ("thinking on and off (stub)", thinking),
         ("a client that hangs up cancels", hang_up),
+        ("llama_server model, through translation", forwarded),
         ("errors in Anthropic's envelope", errors),
     ]
     if KEY:

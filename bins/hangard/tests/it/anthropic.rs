@@ -160,3 +160,76 @@ async fn a_client_that_hangs_up_cancels_its_generation() {
         r#"hangar_requests_total{endpoint="messages",model="smollm2",outcome="cancelled"} 1"#;
     assert!(metrics.contains(cancelled), "{metrics}");
 }
+
+/// The engines that take OpenAI requests: the Messages API translates to their chat route
+/// and back. SmolLM2 under a `llama-server` child and through `openai_remote` to a
+/// `llama-server` of its own give the in-process engine's greedy answer; the fake `vllm serve`
+/// answers its words. Whole and streamed, usage as the chat route reports it.
+#[tokio::test(flavor = "multi_thread")]
+async fn engines_that_take_openai_requests_answer_through_translation() {
+    let Some(path) = trained(CHAT) else { return };
+    let remote =
+        crate::support::engines::Standalone::start(&path, &["-c", "2048", "-np", "1"]).await;
+    let models = json!({
+        "smollm2": { "backend": "llama_cpp", "model_path": path, "enabled": true, "gguf_n_ctx": 2048 },
+        "child": { "backend": "llama_server", "model_path": path, "enabled": true,
+                   "llama_server_binary_path": crate::support::engines::llama_server_binary(),
+                   "llama_server_n_ctx": 2048, "llama_server_extra_args": ["--no-webui"] },
+        "remote": { "backend": "openai_remote", "enabled": true,
+                    "openai_base_url": format!("http://127.0.0.1:{}/v1", remote.port()) },
+        "vllm": { "backend": "vllm_serve", "enabled": true,
+                  "vllm_binary_path": crate::support::engines::fake_vllm(), "vllm_model": "Qwen/Qwen3-0.6B" },
+    });
+    let server =
+        Server::start(&json!({ "max_loaded_models": { "llm": 4 }, "models": models }), &[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !reqwest::get(server.url("/readyz")).await.is_ok_and(|r| r.status() == 200) {
+        assert!(std::time::Instant::now() < deadline, "not ready:\n{}", server.logs());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let typed = text(&message(&server, ask(json!({}))).await);
+    for model in ["child", "remote", "vllm"] {
+        let whole = message(&server, ask(json!({ "model": model }))).await;
+        assert_eq!(whole["model"], model);
+        let said = text(&whole);
+        let chat = json!({ "model": model, "max_tokens": 24, "temperature": 0,
+            "messages": [{ "role": "user", "content": QUESTION }] });
+        let (status, completion) = post(&server, "/v1/chat/completions", chat).await;
+        assert_eq!(status, 200, "{completion}");
+        assert_eq!(completion["choices"][0]["message"]["content"], said.as_str(), "{model}");
+        let usage = &whole["usage"];
+        let read = usage["input_tokens"].as_u64().unwrap()
+            + usage["cache_read_input_tokens"].as_u64().unwrap();
+        assert_eq!(Some(read), completion["usage"]["prompt_tokens"].as_u64(), "{model}: {whole}");
+        if model != "vllm" {
+            assert_eq!(said, typed, "{model}: the in-process engine's greedy answer");
+        }
+        let mut streamed =
+            Sse::start(&server, "/v1/messages", &ask(json!({ "model": model, "stream": true })))
+                .await;
+        let (mut deltas, mut last) = (String::new(), None);
+        while let Some(event) = streamed.next().await {
+            let value = event.json();
+            if let Some(piece) = value["delta"]["text"].as_str() {
+                deltas.push_str(piece);
+            }
+            if value["type"] == "message_delta" {
+                last = Some(value);
+            }
+        }
+        assert_eq!(deltas, said, "{model}");
+        let last = last.expect("message_delta");
+        assert!(
+            last["delta"]["stop_reason"].is_string()
+                && last["usage"]["output_tokens"].as_u64() > Some(0),
+            "{last}"
+        );
+        let (status, counted) =
+            post(&server, "/v1/messages/count_tokens", ask(json!({ "model": model }))).await;
+        assert_eq!(
+            (status, counted["error"]["code"].as_str()),
+            (501, Some("not_implemented")),
+            "{counted}"
+        );
+    }
+}

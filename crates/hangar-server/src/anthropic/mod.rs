@@ -9,10 +9,12 @@
 //! envelope, `{"type": "error", "error": {"type", "message", "code"}}`, with Hangar's code
 //! kept inside; the status is Hangar's, as on every route.
 //!
-//! Models whose engine forwards OpenAI requests (`llama_server`, `vllm_serve`,
-//! `openai_remote`) are not served here yet: 501 `not_implemented`, naming the chat route.
+//! Models whose engine takes OpenAI requests (`llama_server`, `vllm_serve`, `openai_remote`)
+//! get the same typed request written as a chat completion, and their answer read back
+//! (`forward.rs`). Counting their tokens is not supported yet: 501 `not_implemented`.
 
 mod convert;
+mod forward;
 mod split;
 mod stream;
 pub(crate) mod types;
@@ -47,7 +49,6 @@ async fn message(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     let stream = body.stream.unwrap_or(false);
     let convert::Converted { model, request, stops, omit_thinking } = convert::request(body)?;
     let model = rec.model(model)?;
-    refuse_forwarding(ctx, &model)?;
     let reasoning = match request.thinking {
         hangar_runtime::engine::ThinkingMode::Disabled => Reasoning::None,
         _ if omit_thinking => Reasoning::Omitted,
@@ -55,6 +56,9 @@ async fn message(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     };
     let guard = ctx.state.manager.admit(&model, Work::generation(&request)).await?;
     let meta = MessageMeta { id: new_id("msg_"), model, stops };
+    if guard.forwards() {
+        return forward::message(guard, request, meta, reasoning, stream, ctx, rec).await;
+    }
     if stream {
         let format = MessagesStream::new(meta, reasoning);
         let response = stream_generation(guard, request, format, rec.clone()).await?;
@@ -93,7 +97,7 @@ async fn count(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     Ok(Reply::Done(json_response(StatusCode::OK, &TokenCount { input_tokens })))
 }
 
-/// A model whose engine forwards OpenAI requests is not served by this API yet.
+/// Counting needs the engine's tokenizer; one that takes OpenAI requests is not asked yet.
 fn refuse_forwarding(ctx: &Ctx, model: &str) -> Result<(), ApiError> {
     if !ctx.state.manager.forwards(model) {
         return Ok(());
@@ -102,8 +106,7 @@ fn refuse_forwarding(ctx: &Ctx, model: &str) -> Result<(), ApiError> {
         RuntimeCode::NotImplemented,
         format!(
             "model `{model}` is served by an engine that takes OpenAI requests (llama_server, \
-             vllm_serve or openai_remote); the Messages API does not reach it yet: use \
-             POST /v1/chat/completions"
+             vllm_serve or openai_remote); counting its tokens is not supported yet"
         ),
     ))
 }
@@ -164,7 +167,7 @@ pub(crate) fn routes() -> Vec<Route> {
         Route::new(post.clone(), "/v1/messages", Group::Anthropic, messages_route)
             .doc(
                 "Message (Anthropic Messages API)",
-                "Generates the next assistant turn of `messages` as content blocks (`text`, `thinking`, `tool_use`); `max_tokens` is required. `thinking: {\"type\": \"enabled\"}` must be allowed by the model's capabilities.thinking_modes (400 thinking_unsupported); a reasoning model's thinking comes back as `thinking` blocks with a `signature` (accepted back, and left out of the prompt). Streams the Messages API's events with `stream: true`. Takes `x-api-key` as well as `Authorization: Bearer`, and any `anthropic-version`. Errors answer in Anthropic's envelope with Hangar's `code` inside. Models of forwarding engines (llama_server, vllm_serve, openai_remote): 501 not_implemented.",
+                "Generates the next assistant turn of `messages` as content blocks (`text`, `thinking`, `tool_use`); `max_tokens` is required. `thinking: {\"type\": \"enabled\"}` must be allowed by the model's capabilities.thinking_modes (400 thinking_unsupported); a reasoning model's thinking comes back as `thinking` blocks with a `signature` (accepted back, and left out of the prompt). Streams the Messages API's events with `stream: true`. Takes `x-api-key` as well as `Authorization: Bearer`, and any `anthropic-version`. Errors answer in Anthropic's envelope with Hangar's `code` inside. Models of engines that take OpenAI requests (llama_server, vllm_serve, openai_remote) get the request as a chat completion and their answer as blocks (`reasoning_content` as thinking); their `stop_sequence` is named only when the engine reports it (vLLM does, llama-server does not).",
             )
             .body::<MessagesRequest>(false)
             .example(|m| {
@@ -179,7 +182,7 @@ pub(crate) fn routes() -> Vec<Route> {
         Route::new(post, "/v1/messages/count_tokens", Group::Anthropic, count_tokens_route)
             .doc(
                 "Count tokens (Anthropic Messages API)",
-                "The prompt tokens of a `/v1/messages` request, rendered and tokenized by the model's own template and tokenizer without generating: the `input_tokens` plus `cache_read_input_tokens` of the same request's usage. An engine that cannot count without generating answers 501 not_implemented.",
+                "The prompt tokens of a `/v1/messages` request, rendered and tokenized by the model's own template and tokenizer without generating: the `input_tokens` plus `cache_read_input_tokens` of the same request's usage. An engine that cannot count without generating answers 501 not_implemented (the CTranslate2/ExLlamaV3/vLLM bridge, and the engines that take OpenAI requests).",
             )
             .body::<Conversation>(false)
             .example(|m| {

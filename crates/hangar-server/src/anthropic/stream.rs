@@ -204,6 +204,14 @@ impl Blocks {
         events
     }
 
+    /// Reasoning an engine sent apart from its text (`reasoning_content`).
+    pub(crate) fn reasoning(&mut self, thinking: &str) -> Vec<StreamEvent> {
+        if thinking.is_empty() {
+            return Vec::new();
+        }
+        self.piece(Piece::Thinking(thinking.to_owned()))
+    }
+
     /// A complete tool call: its block opens, takes its input and closes.
     pub(crate) fn tool_call(&mut self, call: &ToolCall) -> Vec<StreamEvent> {
         let mut events = self.close();
@@ -276,7 +284,7 @@ impl MessageMeta {
     }
 
     /// Why the generation stopped, and the stop sequence that stopped it.
-    fn stop(&self, summary: &GenerateSummary) -> (Option<StopReason>, Option<String>) {
+    pub(crate) fn stop(&self, summary: &GenerateSummary) -> (Option<StopReason>, Option<String>) {
         match summary.finish_reason {
             FinishReason::ToolCalls => (Some(StopReason::ToolUse), None),
             FinishReason::Length => (Some(StopReason::MaxTokens), None),
@@ -313,7 +321,8 @@ impl MessagesStream {
     }
 }
 
-fn events(events: Vec<StreamEvent>) -> Vec<Bytes> {
+/// The SSE chunks of `events`, each named by its type.
+pub(crate) fn events(events: Vec<StreamEvent>) -> Vec<Bytes> {
     events.iter().map(|e| named_event(e.into(), e)).collect()
 }
 
