@@ -61,6 +61,10 @@ pub use gpu::StubGpu;
 /// Tokens generated when a request sets no `max_tokens`.
 pub const DEFAULT_MAX_TOKENS: u32 = 16;
 
+/// The stub's pretend context, in words: prompt and reply together stop there (`Length`),
+/// as an engine stops when its context is full, whatever `max_tokens` asks.
+pub const CONTEXT_WORDS: u32 = 1024;
+
 /// Dimension of the stub's embedding vectors.
 pub const EMBEDDING_DIM: usize = 8;
 
@@ -292,8 +296,9 @@ impl Runtime for StubRuntime {
 
     /// Emits one word per token, each after `token_latency_ms`: the configured `reply`, or
     /// an endless stream of words derived from the prompt's hash. Stops before `max_tokens` (default
-    /// [`DEFAULT_MAX_TOKENS`]) is exceeded (`Length`), before a word that would complete a
-    /// stop sequence, or at the reply's end (`Stop`).
+    /// [`DEFAULT_MAX_TOKENS`]) is exceeded or the context ([`CONTEXT_WORDS`]) is full
+    /// (`Length`), before a word that would complete a stop sequence, or at the reply's end
+    /// (`Stop`).
     async fn generate(
         &self,
         request: GenerateRequest,
@@ -338,7 +343,8 @@ impl Runtime for StubRuntime {
         let thinks = self.settings.thinking == Some(true)
             && request.thinking == hangar_backend::ThinkingMode::Enabled;
         let words = thinks.then(|| reasoning(&prompt)).into_iter().flatten().chain(words);
-        let max_tokens = request.params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        let room = CONTEXT_WORDS.saturating_sub(count_words(&prompt));
+        let max_tokens = request.params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).min(room);
         let stops = &request.params.stop;
         let latency = self.settings.token_latency_ms.filter(|&ms| ms > 0);
 

@@ -5,7 +5,7 @@
 
 use super::types::{
     Content, ContentBlock, Conversation, MessageIn, MessagesRequest, OutputFormat, Role, System,
-    Thinking, ToolChoice, ToolIn, ToolResultContent,
+    SystemBlock, Thinking, ToolChoice, ToolIn, ToolResultContent,
 };
 use crate::error::ApiError;
 use crate::openai::sampling::checked;
@@ -52,13 +52,8 @@ pub(crate) fn prompted(conversation: Conversation) -> Result<Prompted, ApiError>
             messages.push(ChatMessage::new(ChatRole::System, text));
         }
         Some(System::Blocks(blocks)) => {
-            if let Some(block) = blocks.iter().find(|b| b.kind != "text") {
-                return Err(ApiError::bad_request(format!(
-                    "`system` blocks must be `text`, got `{}`",
-                    block.kind
-                )));
-            }
-            let text: Vec<String> = blocks.into_iter().map(|b| b.text).collect();
+            let text: Vec<String> =
+                blocks.into_iter().map(|SystemBlock::Text { text }| text).collect();
             messages.push(ChatMessage::new(ChatRole::System, text.join("\n")));
         }
         Some(System::Text(_)) | None => {}
@@ -207,6 +202,54 @@ fn result_text(content: Option<ToolResultContent>, at: &str) -> Result<String, A
     }
 }
 
+/// Refuses a body whose `type` tags are not strings where the API has them: serde reads a
+/// number as the variant of that index (`{"type": 0}` as the first), which the schema does
+/// not allow. Tool and format schemas are not looked into (a property may be named `type`).
+///
+/// # Errors
+/// 422 `invalid_request_body` naming the field.
+pub(crate) fn check_tags(body: &Value) -> Result<(), ApiError> {
+    fn tag(value: &Value, at: &str) -> Result<(), ApiError> {
+        match value.get("type") {
+            Some(t) if !t.is_string() => {
+                Err(ApiError::body(format!("`{at}.type` must be a string")))
+            }
+            _ => Ok(()),
+        }
+    }
+    let items = |field: &str| body.get(field).and_then(Value::as_array).into_iter().flatten();
+    for field in ["tool_choice", "thinking"] {
+        if let Some(value) = body.get(field) {
+            tag(value, field)?;
+        }
+    }
+    if let Some(format) = body.pointer("/output_config/format") {
+        tag(format, "output_config.format")?;
+    }
+    for (i, item) in items("system").enumerate() {
+        tag(item, &format!("system[{i}]"))?;
+    }
+    // A tool's `type` may be left out or null (a client tool).
+    for (i, item) in items("tools").enumerate().filter(|(_, t)| !t["type"].is_null()) {
+        tag(item, &format!("tools[{i}]"))?;
+    }
+    for (i, message) in items("messages").enumerate() {
+        let blocks = message.get("content").and_then(Value::as_array).into_iter().flatten();
+        for (j, block) in blocks.enumerate() {
+            let at = format!("messages[{i}].content[{j}]");
+            tag(block, &at)?;
+            if let Some(source) = block.get("source") {
+                tag(source, &format!("{at}.source"))?;
+            }
+            let inner = block.get("content").and_then(Value::as_array).into_iter().flatten();
+            for (k, part) in inner.enumerate() {
+                tag(part, &format!("{at}.content[{k}]"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The tools and `tool_choice`, through the OpenAI routes' checks.
 fn tool_use(
     tools: Option<Vec<ToolIn>>,
@@ -220,7 +263,12 @@ fn tool_use(
                  client tools with `name` and `input_schema`"
             )));
         }
-        let schema = Some(tool.input_schema).filter(|s| !s.is_null());
+        if !tool.input_schema.is_object() {
+            return Err(ApiError::bad_request(format!(
+                "tools[{i}]: `input_schema` must be a JSON Schema object"
+            )));
+        }
+        let schema = Some(tool.input_schema);
         functions
             .push(("function".to_owned(), FunctionDef::new(tool.name, tool.description, schema)));
     }

@@ -45,6 +45,7 @@ async fn messages(ctx: Ctx) -> Result<Response, ApiError> {
 
 async fn message(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     crate::openai::limits::check_messages(ctx, rec)?;
+    convert::check_tags(&parse_json(&ctx.body, false)?)?;
     let body: MessagesRequest = parse_json(&ctx.body, false)?;
     let stream = body.stream.unwrap_or(false);
     let convert::Converted { model, request, stops, omit_thinking } = convert::request(body)?;
@@ -78,6 +79,7 @@ async fn count_tokens(ctx: Ctx) -> Result<Response, ApiError> {
 
 async fn count(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     crate::openai::limits::check_messages(ctx, rec)?;
+    convert::check_tags(&parse_json(&ctx.body, false)?)?;
     let body: Conversation = parse_json(&ctx.body, false)?;
     let prompted = convert::prompted(body)?;
     let model = rec.model(prompted.model)?;

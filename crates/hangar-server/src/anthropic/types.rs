@@ -2,8 +2,33 @@
 //! `/v1/messages/count_tokens`), the `message` answer, and the error envelope.
 
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
+
+/// An optional object field: serde reads a struct from an array too, which the schema
+/// does not allow.
+fn object<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result<Option<T>, D::Error> {
+    let map: Option<Map<String, Value>> = Option::deserialize(d)?;
+    map.map(|m| serde_json::from_value(Value::Object(m)).map_err(D::Error::custom)).transpose()
+}
+
+/// An optional list of objects, each read as [`object`] reads one.
+fn objects<'de, D: Deserializer<'de>, T: DeserializeOwned>(
+    d: D,
+) -> Result<Option<Vec<T>>, D::Error> {
+    let maps: Option<Vec<Map<String, Value>>> = Option::deserialize(d)?;
+    let read = |maps: Vec<Map<String, Value>>| {
+        maps.into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                serde_json::from_value(Value::Object(m))
+                    .map_err(|e| D::Error::custom(format!("[{i}]: {e}")))
+            })
+            .collect()
+    };
+    maps.map(read).transpose()
+}
 
 use crate::openai::constant;
 
@@ -121,15 +146,15 @@ pub(crate) struct MessageIn {
     pub(crate) content: Content,
 }
 
-/// A text block of the system prompt.
+/// A block of the system prompt: text.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub(crate) struct SystemBlock {
-    /// Must be `text`.
-    #[serde(rename = "type")]
-    #[schemars(with = "TextType")]
-    pub(crate) kind: String,
-    /// The text.
-    pub(crate) text: String,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(crate) enum SystemBlock {
+    /// Text.
+    Text {
+        /// The text.
+        text: String,
+    },
 }
 
 /// The system prompt: a string or text blocks.
@@ -277,12 +302,13 @@ pub(crate) struct Conversation {
     pub(crate) model: Option<String>,
     /// The conversation: user and assistant turns.
     #[schemars(required, length(min = 1))]
+    #[serde(default, deserialize_with = "objects")]
     pub(crate) messages: Option<Vec<MessageIn>>,
     /// The system prompt.
     #[serde(default)]
     pub(crate) system: Option<System>,
     /// Tools the model may call.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects")]
     pub(crate) tools: Option<Vec<ToolIn>>,
     /// How the model may use the tools.
     #[serde(default)]
@@ -317,20 +343,16 @@ pub(crate) struct MessagesRequest {
     /// Top-k sampling.
     pub(crate) top_k: Option<u32>,
     /// Request metadata.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub(crate) metadata: Option<Metadata>,
     /// Structured output (`format`), and `effort`, accepted and ignored.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub(crate) output_config: Option<OutputConfig>,
     /// Answer with server-sent Messages API events.
     #[serde(default)]
     pub(crate) stream: Option<bool>,
 }
 
-constant!(
-    /// `text`.
-    TextType = "text"
-);
 constant!(
     /// `message`.
     MessageType = "message"

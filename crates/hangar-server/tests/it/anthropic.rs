@@ -266,6 +266,28 @@ async fn refusals_answer_in_anthropics_envelope() {
         "invalid_request_error",
         "unsupported",
     );
+    // An object field sent as an array (serde would read a struct from one), a tool without
+    // a schema object.
+    let array = body("fixed", json!({ "output_config": [null, null] }));
+    assert_envelope(
+        &post(&s, m, array).await,
+        422,
+        "invalid_request_error",
+        "invalid_request_body",
+    );
+    for tagged in
+        [json!({ "tool_choice": { "type": 0 } }), json!({ "system": [{ "type": 0, "text": "" }] })]
+    {
+        let read = post(&s, m, body("fixed", tagged)).await;
+        assert_envelope(&read, 422, "invalid_request_error", "invalid_request_body");
+    }
+    let no_schema = json!({ "tools": [{ "name": "f", "input_schema": null }] });
+    assert_envelope(
+        &post(&s, "/v1/messages/count_tokens", body("fixed", no_schema)).await,
+        400,
+        "invalid_request_error",
+        "invalid_request",
+    );
     let wrong = request(Method::GET, m).send(&s).await;
     assert_envelope(
         &(wrong.status, wrong.body),

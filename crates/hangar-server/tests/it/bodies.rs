@@ -30,7 +30,9 @@ fn service(runtime: &tokio::runtime::Runtime) -> HangarService {
             "thinker": { "backend": "stub", "stub": { "thinking": true, "reply": "deep" } },
             "embed": { "backend": "stub", "type": "embedding" },
             "rerank": { "backend": "stub", "type": "reranking" },
-            "cold": { "backend": "stub", "stub": { "reply": "cold" } },
+            // Not loaded at start; a request loads it (a valid body would otherwise get 503
+            // model_not_loaded, by design).
+            "cold": { "backend": "stub", "auto_load": true, "stub": { "reply": "cold" } },
         }))
         .loaded(["chat", "thinker", "embed", "rerank"]);
     runtime.block_on(service.start())

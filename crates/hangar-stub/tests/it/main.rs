@@ -361,3 +361,21 @@ async fn with_kind_stands_in_for_another_backend() {
     let err = backend.load(request(&stub_model(json!({})))).await.err().unwrap();
     assert!(matches!(err, LoadError::Failed { .. }), "{err:?}");
 }
+
+/// A request that asks for more tokens than the context holds stops when it is full, as an
+/// engine does (a client asking for 2^32 tokens does not hold a slot for ever).
+#[tokio::test(start_paused = true)]
+async fn generation_stops_when_the_pretend_context_is_full() {
+    let runtime = load(&StubBackend::new(), json!({})).await;
+    let mut request = GenerateRequest::new(Prompt::Text("three words here".into()));
+    request.params.max_tokens = Some(u32::MAX);
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    let summary = runtime.generate(request, tx).await.unwrap();
+    assert_eq!(summary.finish_reason, FinishReason::Length);
+    assert_eq!(summary.completion_tokens, hangar_stub::CONTEXT_WORDS - 3);
+    let mut words = 0;
+    while rx.try_recv().is_ok() {
+        words += 1;
+    }
+    assert_eq!(words, hangar_stub::CONTEXT_WORDS - 3);
+}
