@@ -13,6 +13,12 @@ fn object<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result<Option
     map.map(|m| serde_json::from_value(Value::Object(m)).map_err(D::Error::custom)).transpose()
 }
 
+/// Drops the `default: null` that `#[serde(default)]` gives a field the schema requires as
+/// non-null (a missing field is refused all the same).
+fn no_default(schema: &mut schemars::Schema) {
+    schema.remove("default");
+}
+
 /// An optional list of objects, each read as [`object`] reads one.
 fn objects<'de, D: Deserializer<'de>, T: DeserializeOwned>(
     d: D,
@@ -301,7 +307,7 @@ pub(crate) struct Conversation {
     #[schemars(required, length(min = 1))]
     pub(crate) model: Option<String>,
     /// The conversation: user and assistant turns.
-    #[schemars(required, length(min = 1))]
+    #[schemars(required, length(min = 1), transform = no_default)]
     #[serde(default, deserialize_with = "objects")]
     pub(crate) messages: Option<Vec<MessageIn>>,
     /// The system prompt.
