@@ -308,7 +308,18 @@ pub(crate) fn tool_use(
 }
 
 fn schema_format(format: JsonSchemaFormat, field: &str) -> Result<OutputFormat, ApiError> {
-    match format.schema {
+    json_schema_format(format.schema, field)
+}
+
+/// A JSON Schema output format from the `schema` of `field`, checked.
+///
+/// # Errors
+/// 400 `invalid_request` without a schema, or for one that is not an object (or `true`).
+pub(crate) fn json_schema_format(
+    schema: Option<Value>,
+    field: &str,
+) -> Result<OutputFormat, ApiError> {
+    match schema {
         Some(schema @ (Value::Object(_) | Value::Bool(true))) => {
             Ok(OutputFormat::JsonSchema(schema))
         }
@@ -322,7 +333,7 @@ fn schema_format(format: JsonSchemaFormat, field: &str) -> Result<OutputFormat, 
 
 /// What a request asks of its output, checked: tools (unless `tool_choice` is `none`) and
 /// a structured format. Both together are refused: constrained decoding enforces one grammar.
-fn combine(
+pub(crate) fn combine(
     tools: Option<ToolUse>,
     format: Option<OutputFormat>,
     format_field: &str,

@@ -11,8 +11,8 @@ use crate::error::ApiError;
 use crate::openai::sampling::checked;
 use crate::tools::{self, FunctionDef, ToolChoiceIn};
 use hangar_runtime::engine::{
-    ChatMessage, GenerateRequest, OutputFormat as EngineFormat, Prompt, Role as ChatRole,
-    SamplingParams, ThinkingMode, ToolCall, ToolUse,
+    ChatMessage, GenerateRequest, Prompt, Role as ChatRole, SamplingParams, ThinkingMode, ToolCall,
+    ToolUse,
 };
 use serde_json::Value;
 
@@ -24,6 +24,17 @@ pub(crate) struct Prompted {
     pub(crate) thinking: ThinkingMode,
     /// `display: omitted`: thinking blocks carry their signature only.
     pub(crate) omit_thinking: bool,
+}
+
+impl Prompted {
+    /// The engines' request for this conversation: its messages, tools and thinking switch,
+    /// with default sampling.
+    pub(crate) fn into_request(self) -> GenerateRequest {
+        let mut request = GenerateRequest::new(Prompt::Chat(self.messages));
+        request.thinking = self.thinking;
+        request.tools = self.tools;
+        request
+    }
 }
 
 /// A `POST /v1/messages` request, read.
@@ -91,27 +102,16 @@ pub(crate) fn request(body: MessagesRequest) -> Result<Converted, ApiError> {
     params.stop.clone_from(&stops);
     let format = match body.output_config.and_then(|c| c.format) {
         None => None,
-        Some(OutputFormat::JsonSchema {
-            schema: schema @ (Value::Object(_) | Value::Bool(true)),
-        }) => Some(EngineFormat::JsonSchema(schema)),
-        Some(OutputFormat::JsonSchema { .. }) => {
-            return Err(ApiError::bad_request(
-                "`output_config.format.schema` must be a JSON Schema object",
-            ));
+        Some(OutputFormat::JsonSchema { schema }) => {
+            Some(tools::json_schema_format(Some(schema), "output_config.format")?)
         }
     };
-    let Prompted { model, messages, tools, thinking, omit_thinking } = prompted(body.conversation)?;
-    if tools.is_some() && format.is_some() {
-        return Err(ApiError::bad_request(
-            "`output_config.format` cannot be combined with `tools`; set `tool_choice` to `none` \
-             or drop one of them",
-        ));
-    }
-    let mut request = GenerateRequest::new(Prompt::Chat(messages));
+    let mut prompted = prompted(body.conversation)?;
+    let (model, omit_thinking) = (prompted.model.take(), prompted.omit_thinking);
+    let mut request = prompted.into_request();
+    (request.tools, request.format) =
+        tools::combine(request.tools, format, "output_config.format")?;
     request.params = params;
-    request.thinking = thinking;
-    request.tools = tools;
-    request.format = format;
     Ok(Converted { model, request, stops, omit_thinking })
 }
 

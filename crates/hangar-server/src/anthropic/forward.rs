@@ -17,9 +17,13 @@ use http::StatusCode;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
-use super::stream::{Blocks, MessageDelta, MessageMeta, Reasoning, StreamEvent, events, usage};
+use super::stream::{
+    Blocks, MessageDelta, MessageMeta, Reasoning, StreamEvent, error_event, events, usage,
+};
 use crate::body::{SseSender, json_response, sse_response};
 use crate::error::{ApiError, RuntimeCode};
+use crate::openai::forward::{failed, read_whole};
+use crate::openai::stream::send_all;
 use crate::openai::{Recorder, Reply};
 use crate::router::Ctx;
 
@@ -127,7 +131,7 @@ pub(crate) async fn message(
     let streamed =
         answer.content_type.as_deref().is_some_and(|t| t.starts_with("text/event-stream"));
     if !streamed {
-        let whole = read_all(&guard, answer.body).await?;
+        let whole = read_whole(&guard, answer.body).await?;
         let value: Value = serde_json::from_slice(&whole).map_err(|e| {
             ApiError::new(
                 RuntimeCode::UpstreamError,
@@ -155,30 +159,6 @@ pub(crate) async fn message(
         drop(guard);
     });
     Ok(Reply::Streaming(response))
-}
-
-async fn read_all(
-    guard: &RequestGuard,
-    mut body: mpsc::Receiver<Result<Bytes, RuntimeError>>,
-) -> Result<Vec<u8>, ApiError> {
-    let mut whole = Vec::new();
-    let aborted = guard.aborted();
-    tokio::pin!(aborted);
-    loop {
-        tokio::select! {
-            chunk = body.recv() => match chunk {
-                Some(Ok(bytes)) => whole.extend_from_slice(&bytes),
-                Some(Err(e)) => return Err(failed(guard, e).await),
-                None => return Ok(whole),
-            },
-            error = &mut aborted => return Err(error.into()),
-        }
-    }
-}
-
-async fn failed(guard: &RequestGuard, error: RuntimeError) -> ApiError {
-    guard.report(&error).await;
-    ApiError::from(hangar_runtime::ManagerError::Runtime(error))
 }
 
 /// Reads the engine's chunks (or its one message) into blocks.
@@ -248,24 +228,14 @@ impl Reader {
     /// The rest of the blocks (tool calls last, as the typed path sends them) and the summary.
     fn end(&mut self, meta: &MessageMeta) -> (Vec<StreamEvent>, GenerateSummary) {
         let mut out = self.blocks.finish();
+        let called = !self.calls.is_empty();
         for (name, arguments) in std::mem::take(&mut self.calls) {
             out.extend(self.blocks.tool_call(&ToolCall { name, arguments }));
         }
         let finish_reason = match self.finish.as_deref() {
             Some("length") => FinishReason::Length,
             Some("tool_calls") => FinishReason::ToolCalls,
-            _ if out.iter().any(|e| {
-                matches!(
-                    e,
-                    StreamEvent::ContentBlockStart {
-                        content_block: super::types::OutputBlock::ToolUse { .. },
-                        ..
-                    }
-                )
-            }) =>
-            {
-                FinishReason::ToolCalls
-            }
+            _ if called => FinishReason::ToolCalls,
             _ => FinishReason::Stop,
         };
         let stop_sequence = self
@@ -302,7 +272,7 @@ async fn pump(
 ) -> &'static str {
     let mut reader = Reader::new(reasoning);
     let mut buffer: Vec<u8> = Vec::new();
-    if !send(sse, start).await {
+    if !send_all(sse, start).await {
         return "cancelled";
     }
     let aborted = guard.aborted();
@@ -311,7 +281,7 @@ async fn pump(
         let chunk = tokio::select! {
             error = &mut aborted => {
                 let error = ApiError::from(error);
-                let _ = send(sse, events(vec![StreamEvent::Error { error: super::error_detail(&error) }])).await;
+                let _ = send_all(sse, error_event(&error)).await;
                 return error.code.as_str();
             }
             chunk = body.recv() => chunk,
@@ -334,17 +304,11 @@ async fn pump(
                                     .unwrap_or("the engine failed")
                                     .to_owned(),
                             );
-                            let _ = send(
-                                sse,
-                                events(vec![StreamEvent::Error {
-                                    error: super::error_detail(&error),
-                                }]),
-                            )
-                            .await;
+                            let _ = send_all(sse, error_event(&error)).await;
                             return error.code.as_str();
                         }
                         let out = reader.chunk(&value["choices"][0]["delta"], &value);
-                        if !send(sse, events(out)).await {
+                        if !send_all(sse, events(out)).await {
                             return "cancelled";
                         }
                     }
@@ -352,11 +316,7 @@ async fn pump(
             }
             Some(Err(e)) => {
                 let error = failed(guard, e).await;
-                let _ = send(
-                    sse,
-                    events(vec![StreamEvent::Error { error: super::error_detail(&error) }]),
-                )
-                .await;
+                let _ = send_all(sse, error_event(&error)).await;
                 return error.code.as_str();
             }
             None => break,
@@ -369,16 +329,7 @@ async fn pump(
         usage: usage(&summary),
     });
     out.push(StreamEvent::MessageStop);
-    if send(sse, events(out)).await { "ok" } else { "cancelled" }
-}
-
-async fn send(sse: &SseSender, chunks: Vec<Bytes>) -> bool {
-    for chunk in chunks {
-        if sse.send(chunk).await.is_err() {
-            return false;
-        }
-    }
-    true
+    if send_all(sse, events(out)).await { "ok" } else { "cancelled" }
 }
 
 #[cfg(test)]

@@ -81,14 +81,10 @@ async fn count(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     crate::openai::limits::check_messages(ctx, rec)?;
     convert::check_tags(&parse_json(&ctx.body, false)?)?;
     let body: Conversation = parse_json(&ctx.body, false)?;
-    let prompted = convert::prompted(body)?;
-    let model = rec.model(prompted.model)?;
+    let mut prompted = convert::prompted(body)?;
+    let model = rec.model(prompted.model.take())?;
     refuse_forwarding(ctx, &model)?;
-    let mut request = hangar_runtime::engine::GenerateRequest::new(
-        hangar_runtime::engine::Prompt::Chat(prompted.messages),
-    );
-    request.thinking = prompted.thinking;
-    request.tools = prompted.tools;
+    let request = prompted.into_request();
     let guard = ctx.state.manager.admit(&model, Work::generation(&request)).await?;
     let input_tokens = guard.count_tokens(request).await.map_err(|e| match e {
         ManagerError::Runtime(hangar_runtime::engine::RuntimeError::Unsupported { message }) => {

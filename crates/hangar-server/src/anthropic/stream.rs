@@ -321,6 +321,11 @@ impl MessagesStream {
     }
 }
 
+/// The `error` event that ends a stream which failed after it began.
+pub(crate) fn error_event(error: &ApiError) -> Vec<Bytes> {
+    events(vec![StreamEvent::Error { error: super::error_detail(error) }])
+}
+
 /// The SSE chunks of `events`, each named by its type.
 pub(crate) fn events(events: Vec<StreamEvent>) -> Vec<Bytes> {
     events.iter().map(|e| named_event(e.into(), e)).collect()
@@ -352,7 +357,7 @@ impl StreamFormat for MessagesStream {
     }
 
     fn fail(&mut self, error: &ApiError) -> Vec<Bytes> {
-        events(vec![StreamEvent::Error { error: super::error_detail(error) }])
+        error_event(error)
     }
 }
 

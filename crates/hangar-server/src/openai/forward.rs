@@ -74,22 +74,9 @@ async fn forward(
     let content_type = answer.content_type.unwrap_or_else(|| "application/json".to_owned());
     let content_type = HeaderValue::from_str(&content_type)
         .unwrap_or(HeaderValue::from_static("application/json"));
-    let mut body = answer.body;
+    let body = answer.body;
     if !content_type.as_bytes().starts_with(b"text/event-stream") {
-        let mut whole = Vec::new();
-        let aborted = guard.aborted();
-        tokio::pin!(aborted);
-        loop {
-            let chunk = tokio::select! {
-                chunk = body.recv() => chunk,
-                error = &mut aborted => return Err(error.into()),
-            };
-            match chunk {
-                Some(Ok(bytes)) => whole.extend_from_slice(&bytes),
-                Some(Err(e)) => return Err(failed(&guard, e).await),
-                None => break,
-            }
-        }
+        let whole = read_whole(&guard, body).await?;
         let mut response = http::Response::new(Full::new(Bytes::from(whole)).boxed());
         *response.status_mut() = status;
         response.headers_mut().insert(header::CONTENT_TYPE, content_type);
@@ -147,8 +134,32 @@ async fn pump(
     }
 }
 
+/// A forwarded answer read whole, unless the engine fails or an operator aborts first.
+///
+/// # Errors
+/// The engine's failure (see [`failed`]) or the abort.
+pub(crate) async fn read_whole(
+    guard: &RequestGuard,
+    mut body: mpsc::Receiver<Result<Bytes, RuntimeError>>,
+) -> Result<Vec<u8>, ApiError> {
+    let mut whole = Vec::new();
+    let aborted = guard.aborted();
+    tokio::pin!(aborted);
+    loop {
+        let chunk = tokio::select! {
+            chunk = body.recv() => chunk,
+            error = &mut aborted => return Err(error.into()),
+        };
+        match chunk {
+            Some(Ok(bytes)) => whole.extend_from_slice(&bytes),
+            Some(Err(e)) => return Err(failed(guard, e).await),
+            None => return Ok(whole),
+        }
+    }
+}
+
 /// The API error of a failure while reading the answer; a crash marks the model failed.
-async fn failed(guard: &RequestGuard, error: RuntimeError) -> ApiError {
+pub(crate) async fn failed(guard: &RequestGuard, error: RuntimeError) -> ApiError {
     guard.report(&error).await;
     ApiError::from(ManagerError::Runtime(error))
 }

@@ -220,7 +220,7 @@ async fn forward(
 }
 
 /// Sends events in order; `false` once the client is gone.
-async fn send_all(sse: &SseSender, events: Vec<Bytes>) -> bool {
+pub(crate) async fn send_all(sse: &SseSender, events: Vec<Bytes>) -> bool {
     for event in events {
         if sse.send(event).await.is_err() {
             return false;
