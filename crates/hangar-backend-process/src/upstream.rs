@@ -135,6 +135,7 @@ impl Upstream {
         explain: impl Explain + Clone,
     ) -> Result<ForwardResponse, RuntimeError> {
         let uri = self.routes.get(request.route);
+        let route = request.route;
         let limit = request.max_answer_bytes;
         let body = rewrite(request.body, self.rename.as_deref(), request.thinking);
         let upstream = self.request(Method::POST, uri, body);
@@ -152,6 +153,12 @@ impl Upstream {
                 if text.len() > ERROR_BODY {
                     break;
                 }
+            }
+            if route.optional() && matches!(status, 404 | 405 | 501) {
+                let path = self.routes.get(route);
+                return Err(RuntimeError::Unsupported {
+                    message: format!("the engine does not serve `POST {path}` ({status})"),
+                });
             }
             return Err(upstream_error(status, &text));
         }
@@ -260,6 +267,10 @@ struct Routes {
     embeddings: Uri,
     rerank: Uri,
     responses: Uri,
+    count_tokens: Uri,
+    /// Below the server's root: the base without its `/v1`.
+    tokenize: Uri,
+    apply_template: Uri,
 }
 
 impl Routes {
@@ -269,6 +280,13 @@ impl Routes {
             url.parse::<Uri>().map_err(|e| format!("`{url}` is not a valid URL: {e}"))
         };
         let parse = |path: &str| absolute(path).map(|uri| origin_form(&uri));
+        let root = base.strip_suffix("/v1").unwrap_or(base);
+        let at_root = |path: &str| {
+            let url = format!("{root}{path}");
+            url.parse::<Uri>()
+                .map(|uri| origin_form(&uri))
+                .map_err(|e| format!("`{url}` is not a valid URL: {e}"))
+        };
         Ok(Self {
             absolute: absolute("/chat/completions")?,
             chat: parse("/chat/completions")?,
@@ -276,6 +294,9 @@ impl Routes {
             embeddings: parse("/embeddings")?,
             rerank: parse("/rerank")?,
             responses: parse("/responses")?,
+            count_tokens: parse("/messages/count_tokens")?,
+            tokenize: at_root("/tokenize")?,
+            apply_template: at_root("/apply-template")?,
         })
     }
 
@@ -287,6 +308,9 @@ impl Routes {
             ForwardRoute::Embeddings => &self.embeddings,
             ForwardRoute::Rerank => &self.rerank,
             ForwardRoute::Responses => &self.responses,
+            ForwardRoute::MessagesCountTokens => &self.count_tokens,
+            ForwardRoute::Tokenize => &self.tokenize,
+            ForwardRoute::ApplyTemplate => &self.apply_template,
         }
         .clone()
     }

@@ -20,6 +20,21 @@ pub enum ForwardRoute {
     Rerank,
     /// `POST /v1/responses`.
     Responses,
+    /// `POST /v1/messages/count_tokens` (Anthropic's Messages API, which some engines serve).
+    MessagesCountTokens,
+    /// `POST /tokenize` at the server's root (llama-server's and vLLM's tokenizer).
+    Tokenize,
+    /// `POST /apply-template` at the server's root (llama-server: the chat template's prompt
+    /// for a chat completion body).
+    ApplyTemplate,
+}
+
+impl ForwardRoute {
+    /// Whether an engine may lack the route: it is not part of the OpenAI API. Its 404,
+    /// 405 or 501 is then [`RuntimeError::Unsupported`], not a bad request.
+    pub fn optional(self) -> bool {
+        matches!(self, Self::MessagesCountTokens | Self::Tokenize | Self::ApplyTemplate)
+    }
 }
 
 /// A request to pass through.

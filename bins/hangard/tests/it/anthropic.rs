@@ -164,7 +164,8 @@ async fn a_client_that_hangs_up_cancels_its_generation() {
 /// The engines that take OpenAI requests: the Messages API translates to their chat route
 /// and back. SmolLM2 under a `llama-server` child and through `openai_remote` to a
 /// `llama-server` of its own give the in-process engine's greedy answer; the fake `vllm serve`
-/// answers its words. Whole and streamed, usage as the chat route reports it.
+/// answers its words. Whole and streamed, usage as the chat route reports it, and
+/// count_tokens equal to it.
 #[tokio::test(flavor = "multi_thread")]
 async fn engines_that_take_openai_requests_answer_through_translation() {
     let Some(path) = trained(CHAT) else { return };
@@ -224,12 +225,46 @@ async fn engines_that_take_openai_requests_answer_through_translation() {
                 && last["usage"]["output_tokens"].as_u64() > Some(0),
             "{last}"
         );
+        // Counted by the engine's own template and tokenizer: what the generation read.
         let (status, counted) =
             post(&server, "/v1/messages/count_tokens", ask(json!({ "model": model }))).await;
-        assert_eq!(
-            (status, counted["error"]["code"].as_str()),
-            (501, Some("not_implemented")),
-            "{counted}"
-        );
+        assert_eq!((status, counted["input_tokens"].as_u64()), (200, Some(read)), "{model}");
+    }
+    // llama-server names the stop sequence it met.
+    let word = typed.split_whitespace().next().unwrap().to_owned();
+    let stopped =
+        message(&server, ask(json!({ "model": "child", "stop_sequences": [word] }))).await;
+    assert_eq!(
+        (&stopped["stop_reason"], &stopped["stop_sequence"]),
+        (&json!("stop_sequence"), &json!(word))
+    );
+    images_go_only_where_the_model_takes_them(&server).await;
+}
+
+/// A base64 image reaches `vllm serve` as an `image_url` part (the fake counts 64 prompt
+/// tokens for it, in usage and in count_tokens alike); a model without images refuses it,
+/// and an image by URL needs `allow_remote_media`.
+async fn images_go_only_where_the_model_takes_them(server: &Server) {
+    let png = json!({ "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo=" });
+    let with = |model: &str, source: &Value| {
+        ask(json!({ "model": model, "messages": [{ "role": "user", "content": [
+            { "type": "text", "text": "what is it?" },
+            { "type": "image", "source": source }
+        ] }] }))
+    };
+    let answer = message(server, with("vllm", &png)).await;
+    assert_eq!(answer["usage"]["input_tokens"], 3 + 64, "{answer}");
+    let (status, counted) = post(server, "/v1/messages/count_tokens", with("vllm", &png)).await;
+    assert_eq!((status, counted["input_tokens"].as_u64()), (200, Some(3 + 64)), "{counted}");
+    let url = json!({ "type": "url", "url": "http://169.254.169.254/latest/meta-data" });
+    for (model, source, why) in [
+        ("child", &png, "takes no images"),
+        ("smollm2", &png, "takes no images"),
+        ("vllm", &url, "allow_remote_media"),
+    ] {
+        let (status, refused) = post(server, "/v1/messages", with(model, source)).await;
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!((status, refused["error"]["code"].as_str()), (400, Some("invalid_request")));
+        assert!(message.contains("messages[0].content[1]") && message.contains(why), "{refused}");
     }
 }

@@ -4,8 +4,8 @@
 //! request-level switch, and the sampling fields.
 
 use super::types::{
-    Content, ContentBlock, Conversation, MessageIn, MessagesRequest, OutputFormat, Role, System,
-    SystemBlock, Thinking, ToolChoice, ToolIn, ToolResultContent,
+    Content, ContentBlock, Conversation, ImageSource, MessageIn, MessagesRequest, OutputFormat,
+    Role, System, SystemBlock, Thinking, ToolChoice, ToolIn, ToolResultContent,
 };
 use crate::error::ApiError;
 use crate::openai::sampling::checked;
@@ -16,10 +16,39 @@ use hangar_runtime::engine::{
 };
 use serde_json::Value;
 
+/// An image block of a turn: engines that take OpenAI requests get it as an `image_url`
+/// part of that turn's message; the typed engines take none.
+pub(crate) struct Image {
+    /// The index of its message in the prompt's messages.
+    pub(crate) message: usize,
+    /// Where the block is in the request (`messages[i].content[j]`), for errors.
+    pub(crate) at: String,
+    pub(crate) source: ImageSource,
+}
+
+impl Image {
+    /// The image as an OpenAI `image_url` URL: a `data:` URL for base64 bytes.
+    pub(crate) fn url(&self) -> String {
+        match &self.source {
+            ImageSource::Base64 { media_type, data } => {
+                format!("data:{};base64,{data}", media_type.as_str())
+            }
+            ImageSource::Url { url } => url.clone(),
+        }
+    }
+
+    /// Whether the engine would fetch it from the web.
+    pub(crate) fn remote(&self) -> bool {
+        matches!(self.source, ImageSource::Url { .. })
+    }
+}
+
 /// A conversation's prompt, tools and thinking switch, checked.
 pub(crate) struct Prompted {
     pub(crate) model: Option<String>,
     pub(crate) messages: Vec<ChatMessage>,
+    /// Image blocks, by message; checked against the model before anything is admitted.
+    pub(crate) images: Vec<Image>,
     pub(crate) tools: Option<ToolUse>,
     pub(crate) thinking: ThinkingMode,
     /// `display: omitted`: thinking blocks carry their signature only.
@@ -44,6 +73,7 @@ pub(crate) struct Converted {
     /// The stop sequences, for the one that ended the answer.
     pub(crate) stops: Vec<String>,
     pub(crate) omit_thinking: bool,
+    pub(crate) images: Vec<Image>,
 }
 
 /// Reads the conversation.
@@ -58,6 +88,7 @@ pub(crate) fn prompted(conversation: Conversation) -> Result<Prompted, ApiError>
         return Err(ApiError::bad_request("`messages` must hold at least one message"));
     }
     let mut messages = Vec::with_capacity(turns.len() + 1);
+    let mut images = Vec::new();
     match system {
         Some(System::Text(text)) if !text.is_empty() => {
             messages.push(ChatMessage::new(ChatRole::System, text));
@@ -70,7 +101,7 @@ pub(crate) fn prompted(conversation: Conversation) -> Result<Prompted, ApiError>
         Some(System::Text(_)) | None => {}
     }
     for (i, turn) in turns.into_iter().enumerate() {
-        add_turn(&mut messages, i, turn)?;
+        add_turn(&mut messages, &mut images, i, turn)?;
     }
     let omit_thinking = thinking.as_ref().is_some_and(Thinking::omitted);
     let thinking = match thinking {
@@ -79,7 +110,7 @@ pub(crate) fn prompted(conversation: Conversation) -> Result<Prompted, ApiError>
         Some(Thinking::Disabled) => ThinkingMode::Disabled,
     };
     let tools = tool_use(tools, tool_choice)?;
-    Ok(Prompted { model, messages, tools, thinking, omit_thinking })
+    Ok(Prompted { model, messages, images, tools, thinking, omit_thinking })
 }
 
 /// The whole generation request of `POST /v1/messages`, and its stop sequences.
@@ -108,16 +139,23 @@ pub(crate) fn request(body: MessagesRequest) -> Result<Converted, ApiError> {
     };
     let mut prompted = prompted(body.conversation)?;
     let (model, omit_thinking) = (prompted.model.take(), prompted.omit_thinking);
+    let images = std::mem::take(&mut prompted.images);
     let mut request = prompted.into_request();
     (request.tools, request.format) =
         tools::combine(request.tools, format, "output_config.format")?;
     request.params = params;
-    Ok(Converted { model, request, stops, omit_thinking })
+    Ok(Converted { model, request, stops, omit_thinking, images })
 }
 
 /// Adds one turn: a user turn's tool results become `tool` messages (in order, before its
-/// text), an assistant turn's tool uses its calls; earlier reasoning is left out.
-fn add_turn(messages: &mut Vec<ChatMessage>, i: usize, turn: MessageIn) -> Result<(), ApiError> {
+/// text), an assistant turn's tool uses its calls, its images go to `images`; earlier
+/// reasoning is left out.
+fn add_turn(
+    messages: &mut Vec<ChatMessage>,
+    images: &mut Vec<Image>,
+    i: usize,
+    turn: MessageIn,
+) -> Result<(), ApiError> {
     let role = match turn.role {
         Role::User => ChatRole::User,
         Role::Assistant => ChatRole::Assistant,
@@ -131,6 +169,7 @@ fn add_turn(messages: &mut Vec<ChatMessage>, i: usize, turn: MessageIn) -> Resul
     };
     let mut texts = Vec::new();
     let mut calls = Vec::new();
+    let mut pictures = Vec::new();
     for (j, block) in blocks.into_iter().enumerate() {
         let at = format!("messages[{i}].content[{j}]");
         match (block, role) {
@@ -149,9 +188,19 @@ fn add_turn(messages: &mut Vec<ChatMessage>, i: usize, turn: MessageIn) -> Resul
                 calls.push(ToolCall { name, arguments: input.to_string() });
             }
             (ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. }, _) => {}
+            (ContentBlock::Image { source }, ChatRole::User) => {
+                if let ImageSource::Base64 { data, .. } = &source
+                    && (data.is_empty() || !data.bytes().all(base64_byte))
+                {
+                    return Err(ApiError::bad_request(format!(
+                        "{at}: `source.data` must be the image's bytes in base64"
+                    )));
+                }
+                pictures.push((at, source));
+            }
             (ContentBlock::Image { .. }, _) => {
                 return Err(ApiError::bad_request(format!(
-                    "{at}: image blocks are not supported by this model's engine (text only)"
+                    "{at}: image blocks belong in user messages"
                 )));
             }
             (ContentBlock::ToolResult { .. }, _) => {
@@ -172,12 +221,19 @@ fn add_turn(messages: &mut Vec<ChatMessage>, i: usize, turn: MessageIn) -> Resul
             }
         }
     }
-    if !texts.is_empty() || !calls.is_empty() {
+    if !texts.is_empty() || !calls.is_empty() || !pictures.is_empty() {
+        let message = messages.len();
+        images.extend(pictures.into_iter().map(|(at, source)| Image { message, at, source }));
         let mut message = ChatMessage::new(role, texts.join("\n"));
         message.tool_calls = calls;
         messages.push(message);
     }
     Ok(())
+}
+
+/// Whether `b` can appear in standard base64 (padding included).
+fn base64_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=')
 }
 
 /// The text of a tool result: a string, or its text blocks joined by newlines.
@@ -328,6 +384,40 @@ mod tests {
     }
 
     #[test]
+    fn images_are_kept_with_the_message_they_belong_to() {
+        let png = json!({ "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo=" });
+        let p = conversation(json!({
+            "model": "m",
+            "system": "look",
+            "messages": [
+                { "role": "user", "content": "hi" },
+                { "role": "assistant", "content": "hello" },
+                { "role": "user", "content": [
+                    { "type": "text", "text": "what is this?" },
+                    { "type": "image", "source": png },
+                    { "type": "image", "source": { "type": "url", "url": "https://x/a.png" } }
+                ] },
+                { "role": "user", "content": [{ "type": "image", "source": png }] }
+            ]
+        }))
+        .ok()
+        .unwrap();
+        let at: Vec<(usize, &str)> = p.images.iter().map(|i| (i.message, i.at.as_str())).collect();
+        assert_eq!(
+            at,
+            [
+                (3, "messages[2].content[1]"),
+                (3, "messages[2].content[2]"),
+                (4, "messages[3].content[0]")
+            ]
+        );
+        assert_eq!(p.messages[3].content, "what is this?");
+        assert_eq!(p.messages[4].content, "");
+        assert_eq!(p.images[0].url(), "data:image/png;base64,iVBORw0KGgo=");
+        assert_eq!((p.images[0].remote(), p.images[1].remote()), (false, true));
+    }
+
+    #[test]
     fn what_the_engines_cannot_take_is_refused_with_where() {
         let refused = |content: Value, role: &str| {
             let body = json!({ "model": "m", "messages": [{ "role": role, "content": content }] });
@@ -335,7 +425,10 @@ mod tests {
         };
         let image =
             json!([{ "type": "image", "source": { "type": "url", "url": "https://x/a.png" } }]);
-        assert!(refused(image, "user").contains("messages[0].content[0]: image"));
+        assert!(refused(image, "assistant").contains("messages[0].content[0]: image"));
+        let garbled = json!([{ "type": "image",
+            "source": { "type": "base64", "media_type": "image/png", "data": "a,b" } }]);
+        assert!(refused(garbled, "user").contains("base64"));
         let document = json!([{ "type": "document", "source": {} }]);
         assert!(refused(document, "user").contains("not supported"));
         let result = json!([{ "type": "tool_result", "tool_use_id": "t" }]);

@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
+use hangar_config::BackendKind;
 use hangar_runtime::RequestGuard;
 use hangar_runtime::engine::{
     FinishReason, ForwardRequest, ForwardRoute, GenerateRequest, GenerateSummary, OutputFormat,
@@ -17,6 +18,7 @@ use http::StatusCode;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
+use super::convert::Image;
 use super::stream::{
     Blocks, MessageDelta, MessageMeta, Reasoning, StreamEvent, error_event, events, usage,
 };
@@ -27,8 +29,18 @@ use crate::openai::stream::send_all;
 use crate::openai::{Recorder, Reply};
 use crate::router::Ctx;
 
-/// `request` as a chat completion body for the engine.
-pub(crate) fn chat_body(model: &str, request: &GenerateRequest, stream: bool) -> Value {
+/// A request for an engine that takes OpenAI requests.
+pub(crate) struct Forwarded {
+    pub(crate) request: GenerateRequest,
+    /// Its image blocks, written as `image_url` parts of their messages.
+    pub(crate) images: Vec<Image>,
+    /// The model's engine.
+    pub(crate) kind: BackendKind,
+}
+
+/// The request as a chat completion body for the engine.
+pub(crate) fn chat_body(model: &str, forwarded: &Forwarded, stream: bool) -> Value {
+    let Forwarded { request, images, kind } = forwarded;
     let Prompt::Chat(chat) = &request.prompt else { return json!({}) };
     let mut messages = Vec::with_capacity(chat.len());
     // Tool results answer the calls before them, in order; the engines' templates want ids.
@@ -54,7 +66,23 @@ pub(crate) fn chat_body(model: &str, request: &GenerateRequest, stream: bool) ->
                 let id = ids.pop_front().unwrap_or_else(|| format!("call_{i}"));
                 json!({ "role": "tool", "tool_call_id": id, "content": m.content })
             }
-            role => json!({ "role": role.as_str(), "content": m.content }),
+            role => {
+                let mut parts: Vec<Value> = images
+                    .iter()
+                    .filter(|image| image.message == i)
+                    .map(
+                        |image| json!({ "type": "image_url", "image_url": { "url": image.url() } }),
+                    )
+                    .collect();
+                if parts.is_empty() {
+                    json!({ "role": role.as_str(), "content": m.content })
+                } else {
+                    if !m.content.is_empty() {
+                        parts.push(json!({ "type": "text", "text": m.content }));
+                    }
+                    json!({ "role": role.as_str(), "content": parts })
+                }
+            }
         };
         messages.push(message);
     }
@@ -102,6 +130,10 @@ pub(crate) fn chat_body(model: &str, request: &GenerateRequest, stream: bool) ->
         }
         None => {}
     }
+    // llama-server names the stop sequence it met only in its debugging field.
+    if *kind == BackendKind::LlamaServer && !p.stop.is_empty() {
+        body.insert("verbose".into(), true.into());
+    }
     if stream {
         body.insert("stream".into(), true.into());
         body.insert("stream_options".into(), json!({ "include_usage": true }));
@@ -112,19 +144,19 @@ pub(crate) fn chat_body(model: &str, request: &GenerateRequest, stream: bool) ->
 /// Forwards `request` and answers with the message, whole or streamed.
 pub(crate) async fn message(
     guard: RequestGuard,
-    request: GenerateRequest,
+    forwarded: Forwarded,
     meta: MessageMeta,
     reasoning: Reasoning,
     stream: bool,
     ctx: &Ctx,
     rec: &Recorder,
 ) -> Result<Reply, ApiError> {
-    let body = chat_body(&meta.model, &request, stream);
+    let body = chat_body(&meta.model, &forwarded, stream);
     let options = &ctx.state.options;
     let forward = ForwardRequest {
         route: ForwardRoute::ChatCompletions,
         body: Bytes::from(body.to_string()),
-        thinking: request.thinking,
+        thinking: forwarded.request.thinking,
         max_answer_bytes: options.limits.max_answer_bytes.get(),
     };
     let answer = guard.forward(forward).await?;
@@ -214,6 +246,12 @@ impl Reader {
         }
         if let Some(stop) = choice["stop_reason"].as_str() {
             self.stopped_by = Some(stop.to_owned());
+        }
+        let verbose = &chunk["__verbose"];
+        if verbose["stop_type"] == "word"
+            && let Some(word) = verbose["stopping_word"].as_str()
+        {
+            self.stopped_by = Some(word.to_owned());
         }
         let u = &chunk["usage"];
         if let Some(prompt) = u["prompt_tokens"].as_u64() {
@@ -361,7 +399,8 @@ mod tests {
             }],
             choice: ToolChoice::Function("a".into()),
         });
-        let body = chat_body("m", &request, true);
+        let forwarded = Forwarded { request, images: Vec::new(), kind: BackendKind::LlamaServer };
+        let body = chat_body("m", &forwarded, true);
         let messages = body["messages"].as_array().unwrap();
         assert_eq!(messages[1]["content"], Value::Null);
         assert_eq!(messages[1]["tool_calls"][1]["id"], "call_1_1");
@@ -371,6 +410,30 @@ mod tests {
         assert_eq!(body["tool_choice"]["function"]["name"], "a");
         assert_eq!((body["max_tokens"].as_u64(), &body["stop"]), (Some(8), &json!(["END"])));
         assert_eq!(body["stream_options"]["include_usage"], true);
+        assert_eq!(body["verbose"], true, "llama-server is asked to name its stop sequence");
+        let vllm = Forwarded { kind: BackendKind::VllmServe, ..forwarded };
+        assert_eq!(chat_body("m", &vllm, false).get("verbose"), None);
+    }
+
+    #[test]
+    fn images_become_image_url_parts_before_their_text() {
+        use super::super::types::{ImageSource, MediaType};
+        let request = GenerateRequest::new(Prompt::Chat(vec![
+            ChatMessage::new(Role::User, "hi"),
+            ChatMessage::new(Role::User, "what is it?"),
+        ]));
+        let source = ImageSource::Base64 { media_type: MediaType::Png, data: "AAAA".into() };
+        let images = vec![Image { message: 1, at: "messages[1].content[1]".into(), source }];
+        let forwarded = Forwarded { request, images, kind: BackendKind::VllmServe };
+        let body = chat_body("m", &forwarded, false);
+        assert_eq!(body["messages"][0]["content"], "hi");
+        assert_eq!(
+            body["messages"][1]["content"],
+            json!([
+                { "type": "image_url", "image_url": { "url": "data:image/png;base64,AAAA" } },
+                { "type": "text", "text": "what is it?" }
+            ])
+        );
     }
 
     #[test]
@@ -399,11 +462,17 @@ mod tests {
             (9, 4, 2)
         );
 
-        // vLLM names the stop sequence it met.
-        let mut reader = Reader::new(Reasoning::Shown);
-        let stopped = json!({ "choices": [{ "message": { "content": "a" }, "finish_reason": "stop", "stop_reason": "STOP" }] });
-        reader.chunk(&stopped["choices"][0]["message"], &stopped);
-        let (_, summary) = reader.finish(&meta);
-        assert_eq!(summary.stop_sequence, Some(0));
+        // vLLM names the stop sequence it met, llama-server in its debugging field.
+        let vllm = json!({ "choices": [{ "message": { "content": "a" }, "finish_reason": "stop", "stop_reason": "STOP" }] });
+        let llama = json!({ "choices": [{ "message": { "content": "a" }, "finish_reason": "stop" }],
+            "__verbose": { "stop_type": "word", "stopping_word": "STOP" } });
+        let eos = json!({ "choices": [{ "message": { "content": "a" }, "finish_reason": "stop" }],
+            "__verbose": { "stop_type": "eos", "stopping_word": "" } });
+        for (answer, named) in [(vllm, Some(0)), (llama, Some(0)), (eos, None)] {
+            let mut reader = Reader::new(Reasoning::Shown);
+            reader.chunk(&answer["choices"][0]["message"], &answer);
+            let (_, summary) = reader.finish(&meta);
+            assert_eq!(summary.stop_sequence, named, "{answer}");
+        }
     }
 }

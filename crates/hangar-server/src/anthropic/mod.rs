@@ -11,9 +11,11 @@
 //!
 //! Models whose engine takes OpenAI requests (`llama_server`, `vllm_serve`, `openai_remote`)
 //! get the same typed request written as a chat completion, and their answer read back
-//! (`forward.rs`). Counting their tokens is not supported yet: 501 `not_implemented`.
+//! (`forward.rs`), and their tokens counted by the engine (`count.rs`). Image blocks go
+//! only to those engines, and only where the model takes images.
 
 mod convert;
+mod count;
 mod forward;
 mod split;
 mod stream;
@@ -21,6 +23,8 @@ pub(crate) mod types;
 
 use std::sync::LazyLock;
 
+use hangar_config::BackendKind;
+use hangar_runtime::engine::Modality;
 use hangar_runtime::{ManagerError, Work};
 use http::StatusCode;
 use serde_json::json;
@@ -48,8 +52,10 @@ async fn message(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     convert::check_tags(&parse_json(&ctx.body, false)?)?;
     let body: MessagesRequest = parse_json(&ctx.body, false)?;
     let stream = body.stream.unwrap_or(false);
-    let convert::Converted { model, request, stops, omit_thinking } = convert::request(body)?;
+    let convert::Converted { model, request, stops, omit_thinking, images } =
+        convert::request(body)?;
     let model = rec.model(model)?;
+    let kind = check_images(ctx, &model, &images)?;
     let reasoning = match request.thinking {
         hangar_runtime::engine::ThinkingMode::Disabled => Reasoning::None,
         _ if omit_thinking => Reasoning::Omitted,
@@ -58,7 +64,8 @@ async fn message(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     let guard = ctx.state.manager.admit(&model, Work::generation(&request)).await?;
     let meta = MessageMeta { id: new_id("msg_"), model, stops };
     if guard.forwards() {
-        return forward::message(guard, request, meta, reasoning, stream, ctx, rec).await;
+        let forwarded = forward::Forwarded { request, images, kind };
+        return forward::message(guard, forwarded, meta, reasoning, stream, ctx, rec).await;
     }
     if stream {
         let format = MessagesStream::new(meta, reasoning);
@@ -83,30 +90,69 @@ async fn count(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     let body: Conversation = parse_json(&ctx.body, false)?;
     let mut prompted = convert::prompted(body)?;
     let model = rec.model(prompted.model.take())?;
-    refuse_forwarding(ctx, &model)?;
+    let images = std::mem::take(&mut prompted.images);
+    let kind = check_images(ctx, &model, &images)?;
     let request = prompted.into_request();
     let guard = ctx.state.manager.admit(&model, Work::generation(&request)).await?;
-    let input_tokens = guard.count_tokens(request).await.map_err(|e| match e {
+    let input_tokens = if guard.forwards() {
+        let forwarded = forward::Forwarded { request, images, kind };
+        count::count(ctx, &guard, &model, &forwarded).await?
+    } else {
+        guard.count_tokens(request).await.map_err(manager_error)?
+    };
+    Ok(Reply::Done(json_response(StatusCode::OK, &TokenCount { input_tokens })))
+}
+
+/// `error` as the client's, an engine's `unsupported` as 501 `not_implemented`.
+fn manager_error(error: ManagerError) -> ApiError {
+    match error {
         ManagerError::Runtime(hangar_runtime::engine::RuntimeError::Unsupported { message }) => {
             ApiError::new(RuntimeCode::NotImplemented, message)
         }
         other => other.into(),
-    })?;
-    Ok(Reply::Done(json_response(StatusCode::OK, &TokenCount { input_tokens })))
+    }
 }
 
-/// Counting needs the engine's tokenizer; one that takes OpenAI requests is not asked yet.
-fn refuse_forwarding(ctx: &Ctx, model: &str) -> Result<(), ApiError> {
-    if !ctx.state.manager.forwards(model) {
-        return Ok(());
+/// The model's engine, once its images are checked: they go only to an engine that takes
+/// OpenAI requests (the typed path carries text), and only where the model takes images:
+/// a `llama_server` model with a projector, and `vllm_serve` and `openai_remote` models,
+/// whose engine knows its model's inputs and answers for them (their chat route gets images
+/// as sent, too). An image by URL needs the model's `allow_remote_media`, since the engine
+/// would fetch it from this machine.
+///
+/// # Errors
+/// 400 `invalid_request` naming the first image refused.
+fn check_images(
+    ctx: &Ctx,
+    model: &str,
+    images: &[convert::Image],
+) -> Result<BackendKind, ApiError> {
+    let manager = &ctx.state.manager;
+    // An unknown model is left to admission, which answers 404.
+    let Some(config) = manager.model_config(model) else { return Ok(BackendKind::Stub) };
+    let kind = config.backend;
+    let Some(first) = images.first() else { return Ok(kind) };
+    let takes_images = manager.forwards(model)
+        && (matches!(kind, BackendKind::VllmServe | BackendKind::OpenaiRemote)
+            || manager
+                .model(model)
+                .is_ok_and(|m| m.capabilities.modalities.contains(&Modality::Image)));
+    if !takes_images {
+        return Err(ApiError::bad_request(format!(
+            "{}: model `{model}` takes no images (its capabilities.modalities are text only)",
+            first.at
+        )));
     }
-    Err(ApiError::new(
-        RuntimeCode::NotImplemented,
-        format!(
-            "model `{model}` is served by an engine that takes OpenAI requests (llama_server, \
-             vllm_serve or openai_remote); counting its tokens is not supported yet"
-        ),
-    ))
+    if let Some(remote) = images.iter().find(|i| i.remote())
+        && !config.remote_media_allowed()
+    {
+        return Err(ApiError::bad_request(format!(
+            "{}: images by URL are refused unless the model's allow_remote_media is on (the \
+             engine would fetch them from this machine); send the bytes as base64",
+            remote.at
+        )));
+    }
+    Ok(kind)
 }
 
 /// Anthropic's error type for a status.
@@ -165,7 +211,7 @@ pub(crate) fn routes() -> Vec<Route> {
         Route::new(post.clone(), "/v1/messages", Group::Anthropic, messages_route)
             .doc(
                 "Message (Anthropic Messages API)",
-                "Generates the next assistant turn of `messages` as content blocks (`text`, `thinking`, `tool_use`); `max_tokens` is required. `thinking: {\"type\": \"enabled\"}` must be allowed by the model's capabilities.thinking_modes (400 thinking_unsupported); a reasoning model's thinking comes back as `thinking` blocks with a `signature` (accepted back, and left out of the prompt). Streams the Messages API's events with `stream: true`. Takes `x-api-key` as well as `Authorization: Bearer`, and any `anthropic-version`. Errors answer in Anthropic's envelope with Hangar's `code` inside. Models of engines that take OpenAI requests (llama_server, vllm_serve, openai_remote) get the request as a chat completion and their answer as blocks (`reasoning_content` as thinking); their `stop_sequence` is named only when the engine reports it (vLLM does, llama-server does not).",
+                "Generates the next assistant turn of `messages` as content blocks (`text`, `thinking`, `tool_use`); `max_tokens` is required. `thinking: {\"type\": \"enabled\"}` must be allowed by the model's capabilities.thinking_modes (400 thinking_unsupported); a reasoning model's thinking comes back as `thinking` blocks with a `signature` (accepted back, and left out of the prompt). Streams the Messages API's events with `stream: true`. Takes `x-api-key` as well as `Authorization: Bearer`, and any `anthropic-version`. Errors answer in Anthropic's envelope with Hangar's `code` inside. Models of engines that take OpenAI requests (llama_server, vllm_serve, openai_remote) get the request as a chat completion and their answer as blocks (`reasoning_content` as thinking); `stop_sequence` is named when the engine reports it (llama-server and vLLM do). `image` blocks (base64, or by URL where the model's allow_remote_media is on) go as `image_url` parts to those engines only: a llama_server model with a projector, vllm_serve and openai_remote models; elsewhere 400 invalid_request.",
             )
             .body::<MessagesRequest>(false)
             .example(|m| {
@@ -180,7 +226,7 @@ pub(crate) fn routes() -> Vec<Route> {
         Route::new(post, "/v1/messages/count_tokens", Group::Anthropic, count_tokens_route)
             .doc(
                 "Count tokens (Anthropic Messages API)",
-                "The prompt tokens of a `/v1/messages` request, rendered and tokenized by the model's own template and tokenizer without generating: the `input_tokens` plus `cache_read_input_tokens` of the same request's usage. An engine that cannot count without generating answers 501 not_implemented (the CTranslate2/ExLlamaV3/vLLM bridge, and the engines that take OpenAI requests).",
+                "The prompt tokens of a `/v1/messages` request, rendered and tokenized by the model's own template and tokenizer without generating: the `input_tokens` plus `cache_read_input_tokens` of the same request's usage. Engines that take OpenAI requests count the chat completion a generation would send: llama_server with its /apply-template and /tokenize, vllm_serve with its /tokenize, openai_remote with the remote's own /v1/messages/count_tokens. An engine that cannot count without generating answers 501 not_implemented (the CTranslate2/ExLlamaV3/vLLM bridge, a remote without the route, images on llama_server).",
             )
             .body::<Conversation>(false)
             .example(|m| {

@@ -49,14 +49,43 @@ pub(crate) enum Role {
     Assistant,
 }
 
+/// The formats of a base64 image.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
+pub(crate) enum MediaType {
+    /// JPEG.
+    #[serde(rename = "image/jpeg")]
+    Jpeg,
+    /// PNG.
+    #[serde(rename = "image/png")]
+    Png,
+    /// GIF.
+    #[serde(rename = "image/gif")]
+    Gif,
+    /// WebP.
+    #[serde(rename = "image/webp")]
+    Webp,
+}
+
+impl MediaType {
+    /// The MIME type.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Jpeg => "image/jpeg",
+            Self::Png => "image/png",
+            Self::Gif => "image/gif",
+            Self::Webp => "image/webp",
+        }
+    }
+}
+
 /// Where an image comes from.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub(crate) enum ImageSource {
     /// The image's bytes, base64.
     Base64 {
-        /// `image/jpeg`, `image/png`, `image/gif` or `image/webp`.
-        media_type: String,
+        /// The image's format.
+        media_type: MediaType,
         /// The bytes, base64.
         data: String,
     },
