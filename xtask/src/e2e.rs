@@ -10,7 +10,7 @@
 //!    llama-server`); the address comes from its `hangard listening on …` line, readiness
 //!    from `GET /readyz` (every enabled model loaded: the stub models, the llama.cpp GGUF
 //!    models and the `llama-server` model alike).
-//! 3. Each script of `xtask/e2e` with `HANGAR_URL` set; each asserts and exits non-zero on
+//! 3. Each script of `xtask/e2e` with `HANGAR_URL` (and `HANGARD`, the binary) set; each asserts and exits non-zero on
 //!    failure. Every script runs even when one fails. `workbench.py` drives `/ui` in Debian's
 //!    headless `chromium` (installed with apt when missing and root, see
 //!    [`deps::ensure_chromium`]) through Playwright, and saves its screenshots to
@@ -104,7 +104,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     let reports = target.join("e2e-schemathesis");
     let mut results: Vec<Check> = Vec::new();
     for script in SCRIPTS {
-        results.push(run_script(root, &python, script, &server.base, &grpc, None)?);
+        results.push(run_script(root, &python, script, &server.base, &grpc, None, &binary)?);
     }
     let open_reports = reports.join("no-admin-key");
     results.push(run_schemathesis(
@@ -130,7 +130,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     server.wait_ready(Duration::from_secs(60))?;
     for script in KEYED_SCRIPTS {
         let keys = Some((key.as_str(), inference_key.as_str()));
-        results.push(run_script(root, &python, script, &server.base, &grpc, keys)?);
+        results.push(run_script(root, &python, script, &server.base, &grpc, keys, &binary)?);
     }
     let key_reports = reports.join("admin-key");
     results.push(run_schemathesis(
@@ -210,7 +210,7 @@ fn workbench_hosts(root: &Path, python: &Path, target: &Path) -> Result<[Check; 
     let log_path = target.join("e2e-hangard-hosts.log");
     let (child, base) = spawn_serve(&binary, &config, &["--host", "::1"], root, &log_path)?;
     let mut server = DemoServer { child, base, exited: false };
-    let check = run_script(root, python, "workbench_hosts.py", &server.base, "0", None)?;
+    let check = run_script(root, python, "workbench_hosts.py", &server.base, "0", None, &binary)?;
     Ok([check, server.stop("hangard on [::1] drains and exits 0 on SIGTERM")])
 }
 
@@ -224,6 +224,7 @@ fn run_script(
     base: &str,
     grpc_port: &str,
     keys: Option<(&str, &str)>,
+    binary: &Path,
 ) -> Result<Check> {
     let started = Instant::now();
     let shown_key =
@@ -233,6 +234,7 @@ fn run_script(
     cmd.arg(root.join("xtask/e2e").join(script))
         .env("HANGAR_URL", base)
         .env("HANGAR_GRPC_URL", format!("127.0.0.1:{grpc_port}"))
+        .env("HANGARD", binary)
         .current_dir(root);
     if let Some((admin, inference)) = keys {
         cmd.env("HANGAR_ADMIN_KEY", admin).env("HANGAR_INFERENCE_KEY", inference);

@@ -99,9 +99,16 @@ pub(crate) fn chat_body(model: &str, forwarded: &Forwarded, stream: bool) -> Val
     ];
     body.extend(fields.into_iter().filter_map(|(k, v)| Some((k.to_owned(), v?))));
     if let Some(tools) = &request.tools {
+        // llama-server reads `tool_choice` as a word only: a named tool is forced there as
+        // `required` with that tool alone.
+        let named = match &tools.choice {
+            ToolChoice::Function(name) if *kind == BackendKind::LlamaServer => Some(name),
+            _ => None,
+        };
         let functions: Vec<Value> = tools
             .tools
             .iter()
+            .filter(|t| named.is_none_or(|name| t.name == *name))
             .map(|t| {
                 let mut function = json!({ "name": t.name, "parameters": t.parameters });
                 if let Some(description) = &t.description {
@@ -114,6 +121,7 @@ pub(crate) fn chat_body(model: &str, forwarded: &Forwarded, stream: bool) -> Val
         let choice = match &tools.choice {
             ToolChoice::Auto => json!("auto"),
             ToolChoice::Required => json!("required"),
+            ToolChoice::Function(_) if named.is_some() => json!("required"),
             ToolChoice::Function(name) => {
                 json!({ "type": "function", "function": { "name": name } })
             }
@@ -392,11 +400,13 @@ mod tests {
         request.params.max_tokens = Some(8);
         request.params.stop = vec!["END".into()];
         request.tools = Some(ToolUse {
-            tools: vec![ToolDefinition {
-                name: "a".into(),
-                description: None,
-                parameters: json!({}),
-            }],
+            tools: ["a", "b"]
+                .map(|name| ToolDefinition {
+                    name: name.into(),
+                    description: None,
+                    parameters: json!({}),
+                })
+                .into(),
             choice: ToolChoice::Function("a".into()),
         });
         let forwarded = Forwarded { request, images: Vec::new(), kind: BackendKind::LlamaServer };
@@ -406,13 +416,20 @@ mod tests {
         assert_eq!(messages[1]["tool_calls"][1]["id"], "call_1_1");
         assert_eq!(messages[2]["tool_call_id"], "call_1_0");
         assert_eq!(messages[3]["tool_call_id"], "call_1_1");
-        assert_eq!(body["tools"][0]["function"], json!({ "name": "a", "parameters": {} }));
-        assert_eq!(body["tool_choice"]["function"]["name"], "a");
+        // llama-server takes a named tool as `required` with that tool alone.
+        assert_eq!(
+            body["tools"],
+            json!([{ "type": "function", "function": { "name": "a", "parameters": {} } }])
+        );
+        assert_eq!(body["tool_choice"], "required");
         assert_eq!((body["max_tokens"].as_u64(), &body["stop"]), (Some(8), &json!(["END"])));
         assert_eq!(body["stream_options"]["include_usage"], true);
         assert_eq!(body["verbose"], true, "llama-server is asked to name its stop sequence");
         let vllm = Forwarded { kind: BackendKind::VllmServe, ..forwarded };
-        assert_eq!(chat_body("m", &vllm, false).get("verbose"), None);
+        let body = chat_body("m", &vllm, false);
+        assert_eq!(body.get("verbose"), None);
+        assert_eq!(body["tool_choice"]["function"]["name"], "a");
+        assert_eq!(body["tools"].as_array().map(Vec::len), Some(2));
     }
 
     #[test]

@@ -103,6 +103,8 @@ pub(crate) struct ChatChoice {
     logprobs: (),
     /// Why generation stopped.
     finish_reason: crate::wire::FinishReason,
+    /// The stop sequence that ended the answer, when one did (vLLM's field).
+    stop_reason: Option<String>,
 }
 
 /// The assistant message of a chat completion.
@@ -150,6 +152,9 @@ pub(crate) struct ChunkChoice {
     logprobs: (),
     /// Set in the last content chunk.
     finish_reason: Option<crate::wire::FinishReason>,
+    /// With `finish_reason`: the stop sequence that ended the answer, when one did (vLLM's
+    /// field).
+    stop_reason: Option<String>,
 }
 
 /// What a chunk adds to the message.
@@ -206,9 +211,10 @@ async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     };
     let guard = ctx.state.manager.admit(&model, Work::generation(&request)).await?;
     let (id, created) = (new_id("chatcmpl-"), unix_now());
+    let stops = request.params.stop.clone();
     if body.stream.unwrap_or(false) {
         let include_usage = body.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-        let format = ChatStream { id, created, model, include_usage, calls: 0 };
+        let format = ChatStream { id, created, model, include_usage, calls: 0, stops };
         let response = stream_generation(guard, request, format, rec.clone()).await?;
         return Ok(Reply::Streaming(response));
     }
@@ -232,6 +238,7 @@ async fn chat(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
             message,
             logprobs: (),
             finish_reason: summary.finish_reason.into(),
+            stop_reason: stop_met(&stops, &summary),
         }],
         usage: Usage::of(&summary),
     };
@@ -246,6 +253,13 @@ struct ChatStream {
     include_usage: bool,
     /// Tool calls sent so far (the next call's `index`).
     calls: u32,
+    /// The request's stop sequences, for the one that ended it.
+    stops: Vec<String>,
+}
+
+/// The stop sequence of `stops` that ended the generation, if one did.
+fn stop_met(stops: &[String], summary: &GenerateSummary) -> Option<String> {
+    stops.get(usize::from(summary.stop_sequence?)).cloned()
 }
 
 impl ChatStream {
@@ -267,6 +281,7 @@ impl ChatStream {
             delta,
             logprobs: (),
             finish_reason: finish_reason.map(Into::into),
+            stop_reason: None,
         }]
     }
 }
@@ -295,9 +310,9 @@ impl StreamFormat for ChatStream {
     }
 
     fn finish(&mut self, summary: &GenerateSummary) -> Vec<Bytes> {
-        let mut events = vec![
-            self.chunk(Self::choice(ChunkDelta::default(), Some(summary.finish_reason)), None),
-        ];
+        let mut last = Self::choice(ChunkDelta::default(), Some(summary.finish_reason));
+        last[0].stop_reason = stop_met(&self.stops, summary);
+        let mut events = vec![self.chunk(last, None)];
         if self.include_usage {
             events.push(self.chunk(Vec::new(), Some(Usage::of(summary))));
         }

@@ -74,10 +74,17 @@ async fn chat_completion_accepts_parts_stop_and_unknown_openai_fields() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["choices"][0]["message"]["content"], "hello there");
     assert_eq!(body["choices"][0]["finish_reason"], "stop", "a stop sequence ends with stop");
+    assert_eq!(body["choices"][0]["stop_reason"], "friend", "the one met is named, as vLLM does");
 
     let stops = chat_body("fixed", "hi", json!({ "stop": ["nothing", "there"] }));
-    let (_, body) = post(&svc, "/v1/chat/completions", stops).await;
+    let (_, body) = post(&svc, "/v1/chat/completions", stops.clone()).await;
     assert_eq!(body["choices"][0]["message"]["content"], "hello");
+    assert_eq!(body["choices"][0]["stop_reason"], "there");
+    let mut streamed = stops;
+    streamed["stream"] = json!(true);
+    let events = stream(&svc, "/v1/chat/completions", streamed).await;
+    let finish = events[events.len() - 2].json();
+    assert_eq!(finish["choices"][0]["stop_reason"], "there", "{finish}");
 }
 
 #[tokio::test(start_paused = true)]
