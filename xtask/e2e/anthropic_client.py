@@ -6,7 +6,8 @@ translation to the chat route). For each: a message, a stream, a system prompt w
 turns (equal to the chat route's answer and usage), a tool-use round trip with `tool_choice:
 any`, a stop sequence named, structured output, count_tokens equal to the usage of the same
 request, and a client that hangs up cancelling its generation. Then thinking on and off with
-the thinking stub (its blocks and signature, sent back on the next turn), and
+the thinking stub (its blocks and signature, sent back on the next turn) and through Qwen3's
+own template (the demo's tiny random-weight Qwen3: the switch rendered as on the chat route), and
 Anthropic-shaped errors for an unknown model, one not loaded, one loading, a quarantined one
 and a full queue. With HANGAR_INFERENCE_KEY the key goes as `x-api-key` (the SDK's way), the
 remote model sends it to the demo server, and a wrong one is refused. Exits non-zero on the
@@ -258,6 +259,28 @@ def thinking():
     assert [b.type for b in off.content] == ["text"], off
 
 
+def thinking_template():
+    """`thinking` reaches a real template's switch: Qwen3's, on the demo's tiny Qwen3 (random
+    weights, CTranslate2), whose template writes an empty reasoning block when thinking is off.
+    Each mode's prompt and greedy answer equal the chat route's for the same `thinking`."""
+    answers = {}
+    for mode in ("enabled", "disabled"):
+        m = client.messages.create(
+            model="tiny-qwen3-ct2", max_tokens=8, thinking={"type": mode, "budget_tokens": 1024},
+            messages=[{"role": "user", "content": "hi"}], extra_body={"temperature": 0},
+        )
+        chat = {"model": "tiny-qwen3-ct2", "max_tokens": 8, "temperature": 0, "thinking": mode,
+                "messages": [{"role": "user", "content": "hi"}]}
+        status, body = http("POST", "/v1/chat/completions", chat)
+        assert status == 200, body
+        assert used(m) == body["usage"]["prompt_tokens"], (mode, m.usage, body["usage"])
+        assert text(m) == body["choices"][0]["message"]["content"], (mode, m, body)
+        answers[mode] = m
+    # Off, the template closes an empty reasoning block after the turn: more prompt tokens.
+    assert used(answers["disabled"]) > used(answers["enabled"]), answers
+    assert all(b.type == "text" for b in answers["disabled"].content), answers["disabled"]
+
+
 def expect(error_class, status, code, sdk=client, **request):
     try:
         sdk.messages.create(max_tokens=8, messages=[{"role": "user", "content": "hi"}], **request)
@@ -415,6 +438,7 @@ def main():
             for e in engines:
                 engine_checks(e)
             check("thinking on and off (stub)", thinking)
+            check("thinking on and off through Qwen3's template", thinking_template)
             check("errors in Anthropic's envelope", errors)
             check("quarantined and queue full", lambda: quarantined_and_full(engines[2]))
             if KEY:
