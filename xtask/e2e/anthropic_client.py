@@ -262,7 +262,8 @@ def thinking():
 def thinking_template():
     """`thinking` reaches a real template's switch: Qwen3's, on the demo's tiny Qwen3 (random
     weights, CTranslate2), whose template writes an empty reasoning block when thinking is off.
-    Each mode's prompt and greedy answer equal the chat route's for the same `thinking`."""
+    Each mode's prompt and greedy answer equal the chat route's for the same `thinking`, and
+    count_tokens (the bridge worker's `count`) equals the prompt."""
     answers = {}
     for mode in ("enabled", "disabled"):
         m = client.messages.create(
@@ -274,6 +275,11 @@ def thinking_template():
         status, body = http("POST", "/v1/chat/completions", chat)
         assert status == 200, body
         assert used(m) == body["usage"]["prompt_tokens"], (mode, m.usage, body["usage"])
+        counted = client.messages.count_tokens(
+            model="tiny-qwen3-ct2", thinking={"type": mode, "budget_tokens": 1024},
+            messages=[{"role": "user", "content": "hi"}],
+        )
+        assert counted.input_tokens == used(m), (mode, counted, m.usage)
         assert text(m) == body["choices"][0]["message"]["content"], (mode, m, body)
         answers[mode] = m
     # Off, the template closes an empty reasoning block after the turn: more prompt tokens.

@@ -24,6 +24,8 @@ pub enum Op {
     },
     /// Generates text, streaming `token` replies.
     Generate(GenerateOp),
+    /// Counts the prompt tokens a `generate` of the same fields would read.
+    Count(GenerateOp),
     /// Embeds each input.
     Embed {
         /// Texts, in order.
@@ -63,6 +65,7 @@ impl Op {
             Self::Hello { .. } => "hello",
             Self::Load { .. } => "load",
             Self::Generate(_) => "generate",
+            Self::Count(_) => "count",
             Self::Embed { .. } => "embed",
             Self::Rerank { .. } => "rerank",
             Self::Cancel { .. } => "cancel",
@@ -190,6 +193,11 @@ pub enum Reply {
         prompt_tokens: u32,
         /// Generated tokens.
         completion_tokens: u32,
+    },
+    /// The answer to `count`.
+    Counted {
+        /// Prompt tokens.
+        prompt_tokens: u32,
     },
     /// The answer to `embed`.
     Embeddings {

@@ -254,6 +254,15 @@ impl Runtime for BridgeRuntime {
         }
     }
 
+    /// The worker's `count`: the engine's own template and tokenizer, nothing generated.
+    async fn count_tokens(&self, request: GenerateRequest) -> Result<u32, RuntimeError> {
+        let op = Op::Count(self.prompt(&request)?);
+        match self.request(&op).await? {
+            Reply::Counted { prompt_tokens } => Ok(prompt_tokens),
+            other => Err(self.violation("count", &other).await),
+        }
+    }
+
     async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, RuntimeError> {
         let op = Op::Embed { inputs: request.inputs };
         match self.request(&op).await? {

@@ -151,6 +151,10 @@ async fn every_message_of_the_protocol_round_trips() {
     assert!(text.contains("<think>"), "thinking disabled writes an empty think block: {text:?}");
     assert_eq!(summary.finish_reason, FinishReason::Stop);
     assert_eq!(summary.completion_tokens as usize, text.split_whitespace().count());
+    // count: the same prompt's tokens, nothing generated.
+    let mut request = chat("hello there");
+    request.thinking = ThinkingMode::Disabled;
+    assert_eq!(runtime.count_tokens(request).await.unwrap(), summary.prompt_tokens);
 
     // max_tokens ends with `length`; stop sequences are the worker's.
     let mut request = GenerateRequest::new(Prompt::Text("one two three four five".into()));

@@ -139,6 +139,8 @@ def main():
                 time.sleep(3600)
         elif op == "generate":
             threading.Thread(target=generate, args=(sock, rid, request), daemon=True).start()
+        elif op == "count":
+            send(sock, {"id": rid, "type": "counted", "prompt_tokens": len(words(request))})
         elif op == "embed":
             vectors = [[1.0, 0.0] if len(t) % 2 else [0.0, 1.0] for t in request["inputs"]]
             send(sock, {"id": rid, "type": "embeddings", "vectors": vectors,

@@ -134,7 +134,7 @@ class Session:
                 except OSError:
                     pass
                 os._exit(0)
-        elif op in ("load", "generate", "embed", "rerank", "sleep", "wake", "unload"):
+        elif op in ("load", "generate", "count", "embed", "rerank", "sleep", "wake", "unload"):
             self.start(rid, op, request)
         else:
             self.fail(rid, BridgeError("protocol", f"unknown op {op!r}"))
@@ -206,6 +206,12 @@ class Session:
             prompt_tokens=int(prompt_tokens),
             completion_tokens=int(completion_tokens),
         )
+
+    def op_count(self, rid, request):
+        adapter = self.loaded()
+        if request.get("prompt") is None and not request.get("messages"):
+            raise BridgeError("invalid_request", "count needs a prompt or messages")
+        self.reply(rid, "counted", prompt_tokens=int(adapter.count(request)))
 
     def op_embed(self, rid, request):
         vectors, prompt_tokens = self.loaded().embed(list(request.get("inputs") or []))

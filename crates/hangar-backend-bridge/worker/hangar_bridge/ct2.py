@@ -149,14 +149,20 @@ class Adapter:
             "sampling_temperature": float(temperature) if temperature is not None else 1.0,
         }
 
-    def generate(self, request, emit, cancelled):
+    def _tokens(self, request):
+        """The prompt's tokens: the chat template's text, or the prompt with special tokens."""
         prompt = request.get("prompt")
         if prompt is None:
             messages = chat_messages(request)
             text = render_chat_template(self.path, messages, request.get("thinking"))
-            tokens = self.tokenizer.encode(text, add_special_tokens=False).tokens
-        else:
-            tokens = self.tokenizer.encode(prompt, add_special_tokens=True).tokens
+            return self.tokenizer.encode(text, add_special_tokens=False).tokens
+        return self.tokenizer.encode(prompt, add_special_tokens=True).tokens
+
+    def count(self, request):
+        return len(self._tokens(request))
+
+    def generate(self, request, emit, cancelled):
+        tokens = self._tokens(request)
         if not tokens:
             raise BridgeError("invalid_request", "the prompt is empty")
         params = request.get("params") or {}

@@ -216,6 +216,11 @@ class Adapter:
             ) from None
         return self.tokenizer.encode(text, add_bos=False, encode_special_tokens=True)
 
+    def count(self, request):
+        if self.generator is None:
+            raise BridgeError("not_loaded", "no model is loaded")
+        return int(self._prompt_ids(request).shape[-1])
+
     def generate(self, request, emit, cancelled):
         if self.generator is None:
             raise BridgeError("not_loaded", "no model is loaded")

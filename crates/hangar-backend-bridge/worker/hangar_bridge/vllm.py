@@ -164,6 +164,23 @@ class Adapter:
         except (ValueError, TypeError) as e:
             raise BridgeError("invalid_request", f"vLLM sampling parameters: {e}") from None
 
+    def count(self, request):
+        """The prompt tokens `generate` would give vLLM: the template's ids as they are, a
+        text prompt encoded as vLLM encodes it (with its special tokens)."""
+        if self.engine is None:
+            raise BridgeError("not_loaded", "no model is loaded")
+        prompt = self._prompt(request)
+        if isinstance(prompt, dict):
+            return len(prompt["prompt_token_ids"])
+
+        async def encode():
+            tokenizer = self.engine.get_tokenizer()
+            if inspect.isawaitable(tokenizer):
+                tokenizer = await tokenizer
+            return tokenizer.encode(prompt)
+
+        return len(self._run(encode()))
+
     def generate(self, request, emit, cancelled):
         if self.engine is None:
             raise BridgeError("not_loaded", "no model is loaded")

@@ -116,6 +116,15 @@ class Ct2Test(AdapterCase):
             None, messages=messages, thinking="default", max_tokens=2, temperature=0))
         self.assertEqual(default[1], PROMPT_TOKENS)
 
+    def test_count_is_the_prompt_generate_reads(self):
+        adapter, _ = self.load(prompt_format="auto")
+        messages = [{"role": "user", "content": "hi"}]
+        for thinking in ("enabled", "disabled"):
+            request = generate(None, messages=messages, thinking=thinking, max_tokens=2, temperature=0)
+            _, result = self.run_generate(adapter, request)
+            self.assertEqual(adapter.count(request), result[1], thinking)
+        self.assertEqual(adapter.count(generate(PROMPT, max_tokens=2)), PROMPT_TOKENS)
+
     def test_no_chat_template_is_invalid_request(self):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "m")

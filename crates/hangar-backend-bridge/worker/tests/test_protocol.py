@@ -123,6 +123,7 @@ class ProtocolTest(unittest.TestCase):
         self.assertEqual(w.call("frobnicate")["code"], "protocol")
         not_loaded = w.until_final(w.send("generate", **_gen()))
         self.assertEqual(not_loaded[-1]["code"], "not_loaded")
+        self.assertEqual(w.call("count", **_gen())["code"], "not_loaded")
 
         loaded = w.call("load", engine="exllamav3",
                         model=model(self.model_dir.name, exllama_cache_quant="8,4"))
@@ -137,6 +138,10 @@ class ProtocolTest(unittest.TestCase):
         self.assertEqual(messages[-1]["type"], "done")
         self.assertEqual(messages[-1]["finish_reason"], "length")
         self.assertEqual(messages[-1]["completion_tokens"], 4)
+        # `count` reads the same prompt and generates nothing.
+        counted = w.call("count", **_gen(max_tokens=4))
+        self.assertEqual(counted, {"id": w.next_id, "type": "counted",
+                                   "prompt_tokens": messages[-1]["prompt_tokens"]})
 
         # A stop sequence.
         messages = w.until_final(w.send("generate", **_gen(stop=["lo."])))

@@ -132,6 +132,15 @@ class VllmTest(helpers.AdapterCase):
         self.assertEqual(call["prompt"], "abc")
         self.assertTrue(call["request_id"].startswith("hangar-2-"))
 
+    def test_count_is_the_prompt_generate_reads(self):
+        adapter, _ = self.load(prompt_format="auto")
+        messages = [{"role": "user", "content": "hi"}]
+        for request in (generate(prompt="abc"), generate(prompt=None, messages=messages, thinking="enabled")):
+            counted = adapter.count(request)
+            _, (_, prompt_tokens, _) = self.run_generate(adapter, request)
+            self.assertEqual(counted, prompt_tokens, request)
+        self.assertEqual(len(self.rec.calls("generate")), 2, "counting generates nothing")
+
     def test_max_tokens_is_length(self):
         adapter, _ = self.load()
         text, result = self.run_generate(adapter, generate(prompt="abc", max_tokens=2))

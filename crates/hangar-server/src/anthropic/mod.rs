@@ -226,7 +226,7 @@ pub(crate) fn routes() -> Vec<Route> {
         Route::new(post, "/v1/messages/count_tokens", Group::Anthropic, count_tokens_route)
             .doc(
                 "Count tokens (Anthropic Messages API)",
-                "The prompt tokens of a `/v1/messages` request, rendered and tokenized by the model's own template and tokenizer without generating: the `input_tokens` plus `cache_read_input_tokens` of the same request's usage. Engines that take OpenAI requests count the chat completion a generation would send: llama_server with its /apply-template and /tokenize, vllm_serve with its /tokenize, openai_remote with the remote's own /v1/messages/count_tokens. An engine that cannot count without generating answers 501 not_implemented (the CTranslate2/ExLlamaV3/vLLM bridge, a remote without the route, images on llama_server).",
+                "The prompt tokens of a `/v1/messages` request, rendered and tokenized by the model's own template and tokenizer without generating: the `input_tokens` plus `cache_read_input_tokens` of the same request's usage. Engines that take OpenAI requests count the chat completion a generation would send: llama_server with its /apply-template and /tokenize, vllm_serve with its /tokenize, openai_remote with the remote's own /v1/messages/count_tokens. The Python bridge (CTranslate2, ExLlamaV3, vLLM) counts with the engine's own template and tokenizer too. Where the engine cannot count without generating: 501 not_implemented (a remote without the route, images on llama_server).",
             )
             .body::<Conversation>(false)
             .example(|m| {
