@@ -285,6 +285,15 @@ def thinking_template():
     # Off, the template closes an empty reasoning block after the turn: more prompt tokens.
     assert used(answers["disabled"]) > used(answers["enabled"]), answers
     assert all(b.type == "text" for b in answers["disabled"].content), answers["disabled"]
+    # The bridge names the stop sequence it met too.
+    said = text(answers["disabled"])
+    stop = said[3:5]
+    m = client.messages.create(
+        model="tiny-qwen3-ct2", max_tokens=8, thinking={"type": "disabled"}, stop_sequences=["<never>", stop],
+        messages=[{"role": "user", "content": "hi"}], extra_body={"temperature": 0},
+    )
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop, (said, m)
+    assert text(m) == said[: said.index(stop)], (said, m)
 
 
 def expect(error_class, status, code, sdk=client, **request):

@@ -193,6 +193,9 @@ pub enum Reply {
         prompt_tokens: u32,
         /// Generated tokens.
         completion_tokens: u32,
+        /// The index (in `params.stop`) of the stop sequence that ended it, if one did.
+        #[serde(default)]
+        stop_sequence: Option<u16>,
     },
     /// The answer to `count`.
     Counted {

@@ -230,7 +230,12 @@ impl Runtime for BridgeRuntime {
                     }
                 }
                 Ok(Reply::Done { .. }) if cancelled => return Err(RuntimeError::Cancelled),
-                Ok(Reply::Done { finish_reason, prompt_tokens, completion_tokens }) => {
+                Ok(Reply::Done {
+                    finish_reason,
+                    prompt_tokens,
+                    completion_tokens,
+                    stop_sequence,
+                }) => {
                     let finish_reason = match finish_reason.as_str() {
                         "length" => FinishReason::Length,
                         _ => FinishReason::Stop,
@@ -240,9 +245,7 @@ impl Runtime for BridgeRuntime {
                         prompt_tokens,
                         completion_tokens,
                         cached_tokens: 0,
-                        // The worker reports `stop` for an end of sequence and a stop
-                        // sequence alike.
-                        stop_sequence: None,
+                        stop_sequence,
                     });
                 }
                 Ok(Reply::Error { code, message, .. }) => {

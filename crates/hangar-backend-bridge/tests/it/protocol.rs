@@ -162,9 +162,11 @@ async fn every_message_of_the_protocol_round_trips() {
     let (text, result) = run(&runtime, request).await;
     assert_eq!((text.as_str(), result.unwrap().finish_reason), ("one two ", FinishReason::Length));
     let mut request = GenerateRequest::new(Prompt::Text("one two three four".into()));
-    request.params.stop = vec!["three".into()];
+    request.params.stop = vec!["never".into(), "three".into()];
     let (text, result) = run(&runtime, request).await;
-    assert_eq!((text.as_str(), result.unwrap().finish_reason), ("one two ", FinishReason::Stop));
+    let summary = result.unwrap();
+    assert_eq!((text.as_str(), summary.finish_reason), ("one two ", FinishReason::Stop));
+    assert_eq!(summary.stop_sequence, Some(1), "the stop sequence met is named");
 
     // embed and rerank.
     let embeddings = runtime.embed(EmbedRequest { inputs: vec!["ab".into(), "abc".into()] }).await;

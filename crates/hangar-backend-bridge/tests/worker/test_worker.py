@@ -71,7 +71,7 @@ def generate(sock, rid, request):
     limit = params.get("max_tokens")
     stops = params.get("stop") or []
     flag = cancelled.setdefault(rid, threading.Event())
-    out, n = "", 0
+    out, n, met = "", 0, None
     tokens = words(request)
     for i, token in enumerate(tokens):
         if flag.is_set():
@@ -86,14 +86,15 @@ def generate(sock, rid, request):
             log("dying on purpose")
             os._exit(7)
         out += token
-        if any(s in out for s in stops):
+        met = next((k for k, s in enumerate(stops) if s in out), None)
+        if met is not None:
             break
         send(sock, {"id": rid, "type": "token", "text": token})
         n += 1
         if TOKEN_S:
             time.sleep(TOKEN_S)
     send(sock, {"id": rid, "type": "done", "finish_reason": "stop",
-                "prompt_tokens": len(tokens), "completion_tokens": n})
+                "prompt_tokens": len(tokens), "completion_tokens": n, "stop_sequence": met})
 
 
 def main():

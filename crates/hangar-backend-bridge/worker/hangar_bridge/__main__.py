@@ -198,13 +198,14 @@ class Session:
             if text:
                 self.reply(rid, "token", text=text)
 
-        finish, prompt_tokens, completion_tokens = adapter.generate(request, emit, cancelled)
+        finish, prompt_tokens, completion_tokens, stop = adapter.generate(request, emit, cancelled)
         self.reply(
             rid,
             "done",
             finish_reason=finish,
             prompt_tokens=int(prompt_tokens),
             completion_tokens=int(completion_tokens),
+            stop_sequence=stop,
         )
 
     def op_count(self, rid, request):

@@ -212,7 +212,7 @@ class Adapter:
             if out:
                 emit(out)
             finish = "stop" if stopped else finish
-        return finish, len(tokens), count
+        return finish, len(tokens), count, stops.met
 
     def embed(self, inputs):
         raise BridgeError("unsupported", "CTranslate2 models here generate text; no embeddings")

@@ -280,11 +280,11 @@ class Adapter:
             if stopped:
                 if not eos:
                     self._commands.put(("cancel", job))
-                return "stop", prompt_tokens, count
+                return "stop", prompt_tokens, count, stops.met
             if eos:
                 count = int(value.get("new_tokens", count))
                 finish = "length" if value.get("eos_reason") == "max_new_tokens" else "stop"
-                return finish, prompt_tokens, count
+                return finish, prompt_tokens, count, None
 
     def embed(self, inputs):
         raise BridgeError("unsupported", "exllamav3 models generate text; no embeddings")

@@ -58,23 +58,28 @@ class StopFilter:
     """Applies stop sequences to streamed text.
 
     `push(text)` returns `(emit, stopped)`: the text that can be sent now, and whether a stop
-    sequence was found (then `emit` is the text before it and the generation must end). A
-    tail that is the beginning of some stop sequence is held until it is decided;
-    `flush()` returns it when the generation ends without a stop.
+    sequence was found (then `emit` is the text before it and the generation must end, and
+    `met` is that sequence's index in the request's list). A tail that is the beginning of
+    some stop sequence is held until it is decided; `flush()` returns it when the generation
+    ends without a stop.
     """
 
     def __init__(self, stops):
-        self._stops = [s for s in (stops or []) if s]
+        self._all = list(stops or [])
+        self._stops = [s for s in self._all if s]
         self._held = ""
+        self.met = None
 
     def push(self, text):
         if not self._stops:
             return text, False
         buf = self._held + text
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
+        found = [(buf.find(stop), n) for n, stop in enumerate(self._all) if stop]
+        hits = [hit for hit in found if hit[0] >= 0]
         if hits:
             self._held = ""
-            return buf[: min(hits)], True
+            at, self.met = min(hits)
+            return buf[:at], True
         hold = 0
         for stop in self._stops:
             for k in range(min(len(stop) - 1, len(buf)), hold, -1):

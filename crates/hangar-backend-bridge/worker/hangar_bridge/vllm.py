@@ -223,14 +223,14 @@ class Adapter:
                     emit(out)
                 if stopped:
                     self._abort(request_id, future)
-                    return "stop", prompt_tokens, completion
+                    return "stop", prompt_tokens, completion, stops.met
                 finish = piece.finish_reason or finish
         out = stops.flush()
         if out:
             emit(out)
         if finish == "abort":
             raise BridgeError("engine_error", "vLLM aborted the request")
-        return ("length" if finish == "length" else "stop"), prompt_tokens, completion
+        return ("length" if finish == "length" else "stop"), prompt_tokens, completion, None
 
     def _abort(self, request_id, future):
         try:

@@ -66,7 +66,7 @@ class Ct2Test(AdapterCase):
         adapter, _ = self.load()
         first, result = self.run_generate(adapter, generate(PROMPT, max_tokens=24, temperature=0))
         second, _ = self.run_generate(adapter, generate(PROMPT, max_tokens=24, temperature=0))
-        self.assertEqual(result, ("length", PROMPT_TOKENS, 24))
+        self.assertEqual(result, ("length", PROMPT_TOKENS, 24, None))
         self.assertEqual(first, second)
         self.assertTrue(printable(first), first)
         self.assertNotIn("\ufffd", first)
@@ -86,7 +86,7 @@ class Ct2Test(AdapterCase):
         cut = full.index(stop)
         text, result = self.run_generate(
             adapter, generate(PROMPT, max_tokens=24, temperature=0, stop=[stop]))
-        self.assertEqual((text, result[0]), (full[:cut], "stop"))
+        self.assertEqual((text, result[0], result[3]), (full[:cut], "stop", 0))
 
     def test_cancel(self):
         adapter, _ = self.load()
@@ -120,7 +120,8 @@ class Ct2Test(AdapterCase):
         adapter, _ = self.load(prompt_format="auto")
         messages = [{"role": "user", "content": "hi"}]
         for thinking in ("enabled", "disabled"):
-            request = generate(None, messages=messages, thinking=thinking, max_tokens=2, temperature=0)
+            request = generate(
+                None, messages=messages, thinking=thinking, max_tokens=2, temperature=0)
             _, result = self.run_generate(adapter, request)
             self.assertEqual(adapter.count(request), result[1], thinking)
         self.assertEqual(adapter.count(generate(PROMPT, max_tokens=2)), PROMPT_TOKENS)
@@ -211,13 +212,13 @@ class Ct2TranslatorTest(AdapterCase):
         emitted = Emitted()
         result = adapter.generate(generate(PROMPT, max_tokens=24, temperature=0), emitted,
                                   threading.Event())
-        self.assertEqual(result, ("length", PROMPT_TOKENS, 24))
+        self.assertEqual(result, ("length", PROMPT_TOKENS, 24, None))
         self.assertGreater(len(emitted.pieces), 1)  # streamed, not one piece at the end
         self.assertTrue(printable(emitted.text), emitted.text)
         again, _ = self.greedy(adapter, 24)
         self.assertEqual(again, emitted.text)
         short, result = self.greedy(adapter, 5)
-        self.assertEqual(result, ("length", PROMPT_TOKENS, 5))
+        self.assertEqual(result, ("length", PROMPT_TOKENS, 5, None))
         self.assertTrue(short and emitted.text.startswith(short), (short, emitted.text))
 
     def test_stop_sequence(self):
@@ -255,7 +256,7 @@ class Ct2TranslatorTest(AdapterCase):
         adapter, _ = self.load()
         # Longer than CTranslate2's default input cut (1,024 tokens; the adapter lifts it).
         _, result = self.greedy(adapter, 2, prompt="x" * 1100)  # "x" is one token
-        self.assertEqual(result, ("length", 1100, 2))
+        self.assertEqual(result, ("length", 1100, 2, None))
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "m")
             shutil.copytree(self.path, path)

@@ -91,7 +91,7 @@ class ExllamaTest(helpers.AdapterCase):
         request = generate(prompt="abc", temperature=0.5, top_k=40, seed=7)
         text, result = self.run_generate(adapter, request)
         self.assertEqual(text, "Hello, world!")
-        self.assertEqual(result, ("stop", 3, 7))  # 6 pieces + the end token
+        self.assertEqual(result, ("stop", 3, 7, None))  # 6 pieces + the end token
         (job,) = self.rec.calls("Job")
         self.assertEqual(job["stop_conditions"], [2, 7])
         self.assertEqual(job["sampler"], {"temperature": 0.5, "top_k": 40})
@@ -101,7 +101,7 @@ class ExllamaTest(helpers.AdapterCase):
     def test_max_tokens_is_length(self):
         adapter, _ = self.load()
         text, result = self.run_generate(adapter, generate(prompt="abc", max_tokens=3))
-        self.assertEqual((text, result), ("Hello,", ("length", 3, 3)))
+        self.assertEqual((text, result), ("Hello,", ("length", 3, 3, None)))
         self.assertEqual(self.rec.calls("Job")[0]["max_new_tokens"], 3)
 
     def test_stop_sequence_split_across_pieces(self):
@@ -111,7 +111,7 @@ class ExllamaTest(helpers.AdapterCase):
         with env(FAKE_ENGINE_SCRIPT=json.dumps(script), FAKE_ENGINE_DELAY="0.005"):
             text, result = self.run_generate(adapter, generate(prompt="abc", stop=["o, w"]))
         self.assertEqual(text, "Hell")
-        self.assertEqual(result[0], "stop")
+        self.assertEqual((result[0], result[3]), ("stop", 0))
         self.assertTrue(wait_for(lambda: self.rec.calls("Generator.cancel")))
 
     def test_cancel_cancels_the_job(self):

@@ -146,6 +146,7 @@ class ProtocolTest(unittest.TestCase):
         # A stop sequence.
         messages = w.until_final(w.send("generate", **_gen(stop=["lo."])))
         self.assertEqual((tokens_text(messages), messages[-1]["finish_reason"]), ("Hel", "stop"))
+        self.assertEqual(messages[-1]["stop_sequence"], 0)
 
         # A long generation: ping answered while it runs, then cancelled.
         long_id = w.send("generate", **_gen())

@@ -94,6 +94,13 @@ class StopFilterTest(unittest.TestCase):
         self.assertTrue(stopped)
         self.assertEqual(out, ["hel"])
 
+    def test_the_stop_met_is_named_by_its_place_in_the_request(self):
+        f = StopFilter(["", "never", "wor"])
+        self.assertEqual(f.push("hello "), ("hello ", False))
+        self.assertIsNone(f.met)
+        self.assertEqual(f.push("world"), ("", True))
+        self.assertEqual(f.met, 2)
+
     def test_stop_inside_one_piece(self):
         out, stopped = self.feed(["</s>"], ["abc</s>def"])
         self.assertEqual((out, stopped), (["abc"], True))

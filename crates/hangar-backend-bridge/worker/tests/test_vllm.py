@@ -124,7 +124,7 @@ class VllmTest(helpers.AdapterCase):
         request = generate(prompt="abc", temperature=0.7, top_p=0.9, top_k=20, seed=3)
         text, result = self.run_generate(adapter, request)
         self.assertEqual(text, "Hello, world!")
-        self.assertEqual(result, ("stop", 4, 6))  # the fake adds BOS to a text prompt
+        self.assertEqual(result, ("stop", 4, 6, None))  # the fake adds BOS to a text prompt
         (sampling,) = self.rec.calls("SamplingParams")
         self.assertEqual(sampling, {"max_tokens": None, "output_kind": "DELTA", "temperature": 0.7,
                                     "top_p": 0.9, "top_k": 20, "seed": 3})
@@ -135,23 +135,24 @@ class VllmTest(helpers.AdapterCase):
     def test_count_is_the_prompt_generate_reads(self):
         adapter, _ = self.load(prompt_format="auto")
         messages = [{"role": "user", "content": "hi"}]
-        for request in (generate(prompt="abc"), generate(prompt=None, messages=messages, thinking="enabled")):
+        chat = generate(prompt=None, messages=messages, thinking="enabled")
+        for request in (generate(prompt="abc"), chat):
             counted = adapter.count(request)
-            _, (_, prompt_tokens, _) = self.run_generate(adapter, request)
+            _, (_, prompt_tokens, _, _) = self.run_generate(adapter, request)
             self.assertEqual(counted, prompt_tokens, request)
         self.assertEqual(len(self.rec.calls("generate")), 2, "counting generates nothing")
 
     def test_max_tokens_is_length(self):
         adapter, _ = self.load()
         text, result = self.run_generate(adapter, generate(prompt="abc", max_tokens=2))
-        self.assertEqual((text, result), ("Hello", ("length", 4, 2)))
+        self.assertEqual((text, result), ("Hello", ("length", 4, 2, None)))
         self.assertEqual(self.rec.calls("SamplingParams")[0]["max_tokens"], 2)
 
     def test_stop_sequences_go_to_vllm_and_the_worker(self):
         adapter, _ = self.load()
-        text, result = self.run_generate(adapter, generate(prompt="abc", stop=["lo, w"]))
-        self.assertEqual((text, result[0]), ("Hel", "stop"))
-        self.assertEqual(self.rec.calls("SamplingParams")[0]["stop"], ["lo, w"])
+        text, result = self.run_generate(adapter, generate(prompt="abc", stop=["xyz", "lo, w"]))
+        self.assertEqual((text, result[0], result[3]), ("Hel", "stop", 1))
+        self.assertEqual(self.rec.calls("SamplingParams")[0]["stop"], ["xyz", "lo, w"])
         self.assertEqual(len(self.rec.calls("abort")), 1)
 
     def test_cancel_aborts_the_request(self):
