@@ -176,6 +176,10 @@ def stop_sequence(e):
     m = ask(e, stop_sequences=["<never>", word])
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == word, m
     assert said.startswith(text(m)), (text(m), said)
+    question = [{"role": "user", "content": QUESTION}]
+    with e.sdk.messages.stream(model=e.model, messages=question, stop_sequences=["<never>", word], **GREEDY) as s:
+        final = s.get_final_message()
+    assert (final.stop_reason, final.stop_sequence, text(final)) == ("stop_sequence", word, text(m)), final
 
 
 def structured_output(e):
