@@ -275,20 +275,15 @@ struct Routes {
 
 impl Routes {
     fn new(base: &str) -> Result<Self, String> {
-        let absolute = |path: &str| {
-            let url = format!("{base}{path}");
+        let below = |prefix: &str, path: &str| {
+            let url = format!("{prefix}{path}");
             url.parse::<Uri>().map_err(|e| format!("`{url}` is not a valid URL: {e}"))
         };
-        let parse = |path: &str| absolute(path).map(|uri| origin_form(&uri));
+        let parse = |path: &str| below(base, path).map(|uri| origin_form(&uri));
         let root = base.strip_suffix("/v1").unwrap_or(base);
-        let at_root = |path: &str| {
-            let url = format!("{root}{path}");
-            url.parse::<Uri>()
-                .map(|uri| origin_form(&uri))
-                .map_err(|e| format!("`{url}` is not a valid URL: {e}"))
-        };
+        let at_root = |path: &str| below(root, path).map(|uri| origin_form(&uri));
         Ok(Self {
-            absolute: absolute("/chat/completions")?,
+            absolute: below(base, "/chat/completions")?,
             chat: parse("/chat/completions")?,
             completions: parse("/completions")?,
             embeddings: parse("/embeddings")?,

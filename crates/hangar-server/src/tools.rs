@@ -307,10 +307,6 @@ pub(crate) fn tool_use(
     Ok(Some(ToolUse { tools: definitions, choice }))
 }
 
-fn schema_format(format: JsonSchemaFormat, field: &str) -> Result<OutputFormat, ApiError> {
-    json_schema_format(format.schema, field)
-}
-
 /// A JSON Schema output format from the `schema` of `field`, checked.
 ///
 /// # Errors
@@ -359,7 +355,7 @@ pub(crate) fn chat_output(
         None | Some(ResponseFormat::Text) => None,
         Some(ResponseFormat::JsonObject) => Some(OutputFormat::JsonObject),
         Some(ResponseFormat::JsonSchema { json_schema }) => {
-            Some(schema_format(json_schema, "response_format.json_schema")?)
+            Some(json_schema_format(json_schema.schema, "response_format.json_schema")?)
         }
     };
     combine(tools, format, "response_format")
@@ -376,7 +372,9 @@ pub(crate) fn responses_output(
     let format = match text.and_then(|t| t.format) {
         None | Some(TextFormat::Text) => None,
         Some(TextFormat::JsonObject) => Some(OutputFormat::JsonObject),
-        Some(TextFormat::JsonSchema(format)) => Some(schema_format(format, "text.format")?),
+        Some(TextFormat::JsonSchema(format)) => {
+            Some(json_schema_format(format.schema, "text.format")?)
+        }
     };
     combine(tools, format, "text.format")
 }

@@ -1,6 +1,7 @@
 //! An engine's answer is read whole only up to `limits.max_answer_bytes`: one announced as
 //! larger is not read at all, one that grows past the bound without announcing its length
-//! (chunked, never ending) is cut there; both are `RuntimeError::AnswerTooLarge`.
+//! (chunked, never ending) is cut there; both are `RuntimeError::AnswerTooLarge`. A route an
+//! engine may lack answers `Unsupported` when it does.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -51,6 +52,34 @@ async fn an_answer_announced_larger_than_the_bound_is_refused_unread() {
     // Above it, and after a cut answer: served, the runtime still usable.
     let again = whole(&runtime, size as u64 + 16).await.expect("served");
     assert!(again.abs_diff(size) < 4, "{again} vs {size}");
+    runtime.unload().await;
+}
+
+/// The routes an engine may lack: vLLM's `/tokenize` answers, and its missing
+/// `/v1/messages/count_tokens` (404) is `Unsupported`, not a bad request.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_optional_route_is_unsupported() {
+    let value = json!({ "backend": "vllm_serve", "vllm_binary_path": FAKE, "vllm_model": "m" });
+    let backend = ProcessBackend::vllm_serve();
+    let runtime = backend.load(LoadRequest::new(model(value), 0, 1)).await.expect("loaded");
+    let ask = |route, body: &'static str| ForwardRequest {
+        route,
+        body: Bytes::from_static(body.as_bytes()),
+        thinking: ThinkingMode::Default,
+        max_answer_bytes: 1 << 20,
+    };
+    let messages = r#"{"model":"fake","messages":[{"role":"user","content":"two words"}]}"#;
+    let mut tokens = runtime.forward(ask(ForwardRoute::Tokenize, messages)).await.expect("served");
+    let body = tokens.body.recv().await.expect("a body").expect("whole");
+    let counted: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(counted["count"], 2, "{counted}");
+    let missing = runtime.forward(ask(ForwardRoute::MessagesCountTokens, messages)).await;
+    match missing {
+        Err(RuntimeError::Unsupported { message }) => {
+            assert!(message.contains("/v1/messages/count_tokens") && message.contains("404"));
+        }
+        other => panic!("expected Unsupported, got {:?}", other.map(|a| a.status)),
+    }
     runtime.unload().await;
 }
 
