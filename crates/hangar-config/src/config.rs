@@ -3,7 +3,6 @@
 use std::fmt;
 use std::num::{NonZeroU32, NonZeroU64};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -11,11 +10,13 @@ use serde_json::{Map, Value};
 
 use crate::children::{ChildEnv, ChildrenFields};
 use crate::connections::{ConnectionLimits, ConnectionsFields};
+use crate::folder::{RepositoryLimits, RepositoryLimitsFields};
 use crate::http::{HttpFields, HttpPolicy};
 use crate::kinds::{BackendKind, ModelType};
 use crate::limits::{Limits, LimitsFields};
 use crate::model::ModelConfig;
 use crate::name::ModelName;
+use crate::quarantine::{QuarantineFields, QuarantinePolicy};
 use crate::secret::Secret;
 use crate::sections::Section;
 use crate::validate::{Problems, ValidationError, check_nested, join_path, parse_flat};
@@ -137,6 +138,9 @@ pub(crate) struct SettingsFields {
     /// The model fields every repository subfolder's definition starts from (what a folder
     /// without `hangar.json` is served with): a model definition without `model_path`.
     pub(crate) model_repository_defaults: Option<Map<String, Value>>,
+    /// The most a repository folder's own `hangar.json` may ask for (replicas, requests in
+    /// flight, context, load time); the defaults are not held to them.
+    pub(crate) model_repository_limits: Option<RepositoryLimitsFields>,
     /// The configured models, by name. A model set to `null` (e.g. in `local.json`) is
     /// removed.
     pub(crate) models: Option<Map<String, Value>>,
@@ -173,6 +177,9 @@ impl Section for SettingsFields {
         if let Some(c) = &self.children {
             c.check(&mut p.nested("children"));
         }
+        if let Some(l) = &self.model_repository_limits {
+            l.check(&mut p.nested("model_repository_limits"));
+        }
         p.non_empty("state_dir", self.state_dir.as_deref());
         p.non_empty("model_repository", self.model_repository.as_deref());
         match self.vram_budget.as_ref().map(VramBudget::parse) {
@@ -182,83 +189,6 @@ impl Section for SettingsFields {
         }
         if let Some(Err(message)) = self.ram_budget.as_ref().map(BudgetAmount::parse) {
             p.push("ram_budget", message);
-        }
-    }
-}
-
-/// `quarantine` as written.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(default, deny_unknown_fields)]
-pub(crate) struct QuarantineFields {
-    /// Failed loads and crashes within `window_seconds` that quarantine a model. Default 3.
-    failures: Option<u32>,
-    /// Seconds over which failures are counted. Default 600.
-    window_seconds: Option<u32>,
-    /// Length of a first quarantine in seconds; each further one before the model has
-    /// gone a whole window without failing doubles it. Default 30.
-    backoff_seconds: Option<u32>,
-    /// Longest quarantine in seconds. Default 3600.
-    max_backoff_seconds: Option<u32>,
-}
-
-impl Section for QuarantineFields {
-    const BACKENDS: &'static [BackendKind] = &[];
-
-    fn check(&self, p: &mut Problems<'_>) {
-        p.at_least("failures", self.failures, 1);
-        p.at_least("window_seconds", self.window_seconds, 1);
-        p.at_least("backoff_seconds", self.backoff_seconds, 1);
-        p.at_least("max_backoff_seconds", self.max_backoff_seconds, 1);
-        if let (Some(max), Some(first)) = (self.max_backoff_seconds, self.backoff_seconds)
-            && max < first
-        {
-            p.push("max_backoff_seconds", format!("must be >= backoff_seconds ({first})"));
-        }
-    }
-}
-
-/// When a model is quarantined: after `failures` failed loads or crashes within `window`,
-/// requests and auto-loads are refused for `backoff`, doubling up to `max_backoff` while
-/// it keeps failing. An explicit load lifts a quarantine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuarantinePolicy {
-    /// Failures within the window that quarantine the model.
-    pub failures: NonZeroU32,
-    /// How far back failures are counted.
-    pub window: Duration,
-    /// The first quarantine's length.
-    pub backoff: Duration,
-    /// The longest quarantine.
-    pub max_backoff: Duration,
-}
-
-/// Default `quarantine.failures`.
-pub const DEFAULT_QUARANTINE_FAILURES: u32 = 3;
-/// Default `quarantine.window_seconds`.
-pub const DEFAULT_QUARANTINE_WINDOW_S: u64 = 600;
-/// Default `quarantine.backoff_seconds`.
-pub const DEFAULT_QUARANTINE_BACKOFF_S: u64 = 30;
-/// Default `quarantine.max_backoff_seconds`.
-pub const DEFAULT_QUARANTINE_MAX_BACKOFF_S: u64 = 3600;
-
-impl Default for QuarantinePolicy {
-    fn default() -> Self {
-        Self::from(QuarantineFields::default())
-    }
-}
-
-impl From<QuarantineFields> for QuarantinePolicy {
-    fn from(f: QuarantineFields) -> Self {
-        let secs = |v: Option<u32>, default: u64| Duration::from_secs(v.map_or(default, u64::from));
-        let backoff = secs(f.backoff_seconds, DEFAULT_QUARANTINE_BACKOFF_S);
-        Self {
-            failures: f
-                .failures
-                .and_then(NonZeroU32::new)
-                .unwrap_or(NonZeroU32::new(DEFAULT_QUARANTINE_FAILURES).unwrap_or(NonZeroU32::MIN)),
-            window: secs(f.window_seconds, DEFAULT_QUARANTINE_WINDOW_S),
-            backoff,
-            max_backoff: secs(f.max_backoff_seconds, DEFAULT_QUARANTINE_MAX_BACKOFF_S).max(backoff),
         }
     }
 }
@@ -423,6 +353,7 @@ impl Config {
                 ("limits", check_nested::<LimitsFields>),
                 ("connections", check_nested::<ConnectionsFields>),
                 ("children", check_nested::<ChildrenFields>),
+                ("model_repository_limits", check_nested::<RepositoryLimitsFields>),
             ],
             &mut errors,
         );
@@ -496,6 +427,7 @@ impl Config {
             model_repository: s.model_repository.map(|dir| crate::ModelRepository {
                 dir: PathBuf::from(dir),
                 defaults: s.model_repository_defaults,
+                limits: RepositoryLimits::from(s.model_repository_limits.unwrap_or_default()),
             }),
             models,
         }
@@ -550,6 +482,7 @@ impl Config {
             "ram_budget": self.ram_budget,
             "model_repository": self.model_repository.as_ref().map(|r| &r.dir),
             "model_repository_defaults": self.model_repository.as_ref().map(|r| &r.defaults),
+            "model_repository_limits": self.model_repository.as_ref().map(|r| r.limits.to_json()),
         });
         match settings {
             Value::Object(map) => map,

@@ -43,6 +43,7 @@ mod children;
 mod config;
 mod connections;
 mod constraint;
+mod folder;
 mod http;
 mod kinds;
 mod lemonade;
@@ -52,6 +53,7 @@ mod merge;
 mod model;
 mod name;
 mod overrides;
+mod quarantine;
 mod recommendations;
 mod repository;
 mod request_args;
@@ -66,15 +68,18 @@ mod vram;
 pub use children::{CHILD_ENV, ChildEnv, HANGAR_ENV};
 pub use config::{
     Config, ConfigError, DEFAULT_ADMIN_LOCK_TIMEOUT_S, DEFAULT_GRPC_PORT, DEFAULT_MAX_QUEUE_DEPTH,
-    DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, DEFAULT_QUARANTINE_BACKOFF_S,
-    DEFAULT_QUARANTINE_FAILURES, DEFAULT_QUARANTINE_MAX_BACKOFF_S, DEFAULT_QUARANTINE_WINDOW_S,
-    MaxLoadedModels, QuarantinePolicy,
+    DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, MaxLoadedModels,
 };
 pub use connections::{
     ConnectionLimits, DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_HEADER_READ_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS,
 };
 pub use constraint::{ConstraintKind, LoadConstraint, LoadConstraints};
+pub use folder::{
+    DEFAULT_FOLDER_CONTEXT_TOKENS, DEFAULT_FOLDER_REPLICAS, DEFAULT_FOLDER_TARGET_INFLIGHT,
+    DEFINITION_FILE, FOLDER_FIELDS, FolderRule, MAX_DEFINITION_BYTES, MAX_FOLDER_DEPTH,
+    MAX_FOLDER_ENTRIES, RepositoryLimit, RepositoryLimits, folder_rule,
+};
 pub use http::{
     DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_STREAM_WRITE_TIMEOUT_S, HttpPolicy, normalize_origin,
     split_port,
@@ -94,10 +99,12 @@ pub use merge::{LOCAL_FILE, SETTINGS_FILE, merge, merged, read_json, read_merged
 pub use model::{BackendSettings, DEFAULT_LOAD_TIMEOUT_S, MAX_GPUS, ModelConfig, cuda_indices};
 pub use name::{MAX_MODEL_NAME_LEN, ModelName, ModelNameError};
 pub use overrides::{LoadOverride, OverrideError, validate_load_override};
-pub use recommendations::{LoadRecommendations, load_recommendations};
-pub use repository::{
-    DEFINITION_FILE, MAX_DEFINITION_BYTES, ModelRepository, OPERATOR_ONLY, RepositoryModel,
+pub use quarantine::{
+    DEFAULT_QUARANTINE_BACKOFF_S, DEFAULT_QUARANTINE_FAILURES, DEFAULT_QUARANTINE_MAX_BACKOFF_S,
+    DEFAULT_QUARANTINE_WINDOW_S, QuarantinePolicy,
 };
+pub use recommendations::{LoadRecommendations, load_recommendations};
+pub use repository::{ModelRepository, RepositoryModel};
 pub use request_args::{LLAMA_SERVER_REQUEST_ARGS, check_request_args};
 pub use schema::config_schema;
 pub use secret::{REDACTED, Secret};

@@ -14,7 +14,9 @@ pub const MAX_MODEL_NAME_LEN: usize = 128;
 ///
 /// A name is non-empty, at most [`MAX_MODEL_NAME_LEN`] bytes, has no surrounding whitespace,
 /// and contains no `/`, `\`, `..` or control characters, so it can never climb out of a
-/// directory or split a URL path segment. Clones share the string.
+/// directory or split a URL path segment. It does not start with `-` (engines get it on
+/// their command line, where it could pass for a flag) and holds no `,` (lists of served
+/// names join with it). Clones share the string.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
 pub struct ModelName(Arc<str>);
@@ -44,6 +46,14 @@ pub enum ModelNameError {
     /// The name starts or ends with whitespace.
     #[error("model name must not start or end with whitespace")]
     SurroundingWhitespace,
+    /// The name starts with `-`, as a command-line flag does.
+    #[error(
+        "model name must not start with \"-\" (it would read as a flag on an engine's command line)"
+    )]
+    LeadingDash,
+    /// The name contains `,`, which separates names in lists of them.
+    #[error("model name must not contain \",\" (lists of served names are separated by it)")]
+    Comma,
 }
 
 impl ModelName {
@@ -70,6 +80,12 @@ impl ModelName {
         }
         if name.trim() != name {
             return Err(ModelNameError::SurroundingWhitespace);
+        }
+        if name.starts_with('-') {
+            return Err(ModelNameError::LeadingDash);
+        }
+        if name.contains(',') {
+            return Err(ModelNameError::Comma);
         }
         Ok(Self(name.into()))
     }
@@ -128,8 +144,8 @@ impl JsonSchema for ModelName {
             "type": "string",
             "minLength": 1,
             "maxLength": MAX_MODEL_NAME_LEN,
-            "pattern": "^[^/\\\\\\p{Cc}\\s](?:[^/\\\\\\p{Cc}]*[^/\\\\\\p{Cc}\\s])?$",
-            "description": "Model name: no '/', '\\\\', '..', control characters or surrounding whitespace."
+            "pattern": "^[^/\\\\\\p{Cc}\\s,-](?:[^/\\\\\\p{Cc},]*[^/\\\\\\p{Cc}\\s,])?$",
+            "description": "Model name: no '/', '\\\\', ',', '..', control characters or surrounding whitespace; not starting with '-'."
         })
     }
 }
@@ -170,6 +186,14 @@ mod tests {
         check("a\u{0}b", Err(ModelNameError::ControlCharacter));
         check(" qwen", Err(ModelNameError::SurroundingWhitespace));
         check("qwen ", Err(ModelNameError::SurroundingWhitespace));
+    }
+
+    #[test]
+    fn rejects_names_that_read_as_flags_or_split_lists() {
+        check("--trust-remote-code", Err(ModelNameError::LeadingDash));
+        check("-m", Err(ModelNameError::LeadingDash));
+        check("a,b", Err(ModelNameError::Comma));
+        check("qwen3-8b-", Ok(()));
     }
 
     #[test]

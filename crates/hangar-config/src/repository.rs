@@ -9,42 +9,19 @@
 //! other engine's is the folder itself. A folder whose definition does not hold is still a
 //! model, one that never loads, carrying the reason ([`RepositoryModel::problem`]).
 //!
-//! What a folder may say is bounded: whoever can write the repository (a download agent)
-//! is not the operator, so a `hangar.json` may not name programs, libraries, environment,
-//! raw engine arguments, keys or remote servers ([`OPERATOR_ONLY`]), and its `model_path`
-//! stays inside the folder.
+//! What a folder may say is bounded ([`crate::folder`]): whoever can write the repository
+//! (a download agent) is not the operator, so a `hangar.json` is held to an allow-list of
+//! fields and to `model_repository_limits`, its paths stay inside the folder after symlinks,
+//! and nothing in the folder may lead out of it or be other than a file or a folder.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use crate::{BackendKind, ModelConfig, ModelName, ValidationError};
-
-/// The definition file of a repository subfolder.
-pub const DEFINITION_FILE: &str = "hangar.json";
-
-/// Largest `hangar.json` read, in bytes.
-pub const MAX_DEFINITION_BYTES: u64 = 1 << 20;
-
-/// The fields a `hangar.json` may not set: they name what runs (programs, libraries,
-/// environment, raw arguments) or where credentials go, which only the operator's config
-/// decides (`model_repository_defaults` may set them).
-pub const OPERATOR_ONLY: &[&str] = &[
-    "bridge_python",
-    "vllm_binary_path",
-    "vllm_library_path",
-    "vllm_env",
-    "vllm_extra_args",
-    "vllm_api_key",
-    "llama_server_binary_path",
-    "llama_server_library_path",
-    "llama_server_extra_args",
-    "llama_server_backends",
-    "llama_server_api_key",
-    "openai_base_url",
-    "openai_api_key",
-    "openai_api_key_env",
-];
+use crate::folder::{FOLDER_FIELDS, FolderRule, check_own, check_tree, inside, read_definition};
+use crate::{
+    BackendKind, DEFINITION_FILE, ModelConfig, ModelName, RepositoryLimits, ValidationError,
+};
 
 /// The `model_repository` setting: the folder, and the definition its subfolders start
 /// from.
@@ -55,6 +32,8 @@ pub struct ModelRepository {
     /// `model_repository_defaults`: model fields every subfolder's definition starts from;
     /// a subfolder without `hangar.json` takes them as they are.
     pub defaults: Option<Map<String, Value>>,
+    /// `model_repository_limits`: the most a folder's own `hangar.json` may ask for.
+    pub limits: RepositoryLimits,
 }
 
 /// One subfolder of the repository as a model.
@@ -70,15 +49,20 @@ pub struct RepositoryModel {
 impl ModelRepository {
     /// Every subfolder whose name is a model name, in name order, as a model; a name that
     /// `taken` (a configured model's name or alias) is left out, as is anything that is not
-    /// a folder. An unreadable repository is an error.
+    /// a folder (or a link to one). An unreadable repository is an error; an entry that
+    /// cannot be read is left out, and a folder that breaks a rule is a model with its
+    /// reason.
     ///
     /// # Errors
     /// The I/O error reading the repository folder itself.
     pub fn scan(&self, taken: &dyn Fn(&str) -> bool) -> std::io::Result<Vec<RepositoryModel>> {
+        let root = self.dir.canonicalize()?;
         let mut names = Vec::new();
-        for entry in std::fs::read_dir(&self.dir)? {
-            let entry = entry?;
+        for entry in std::fs::read_dir(&root)? {
+            let Ok(entry) = entry else { continue };
             let Ok(name) = entry.file_name().into_string() else { continue };
+            // A link is followed to see whether it is a folder; where it leads is checked
+            // with the folder.
             if name.starts_with('.') || !entry.path().is_dir() || taken(&name) {
                 continue;
             }
@@ -87,13 +71,14 @@ impl ModelRepository {
             }
         }
         names.sort();
-        Ok(names.into_iter().map(|name| self.model(name)).collect())
+        Ok(names.into_iter().map(|name| self.model(&root, name)).collect())
     }
 
-    /// The model of the subfolder `name`.
-    fn model(&self, name: ModelName) -> RepositoryModel {
-        let folder = self.dir.join(name.as_str());
-        let definition = self.definition(&folder).and_then(|value| {
+    /// The model of the subfolder `name` of `root` (the repository, resolved).
+    fn model(&self, root: &Path, name: ModelName) -> RepositoryModel {
+        let folder = root.join(name.as_str());
+        let definition = resolved(root, &folder).and_then(|folder| {
+            let value = self.definition(&folder)?;
             ModelConfig::parse(&name, &Value::Object(value)).map_err(|errors| {
                 let prefix = format!("models.{name}.");
                 let problems: Vec<String> = errors
@@ -115,21 +100,30 @@ impl ModelRepository {
         }
     }
 
-    /// The folder's definition as JSON: the defaults, its `hangar.json` on top, and the
-    /// model path.
+    /// The folder's definition as JSON: the defaults, its `hangar.json` on top (held to the
+    /// folder rules, its paths resolved inside `folder`), and the model path.
     fn definition(&self, folder: &Path) -> Result<Map<String, Value>, String> {
         let mut value = self.defaults.clone().unwrap_or_default();
+        let mut own_path = false;
         match read_definition(folder)? {
-            Some(own) => {
+            Some(mut own) => {
                 // Another engine than the defaults' takes none of them (their fields are
                 // the defaults' engine's).
                 if own.get("backend").is_some_and(|b| value.get("backend") != Some(b)) {
                     value.clear();
                 }
-                if let Some(key) = own.keys().find(|k| OPERATOR_ONLY.contains(&k.as_str())) {
-                    return Err(format!(
-                        "{DEFINITION_FILE}: `{key}` is the operator's to set (in model_repository_defaults), not a repository folder's"
-                    ));
+                check_own(&own, &self.limits)?;
+                for (field, rule) in FOLDER_FIELDS {
+                    let Some(path) = own.get_mut(*field) else { continue };
+                    if *rule != FolderRule::Path || path.is_null() {
+                        continue;
+                    }
+                    let Value::String(text) = path else {
+                        return Err(format!("{DEFINITION_FILE}: {field}: must be a string"));
+                    };
+                    let resolved = inside(folder, field, text)?;
+                    *path = Value::String(resolved.to_string_lossy().into_owned());
+                    own_path |= *field == "model_path";
                 }
                 value.extend(own);
             }
@@ -140,8 +134,10 @@ impl ModelRepository {
             }
             None => {}
         }
+        check_tree(folder)?;
         let path = match value.get("model_path") {
-            Some(Value::String(path)) => inside(folder, path)?,
+            Some(Value::String(path)) if own_path => PathBuf::from(path),
+            Some(Value::String(path)) => inside(folder, "model_path", path)?,
             Some(_) => return Err(format!("{DEFINITION_FILE}: model_path: must be a string")),
             None => model_file(folder, &value)?,
         };
@@ -181,41 +177,15 @@ pub(crate) fn check_defaults(value: &Value, path: &str, errors: &mut Vec<Validat
     }
 }
 
-/// The folder's `hangar.json` as an object, if it has one.
-fn read_definition(folder: &Path) -> Result<Option<Map<String, Value>>, String> {
-    let path = folder.join(DEFINITION_FILE);
-    let file = match std::fs::File::open(&path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{DEFINITION_FILE}: cannot read: {e}")),
-    };
-    let mut text = String::new();
-    let read = std::io::Read::read_to_string(
-        &mut std::io::Read::take(file, MAX_DEFINITION_BYTES + 1),
-        &mut text,
-    );
-    read.map_err(|e| format!("{DEFINITION_FILE}: cannot read: {e}"))?;
-    if text.len() as u64 > MAX_DEFINITION_BYTES {
-        return Err(format!("{DEFINITION_FILE}: larger than {MAX_DEFINITION_BYTES} bytes"));
+/// `folder` (a subfolder of `root`, both resolved) with its links followed: still in
+/// `root`.
+fn resolved(root: &Path, folder: &Path) -> Result<PathBuf, String> {
+    let resolved = folder.canonicalize().map_err(|e| format!("cannot resolve the folder: {e}"))?;
+    if resolved.starts_with(root) && resolved != root {
+        Ok(resolved)
+    } else {
+        Err(format!("the folder is a link out of the repository (to {})", resolved.display()))
     }
-    match serde_json::from_str(&text) {
-        Ok(Value::Object(map)) => Ok(Some(map)),
-        Ok(_) => Err(format!("{DEFINITION_FILE}: must be a JSON object (one model definition)")),
-        Err(e) => Err(format!("{DEFINITION_FILE}:{}:{}: {e}", e.line(), e.column())),
-    }
-}
-
-/// `path` of a `hangar.json`, resolved in `folder`: relative, and inside it.
-fn inside(folder: &Path, path: &str) -> Result<PathBuf, String> {
-    let relative = Path::new(path);
-    let stays =
-        relative.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
-    if !stays {
-        return Err(format!(
-            "{DEFINITION_FILE}: model_path: must be a path inside the folder (relative, without `..`), not {path:?}"
-        ));
-    }
-    Ok(folder.join(relative))
 }
 
 /// The model file of a folder without a `model_path`: a GGUF engine's one `.gguf` file
@@ -244,138 +214,5 @@ fn model_file(folder: &Path, definition: &Map<String, Value>) -> Result<PathBuf,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    /// A repository in a fresh folder, with `defaults`.
-    fn repository(label: &str, defaults: Option<Value>) -> ModelRepository {
-        let dir = std::env::temp_dir().join(format!("hangar-repo-{label}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let defaults = defaults.map(|d| d.as_object().unwrap().clone());
-        ModelRepository { dir, defaults }
-    }
-
-    /// A subfolder `name` holding `files` (name, contents).
-    fn folder(repo: &ModelRepository, name: &str, files: &[(&str, &str)]) -> PathBuf {
-        let dir = repo.dir.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        for (file, text) in files {
-            std::fs::write(dir.join(file), text).unwrap();
-        }
-        dir
-    }
-
-    fn scan(repo: &ModelRepository) -> Vec<(String, Option<String>, Option<String>)> {
-        repo.scan(&|name| name == "configured")
-            .unwrap()
-            .into_iter()
-            .map(|m| (m.definition.name.to_string(), m.definition.model_path, m.problem))
-            .collect()
-    }
-
-    #[test]
-    fn each_folder_is_a_model_from_the_defaults_its_definition_file_and_its_one_gguf() {
-        let repo = repository("ok", Some(json!({ "backend": "llama_cpp", "gguf_n_ctx": 2048 })));
-        let one = folder(&repo, "one", &[("m.gguf", ""), ("mmproj-m.gguf", ""), ("README", "")]);
-        let split =
-            folder(&repo, "split", &[("m-00001-of-00002.gguf", ""), ("m-00002-of-00002.gguf", "")]);
-        let own =
-            folder(&repo, "own", &[("hangar.json", r#"{"backend": "stub", "model_path": "w"}"#)]);
-        folder(&repo, "configured", &[("m.gguf", "")]);
-        folder(&repo, ".hidden", &[("m.gguf", "")]);
-        std::fs::write(repo.dir.join("loose.gguf"), "").unwrap();
-        let path = |p: PathBuf| Some(p.to_string_lossy().into_owned());
-        assert_eq!(
-            scan(&repo),
-            [
-                ("one".into(), path(one.join("m.gguf")), None),
-                ("own".into(), path(own.join("w")), None),
-                ("split".into(), path(split.join("m-00001-of-00002.gguf")), None),
-            ]
-        );
-        let models = repo.scan(&|_| false).unwrap();
-        let one = models.iter().find(|m| m.definition.name.as_str() == "one").unwrap();
-        assert_eq!(one.definition.definition()["gguf_n_ctx"], 2048, "the defaults apply");
-    }
-
-    #[test]
-    fn a_folder_whose_definition_does_not_hold_is_a_model_with_its_reason() {
-        let repo = repository("bad", Some(json!({ "backend": "llama_cpp" })));
-        folder(&repo, "none", &[]);
-        folder(&repo, "two", &[("a.gguf", ""), ("b.gguf", "")]);
-        folder(&repo, "broken", &[("hangar.json", "{ not json")]);
-        folder(&repo, "array", &[("hangar.json", "[]")]);
-        folder(&repo, "field", &[("hangar.json", r#"{"gguf_n_ctx": 0}"#), ("m.gguf", "")]);
-        folder(
-            &repo,
-            "binary",
-            &[(
-                "hangar.json",
-                r#"{"backend": "llama_server", "llama_server_binary_path": "/bin/sh"}"#,
-            )],
-        );
-        folder(&repo, "escape", &[("hangar.json", r#"{"model_path": "../other/m.gguf"}"#)]);
-        folder(&repo, "absolute", &[("hangar.json", r#"{"model_path": "/etc/passwd"}"#)]);
-        let big = format!("{{\"x\": \"{}\"}}", "a".repeat(MAX_DEFINITION_BYTES as usize));
-        folder(&repo, "huge", &[("hangar.json", &big)]);
-        let problems: Vec<(String, String)> = scan(&repo)
-            .into_iter()
-            .map(|(name, _, problem)| (name, problem.expect("a problem")))
-            .collect();
-        let expect = [
-            ("absolute", "must be a path inside the folder"),
-            ("array", "must be a JSON object"),
-            ("binary", "`llama_server_binary_path` is the operator's to set"),
-            ("broken", "hangar.json:1:3"),
-            ("escape", "must be a path inside the folder"),
-            ("field", "gguf_n_ctx: must be >= 1"),
-            ("huge", "larger than 1048576 bytes"),
-            ("none", "no .gguf file in the folder"),
-            ("two", "2 .gguf files in the folder (a.gguf, b.gguf)"),
-        ];
-        assert_eq!(problems.len(), expect.len(), "{problems:?}");
-        for ((name, problem), (want_name, want)) in problems.iter().zip(expect) {
-            assert_eq!(name, want_name);
-            assert!(problem.contains(want), "{name}: {problem}");
-        }
-        // Stand-ins keep the backend the folder (or the defaults) named.
-        let binary = repo.scan(&|_| false).unwrap();
-        let binary = binary.iter().find(|m| m.definition.name.as_str() == "binary").unwrap();
-        assert_eq!(binary.definition.backend, BackendKind::LlamaServer);
-    }
-
-    #[test]
-    fn without_defaults_a_folder_needs_its_definition_file() {
-        let repo = repository("bare", None);
-        folder(&repo, "bare", &[("m.gguf", "")]);
-        let [(name, _, problem)] = &scan(&repo)[..] else { panic!("one model") };
-        assert_eq!(name, "bare");
-        assert!(
-            problem.as_deref().unwrap().contains("no model_repository_defaults"),
-            "{problem:?}"
-        );
-        assert!(repository("gone", None).dir.exists());
-        let missing = ModelRepository { dir: repo.dir.join("missing"), defaults: None };
-        assert!(missing.scan(&|_| false).is_err(), "an unreadable repository is an error");
-    }
-
-    #[test]
-    fn the_defaults_are_checked_as_a_model_definition_at_their_own_path() {
-        let config = json!({ "model_repository": "/m",
-            "model_repository_defaults": { "backend": "llama_cpp", "gguf_n_ctx": 0, "colour": 1 } });
-        let Err(crate::ConfigError::Invalid(errors)) = crate::Config::from_value(&config) else {
-            panic!("invalid defaults are a config error")
-        };
-        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
-        assert_eq!(
-            paths,
-            ["model_repository_defaults.colour", "model_repository_defaults.gguf_n_ctx"]
-        );
-        let ok =
-            json!({ "model_repository": "/m", "model_repository_defaults": { "backend": "stub" } });
-        let repository = crate::Config::from_value(&ok).unwrap().model_repository.unwrap();
-        assert_eq!(repository.dir, Path::new("/m"));
-    }
-}
+#[path = "repository_tests.rs"]
+mod tests;

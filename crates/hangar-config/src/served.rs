@@ -17,7 +17,8 @@ pub const MAX_SERVED_NAME_LEN: usize = 256;
 ///
 /// Unlike a [`ModelName`] it may contain `/`, as KServe's `publishers/<ns>/models/<name>`
 /// does: it is never a file name. It is non-empty, at most [`MAX_SERVED_NAME_LEN`] bytes,
-/// without control characters, `\` or surrounding whitespace, and every part between
+/// without control characters, `\`, `,` or surrounding whitespace, does not start with `-`
+/// (it could pass for a flag where it reaches a command line), and every part between
 /// slashes is non-empty and neither `.` nor `..`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
@@ -47,6 +48,15 @@ impl ServedName {
         }
         if name.trim() != name {
             return Err("must not start or end with whitespace".into());
+        }
+        if name.starts_with('-') {
+            return Err(
+                "must not start with \"-\" (it would read as a flag on an engine's command line)"
+                    .into(),
+            );
+        }
+        if name.contains(',') {
+            return Err("must not contain \",\" (lists of served names are separated by it)".into());
         }
         if name.split('/').any(|part| matches!(part, "" | "." | "..")) {
             return Err("every part between slashes must be non-empty and not . or ..".into());
@@ -144,5 +154,19 @@ mod tests {
             assert!(ServedName::new(bad).is_err(), "{bad:?} was accepted");
         }
         assert!(ServedName::new("x".repeat(256)).is_ok(), "at the limit");
+    }
+
+    #[test]
+    fn a_configured_alias_that_reads_as_a_flag_or_splits_a_list_is_a_config_error() {
+        let flags = json!({ "models": { "m": { "backend": "stub",
+            "aliases": ["--trust-remote-code", "-x", "a,b", "ok-"] } } });
+        let errors = errors(flags);
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        for (i, why) in [(0, "start with \"-\""), (1, "start with \"-\""), (2, "\",\"")] {
+            let at = format!("aliases[{i}]");
+            assert!(errors.iter().any(|e| e.contains(&at) && e.contains(why)), "{errors:?}");
+        }
+        let name = json!({ "models": { "--api-key": { "backend": "stub" } } });
+        assert!(super::tests::errors(name).iter().any(|e| e.contains("start with \"-\"")));
     }
 }
