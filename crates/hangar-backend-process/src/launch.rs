@@ -47,6 +47,8 @@ pub fn llama_server(
     }
     let host = host.clone().unwrap_or_else(|| LOOPBACK.to_owned());
     let port = port.map_or(free_port, |p| p.saturating_add(replica as u16));
+    // llama.cpp's parser knows no `--flag=value`; it takes the element after a flag as the
+    // value, whatever it starts with, so no value here can become a flag of its own.
     let mut args = Args::default();
     args.push2("-m", path);
     args.push2("--host", &host);
@@ -132,9 +134,20 @@ pub fn vllm_serve(
             message: format!("model '{}' sleeps, and its child needs a Unix socket", model.name),
         });
     }
+    if target.starts_with('-') {
+        return Err(LoadError::Failed {
+            message: format!(
+                "model '{}': what `vllm serve` loads ({target:?}) must not start with `-`",
+                model.name
+            ),
+        });
+    }
     let host = host.clone().unwrap_or_else(|| LOOPBACK.to_owned());
     let port = port.map_or(free_port, |p| p.saturating_add(replica as u16));
-    let mut args = Args::default();
+    // vLLM reads its flags with argparse: `--flag=value` is one element that no value can
+    // turn into another flag (`--served-model-name` takes `nargs="+"`: a name after it as
+    // its own element would be followed by whatever came next).
+    let mut args = Args::joined();
     args.0.extend(["serve".to_owned(), target.to_owned()]);
     let socket = socket.filter(|_| sleeps);
     match socket {
@@ -144,10 +157,8 @@ pub fn vllm_serve(
             args.push2("--port", port);
         }
     }
-    // The model's aliases too: vLLM refuses a request whose `model` it does not serve.
-    args.0.push("--served-model-name".to_owned());
-    args.0.push(model.name.to_string());
-    args.0.extend(model.aliases.iter().map(ToString::to_string));
+    // One name: requests that name an alias are renamed to it on the way ([`served_name`]).
+    args.push2("--served-model-name", &model.name);
     engine_args(engine, &mut args);
     if sleeps {
         args.0.push("--enable-sleep-mode".to_owned());
@@ -242,14 +253,31 @@ fn engine_args(e: &VllmSettings, args: &mut Args) {
     }
 }
 
-/// An argv under construction.
+/// The name a child knows its model by, and what a forwarded request's `model` becomes
+/// when the client named one of the model's aliases (`None`: the body passes as it is).
+pub(crate) fn served_name(model: &ModelConfig) -> Option<String> {
+    (!model.aliases.is_empty()).then(|| model.name.to_string())
+}
+
+/// An argv under construction: a flag and its value as one element (`--flag=value`) for
+/// engines that parse that form, else as two, for `llama-server`, whose parser takes the
+/// element after a flag as its value whatever it starts with.
 #[derive(Default)]
-struct Args(Vec<String>);
+struct Args(Vec<String>, bool);
 
 impl Args {
+    /// Flags and values joined with `=`.
+    fn joined() -> Self {
+        Self(Vec::new(), true)
+    }
+
     fn push2(&mut self, flag: &str, value: impl std::fmt::Display) {
-        self.0.push(flag.to_owned());
-        self.0.push(value.to_string());
+        if self.1 {
+            self.0.push(format!("{flag}={value}"));
+        } else {
+            self.0.push(flag.to_owned());
+            self.0.push(value.to_string());
+        }
     }
 
     fn opt(&mut self, flag: &str, value: Option<impl std::fmt::Display>) {

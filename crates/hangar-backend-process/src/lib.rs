@@ -158,7 +158,9 @@ impl ProcessBackend {
             if let Some(saved) = &saved {
                 saved.point(&mut launch);
             }
-            let mut upstream = Upstream::new(launch.base_url(), launch.api_key.as_deref(), None)
+            // The child serves the model's name alone: a request naming an alias is renamed.
+            let rename = launch::served_name(model);
+            let mut upstream = Upstream::new(launch.base_url(), launch.api_key.as_deref(), rename)
                 .map_err(|message| LoadError::Failed { message })?;
             if let Some(socket) = &launch.socket {
                 upstream = upstream.on_socket(socket.clone());

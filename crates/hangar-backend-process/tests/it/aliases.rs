@@ -1,5 +1,6 @@
 //! A request that names a model by one of its aliases reaches engines that check `model`:
-//! a `vllm_serve` child serves its aliases too, and an `openai_remote` model renames the
+//! a `vllm_serve` child serves the model's name alone (one `--served-model-name=` element)
+//! and a request naming an alias is renamed to it, as an `openai_remote` model renames the
 //! request to the name the remote server knows. The remote here is the fake `vllm serve`,
 //! which answers 404 to a `model` it does not serve, as vLLM does.
 
@@ -42,14 +43,21 @@ async fn an_alias_reaches_a_vllm_child_and_a_remote_server_that_check_the_model(
     let served = vllm.load(LoadRequest::new(named(child), 0, 1)).await.expect("loaded");
     assert_eq!(status(&served, "publishers/default/models/fake").await, Ok(200));
     assert_eq!(status(&served, "fake").await, Ok(200));
-    let refused = status(&served, "another").await;
+    // The child serves one name: a remote model that knows it by the alias is refused.
+    let url: Value = served.details()["backend_url"].clone();
+    let by_alias = json!({
+        "backend": "openai_remote", "openai_base_url": url, "openai_api_key": "k",
+        "openai_model": "publishers/default/models/fake",
+    });
+    let by_alias = RemoteBackend.load(LoadRequest::new(named(by_alias), 0, 1)).await.unwrap();
+    let refused = status(&by_alias, "fake").await;
     assert!(
         matches!(&refused, Err(RuntimeError::InvalidRequest { message }) if message.contains("does not exist")),
-        "the fake checks `model`: {refused:?}"
+        "the child serves its model's name alone: {refused:?}"
     );
+    by_alias.unload().await;
 
     // A remote model `fake` with an alias: a request naming the alias is renamed to `fake`.
-    let url: Value = served.details()["backend_url"].clone();
     let remote = json!({
         "backend": "openai_remote", "openai_base_url": url, "openai_api_key": "k",
         "aliases": ["fake-latest"],

@@ -180,31 +180,19 @@ fn vllm_serve_argv_has_every_engine_field_and_override() {
         [
             "serve",
             "Qwen/Qwen3-8B",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "4321",
-            // vLLM serves the aliases too: it refuses a `model` it does not serve.
-            "--served-model-name",
-            "m",
-            "publishers/default/models/m",
-            "m-latest",
-            "--max-model-len",
-            "8192",
-            "--kv-cache-dtype",
-            "fp8",
-            "--kv-cache-memory-bytes",
-            "2147483648",
-            "--gpu-memory-utilization",
-            "0.2",
-            "--dtype",
-            "bfloat16",
-            "--tensor-parallel-size",
-            "2",
-            "--speculative-config",
-            r#"{"method":"mtp","model":"google/gemma-4-assistant","num_speculative_tokens":3}"#,
-            "--mm-processor-kwargs",
-            r#"{"min_pixels":1024,"max_pixels":802816}"#,
+            "--host=127.0.0.1",
+            "--port=4321",
+            // One name, in the element of its flag: vLLM reads `--served-model-name` with
+            // nargs="+", and requests naming an alias are renamed to it.
+            "--served-model-name=m",
+            "--max-model-len=8192",
+            "--kv-cache-dtype=fp8",
+            "--kv-cache-memory-bytes=2147483648",
+            "--gpu-memory-utilization=0.2",
+            "--dtype=bfloat16",
+            "--tensor-parallel-size=2",
+            r#"--speculative-config={"method":"mtp","model":"google/gemma-4-assistant","num_speculative_tokens":3}"#,
+            r#"--mm-processor-kwargs={"min_pixels":1024,"max_pixels":802816}"#,
             "--enforce-eager",
         ]
     );
@@ -225,6 +213,31 @@ fn vllm_serve_argv_has_every_engine_field_and_override() {
 fn vllm_serve_targets_model_path_without_vllm_model() {
     let launch = vllm(json!({ "model_path": "/models/gemma" })).unwrap();
     assert_eq!(&args(&launch)[..2], ["serve", "/models/gemma"]);
+}
+
+#[test]
+fn no_value_becomes_a_flag_of_its_own() {
+    // Every string that reaches vLLM's argv, set to something that reads as a flag: each
+    // stays inside its own `--flag=value` element.
+    let flag = "--trust-remote-code";
+    let launch = vllm(json!({
+        "model_path": "/m",
+        "vllm_kv_cache_dtype": flag,
+        "vllm_dtype": flag,
+        "vllm_speculative_method": flag,
+        "vllm_speculative_model": flag,
+        "vllm_mm_processor_kwargs": { "k": flag },
+    }))
+    .unwrap();
+    let argv = args(&launch);
+    assert!(argv.iter().all(|a| !a.starts_with("--trust")), "{argv:?}");
+    assert!(argv.contains(&"--kv-cache-dtype=--trust-remote-code"), "{argv:?}");
+    // What `vllm serve` loads is positional: one that reads as a flag is refused.
+    let refused = vllm(json!({ "model_path": "--api-key" }));
+    assert!(
+        matches!(&refused, Err(LoadError::Failed { message }) if message.contains("must not start with `-`")),
+        "{refused:?}"
+    );
 }
 
 #[test]
@@ -268,8 +281,7 @@ fn a_split_model_is_told_to_split_evenly_unless_its_extra_args_say_how() {
 
     let tp = |launch: &Launch| {
         let args = args(launch);
-        let at = args.iter().position(|a| *a == "--tensor-parallel-size")?;
-        Some(args[at + 1].to_owned())
+        args.iter().find_map(|a| a.strip_prefix("--tensor-parallel-size=")).map(str::to_owned)
     };
     let m = json!({ "vllm_model": "org/m", "gpu_split": 2 });
     assert_eq!(tp(&vllm(m).unwrap()).as_deref(), Some("2"));

@@ -119,16 +119,11 @@ async fn the_child_gets_the_exact_argv_and_environment_and_serves_forwarded_requ
     let expected = [
         "serve",
         "Qwen/Qwen3-0.6B",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port,
-        "--served-model-name",
-        "fake",
-        "--max-model-len",
-        "4096",
-        "--kv-cache-memory-bytes",
-        "1048576",
+        "--host=127.0.0.1",
+        &format!("--port={port}"),
+        "--served-model-name=fake",
+        "--max-model-len=4096",
+        "--kv-cache-memory-bytes=1048576",
     ];
     assert_eq!(argv, expected);
     let env: Value = serde_json::from_str(&watch.line_after("FAKE_VLLM_ENV ").unwrap()).unwrap();
