@@ -159,7 +159,7 @@ impl Backend for BridgeBackend {
         let output = tokio::process::Command::new(&launch.program)
             .args(&launch.args)
             .env_clear()
-            .envs(self.spawner.environment(&launch.env))
+            .envs(self.spawner.environment(&model.pass_env, &launch.env))
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true)
             .output();
@@ -208,6 +208,7 @@ impl Backend for BridgeBackend {
         })?;
         let socket_arg = socket.to_string_lossy().into_owned();
         let mut launch = program.launch(&python, &["--socket", &socket_arg]);
+        launch.pass_env.clone_from(&model.pass_env);
         let placed = hangar_backend::cuda_environment(&gpus, &launch.env);
         launch.env.extend(placed);
         let name = model.name.as_str();

@@ -60,6 +60,7 @@ impl WorkerProgram {
             program: python.to_owned(),
             args,
             env: self.env.clone(),
+            pass_env: Vec::new(),
             library_path: None,
             host: String::new(),
             port: 0,

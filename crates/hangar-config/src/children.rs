@@ -67,6 +67,30 @@ pub const CHILD_ENV: &[&str] = &[
 /// Hangar's own variables (its keys among them): never passed to a child.
 pub const HANGAR_ENV: &str = "HANGAR_*";
 
+/// Hub credentials the built-in list would pass (`HF_*`) but no child gets unless the
+/// operator names one exactly, in `children.pass_env` (every child) or a model's own
+/// `pass_env` (that model's: one on a gated hub repository).
+pub const WITHHELD_ENV: &[&str] = &["HF_TOKEN", "HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN"];
+
+/// Checks a model's `pass_env`: exact variable names, none of Hangar's own.
+pub(crate) fn check_model_pass_env(names: Option<&[String]>, p: &mut Problems<'_>) {
+    for (i, name) in names.unwrap_or_default().iter().enumerate() {
+        if name.ends_with('*') || !valid_pattern(name) {
+            p.push_item(
+                "pass_env",
+                i,
+                format!("`{name}` is not a variable name (letters, digits, `_`)"),
+            );
+        } else if matches(HANGAR_ENV, name) {
+            p.push_item(
+                "pass_env",
+                i,
+                format!("`{name}`: Hangar's own variables are never passed to engines"),
+            );
+        }
+    }
+}
+
 /// `children` as written.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -145,13 +169,27 @@ impl From<ChildrenFields> for ChildEnv {
 
 impl ChildEnv {
     /// Whether a child gets Hangar's variable `name`: on the built-in list or `pass_env`,
-    /// and neither `HANGAR_*`, secret, nor a model's key variable.
+    /// and neither `HANGAR_*`, secret, nor a model's key variable; a hub credential
+    /// ([`WITHHELD_ENV`]) only when `pass_env` names it exactly.
     pub fn passes(&self, name: &str) -> bool {
         let listed = CHILD_ENV.iter().copied().chain(self.pass_env.iter().map(String::as_str));
         let secret = std::iter::once(HANGAR_ENV).chain(self.secret_env.iter().map(String::as_str));
+        let withheld = WITHHELD_ENV.contains(&name) && !self.pass_env.iter().any(|p| p == name);
         listed.into_iter().any(|p| matches(p, name))
+            && !withheld
             && !secret.into_iter().any(|p| matches(p, name))
             && !self.key_vars.iter().any(|var| var == name)
+    }
+
+    /// Whether a model whose own `pass_env` is `own` gets Hangar's variable `name`: as
+    /// [`Self::passes`] says, or named in `own` (never `HANGAR_*`, a secret of the
+    /// operator's, or a model's key variable).
+    pub fn passes_for(&self, own: &[String], name: &str) -> bool {
+        let secret = std::iter::once(HANGAR_ENV).chain(self.secret_env.iter().map(String::as_str));
+        self.passes(name)
+            || (own.iter().any(|o| o == name)
+                && !secret.into_iter().any(|p| matches(p, name))
+                && !self.key_vars.iter().any(|var| var == name))
     }
 
     /// The effective `children` object, as `config check` shows it (the operator's lists;
@@ -189,6 +227,9 @@ mod tests {
             ("HANGAR_LEAK", false),
             // Secret over listed.
             ("HF_TOKEN", false),
+            // Hub credentials are withheld by default.
+            ("HF_TOKEN_PATH", false),
+            ("HF_HUB_OFFLINE", true),
             ("VLLM_SECRET_SAUCE", false),
             ("VLLM_USE_V1", true),
             // A model's remote key variable, matched by name only.
@@ -198,6 +239,32 @@ mod tests {
         for (name, passes) in cases {
             assert_eq!(env.passes(name), passes, "{name}");
         }
+    }
+
+    #[test]
+    fn hub_credentials_reach_only_a_model_or_children_that_name_them() {
+        let plain = ChildEnv::default();
+        for name in WITHHELD_ENV {
+            assert!(!plain.passes(name), "{name} is withheld by default");
+            assert!(
+                plain.passes_for(&[(*name).to_owned()], name),
+                "{name} when the model names it"
+            );
+        }
+        assert!(plain.passes("HF_HOME"));
+        let everyone = ChildEnv { pass_env: vec!["HF_TOKEN".into()], ..ChildEnv::default() };
+        assert!(everyone.passes("HF_TOKEN"));
+        assert!(!everyone.passes("HF_TOKEN_PATH"), "a prefix or another name opens nothing");
+        let secret = ChildEnv { secret_env: vec!["HF_TOKEN".into()], ..ChildEnv::default() };
+        assert!(!secret.passes_for(&["HF_TOKEN".into()], "HF_TOKEN"), "the operator's secret wins");
+        assert!(!plain.passes_for(&["HANGAR_ADMIN_KEY".into()], "HANGAR_ADMIN_KEY"));
+        let models = serde_json::json!({ "models": { "m": { "backend": "stub",
+            "pass_env": ["HF_TOKEN", "HANGAR_ADMIN_KEY", "HF_*"] } } });
+        let Err(crate::ConfigError::Invalid(errors)) = crate::Config::from_value(&models) else {
+            panic!("a model may not pass Hangar's variables or patterns")
+        };
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["models.m.pass_env[1]", "models.m.pass_env[2]"]);
     }
 
     #[test]

@@ -100,6 +100,7 @@ pub const FOLDER_FIELDS: &[(&str, FolderRule)] = {
         ("idle_unload_seconds", Free),
         ("idle_sleep_seconds", Free),
         ("allow_remote_media", Operator),
+        ("pass_env", Operator),
         // llama_cpp.
         ("gguf_n_ctx", Capped(ContextTokens)),
         ("gguf_n_gpu_layers", Free),

@@ -65,7 +65,7 @@ mod start_up;
 mod validate;
 mod vram;
 
-pub use children::{CHILD_ENV, ChildEnv, HANGAR_ENV};
+pub use children::{CHILD_ENV, ChildEnv, HANGAR_ENV, WITHHELD_ENV};
 pub use config::{
     Config, ConfigError, DEFAULT_ADMIN_LOCK_TIMEOUT_S, DEFAULT_GRPC_PORT, DEFAULT_MAX_QUEUE_DEPTH,
     DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, MaxLoadedModels,

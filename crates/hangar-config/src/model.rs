@@ -72,6 +72,10 @@ pub(crate) struct ModelFields {
     /// inline as `data:` URLs. Default false, except `openai_remote` (true: the remote server
     /// fetches from its own network).
     pub(crate) allow_remote_media: Option<bool>,
+    /// Variables of Hangar's environment this model's engine processes get beyond
+    /// `children`'s rules, by exact name: the default-withheld `HF_TOKEN` for a model on a
+    /// gated hub repository, say. Never `HANGAR_*`.
+    pub(crate) pass_env: Option<Vec<String>>,
 }
 
 impl Section for ModelFields {
@@ -127,6 +131,7 @@ impl Section for ModelFields {
                 p.push_item("aliases", i, format!("`{alias}` is listed twice"));
             }
         }
+        crate::children::check_model_pass_env(self.pass_env.as_deref(), p);
         for (i, label) in self.labels.iter().flatten().enumerate() {
             if label.trim().is_empty() {
                 p.nested("labels").push(&i.to_string(), "must not be empty");
@@ -244,6 +249,9 @@ pub struct ModelConfig {
     pub idle_sleep_seconds: Option<NonZeroU32>,
     /// Whether forwarded requests may name media by URL; see [`Self::remote_media_allowed`].
     pub allow_remote_media: Option<bool>,
+    /// Variables of Hangar's environment its engine processes get beyond `children`'s
+    /// rules (exact names).
+    pub pass_env: Vec<String>,
     /// Backend-specific settings.
     pub settings: BackendSettings,
     raw: Map<String, Value>,
@@ -329,6 +337,7 @@ impl ModelConfig {
         put("idle_unload_seconds", self.idle_unload_seconds.map(NonZeroU32::get).into());
         put("idle_sleep_seconds", self.idle_sleep_seconds.map(NonZeroU32::get).into());
         put("allow_remote_media", self.remote_media_allowed().into());
+        put("pass_env", self.pass_env.clone().into());
         for section in self.settings.to_json() {
             if let Value::Object(fields) = section {
                 out.extend(fields);
@@ -500,6 +509,7 @@ fn parse_model(
         idle_unload_seconds: fields.idle_unload_seconds.and_then(NonZeroU32::new),
         idle_sleep_seconds: fields.idle_sleep_seconds.and_then(NonZeroU32::new),
         allow_remote_media: fields.allow_remote_media,
+        pass_env: fields.pass_env.unwrap_or_default(),
         settings,
         raw: obj.clone(),
     })

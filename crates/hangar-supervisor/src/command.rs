@@ -18,6 +18,9 @@ pub struct Launch {
     /// Extra environment variables (the API key travels here, never in argv, which every
     /// local user can read in `/proc/<pid>/cmdline`).
     pub env: Vec<(String, String)>,
+    /// Variables of Hangar's environment the child gets beyond the spawner's rules (its
+    /// model's `pass_env`).
+    pub pass_env: Vec<String>,
     /// Prepended to `LD_LIBRARY_PATH`.
     pub library_path: Option<String>,
     /// Where the child listens.

@@ -45,7 +45,8 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// `program` (looked up on the child's `PATH` when it has no `/`) with `args`, in the
-    /// part of Hangar's environment that `inherit` passes, with `env` set over it.
+    /// part of Hangar's environment that `inherit` passes (with the model's `own` names),
+    /// with `env` set over it.
     ///
     /// # Errors
     /// A program not found on `PATH`, or a NUL byte in an argument or variable.
@@ -54,8 +55,9 @@ impl Plan {
         args: &[String],
         env: &[(String, String)],
         inherit: &ChildEnv,
+        own: &[String],
     ) -> io::Result<Self> {
-        let vars = environment(inherit, env);
+        let vars = environment(inherit, own, env);
         let path = resolve(program, vars.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v))?;
         let c = |bytes: Vec<u8>| {
             CString::new(bytes).map_err(|_| {
@@ -79,13 +81,15 @@ impl Plan {
     }
 }
 
-/// A child's environment: Hangar's variables that `inherit` passes, then `env` (which wins).
+/// A child's environment: Hangar's variables that `inherit` passes for a model whose own
+/// `pass_env` is `own`, then `env` (which wins).
 pub(crate) fn environment(
     inherit: &ChildEnv,
+    own: &[String],
     env: &[(String, String)],
 ) -> Vec<(OsString, OsString)> {
     let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
-        .filter(|(k, _)| k.to_str().is_some_and(|k| inherit.passes(k)))
+        .filter(|(k, _)| k.to_str().is_some_and(|k| inherit.passes_for(own, k)))
         .filter(|(k, _)| !env.iter().any(|(set, _)| OsStr::new(set) == k))
         .collect();
     vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
@@ -271,7 +275,7 @@ mod tests {
     fn run(program: &str, args: &[&str], env: &[(&str, &str)]) -> io::Result<Spawned> {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let env: Vec<_> = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        spawn(&Plan::new(program, &args, &env, &ChildEnv::default())?)
+        spawn(&Plan::new(program, &args, &env, &ChildEnv::default(), &[])?)
     }
 
     fn wait(pid: i32) -> WaitStatus {
@@ -335,6 +339,6 @@ mod tests {
         let denied = run(file.to_str().unwrap(), &[], &[]).err().unwrap();
         assert_eq!(denied.kind(), io::ErrorKind::PermissionDenied, "{denied}");
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(Plan::new("sh", &["a\0b".to_owned()], &[], &ChildEnv::default()).is_err());
+        assert!(Plan::new("sh", &["a\0b".to_owned()], &[], &ChildEnv::default(), &[]).is_err());
     }
 }

@@ -83,7 +83,7 @@ impl Spawner {
             let joined = if old.is_empty() { lib.clone() } else { format!("{lib}:{old}") };
             env.push(("LD_LIBRARY_PATH".to_owned(), joined));
         }
-        let plan = Plan::new(&launch.program, &launch.args, &env, &self.inherit)?;
+        let plan = Plan::new(&launch.program, &launch.args, &env, &self.inherit, &launch.pass_env)?;
         let (tx, rx) = oneshot::channel();
         let job: SpawnJob = Box::new(move || {
             let _ = tx.send(crate::spawn::spawn(&plan));
@@ -131,10 +131,15 @@ impl Spawner {
         Ok(Child { pid, group, exit: exit_rx, ready_hint, logs: logs.clone(), replica })
     }
 
-    /// The environment a child of this spawner gets with `env` set over it (for a helper
-    /// process started another way, such as a bridge's package check).
-    pub fn environment(&self, env: &[(String, String)]) -> Vec<(OsString, OsString)> {
-        crate::spawn::environment(&self.inherit, env)
+    /// The environment a child of this spawner gets for a model whose own `pass_env` is
+    /// `own`, with `env` set over it (for a helper process started another way, such as a
+    /// bridge's package check).
+    pub fn environment(
+        &self,
+        own: &[String],
+        env: &[(String, String)],
+    ) -> Vec<(OsString, OsString)> {
+        crate::spawn::environment(&self.inherit, own, env)
     }
 }
 
@@ -334,6 +339,7 @@ mod tests {
             program: "sh".into(),
             args: vec!["-c".into(), script.into()],
             env: Vec::new(),
+            pass_env: Vec::new(),
             library_path: None,
             host: "127.0.0.1".into(),
             port: 0,

@@ -26,6 +26,7 @@ const COMMON: &[&str] = &[
     "idle_unload_seconds",
     "idle_sleep_seconds",
     "allow_remote_media",
+    "pass_env",
 ];
 
 fn minimal(kind: BackendKind) -> Value {
