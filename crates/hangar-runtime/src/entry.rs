@@ -43,6 +43,8 @@ pub(crate) struct ModelEntry {
     pub(crate) pins: std::sync::atomic::AtomicU32,
     /// Why the model cannot load: its definition (a repository folder's) does not hold.
     pub(crate) problem: Option<String>,
+    /// Whether a model repository folder defines it (not the config).
+    pub(crate) from_repository: bool,
 }
 
 pub(crate) struct Slot {
@@ -129,6 +131,7 @@ impl ModelEntry {
             waking: Default::default(),
             pins: Default::default(),
             problem: None,
+            from_repository: false,
         }
     }
 

@@ -123,7 +123,7 @@ impl Manager {
         let mut order = Vec::with_capacity(served.len());
         // Most models share their capabilities: one allocation each distinct value.
         let mut shared: Vec<Arc<Capabilities>> = Vec::new();
-        for crate::registry::Served { config: model, problem } in served {
+        for crate::registry::Served { config: model, problem, from_repository } in served {
             let capabilities = backends
                 .get(model.backend)
                 .map_or_else(Capabilities::default, |b| b.capabilities(&model));
@@ -137,6 +137,7 @@ impl Manager {
             let idle = config.idle_unload_seconds;
             let mut entry = ModelEntry::new(model, order.len(), capabilities, idle);
             entry.problem = problem;
+            entry.from_repository = from_repository;
             order.push(Arc::new(entry));
         }
         let definitions: Vec<&ModelConfig> =

@@ -79,6 +79,8 @@ impl ModelChanges {
 pub(crate) struct Served {
     pub(crate) config: ModelConfig,
     pub(crate) problem: Option<String>,
+    /// Whether a repository folder defines it (not the config).
+    pub(crate) from_repository: bool,
 }
 
 /// Where the served models come from: the config's models, then the repository's.
@@ -115,8 +117,10 @@ impl Sources {
         configured: &[ModelConfig],
         read: Option<std::io::Result<Vec<hangar_config::RepositoryModel>>>,
     ) -> Vec<Served> {
-        let mut served: Vec<Served> =
-            configured.iter().map(|m| Served { config: m.clone(), problem: None }).collect();
+        let mut served: Vec<Served> = configured
+            .iter()
+            .map(|m| Served { config: m.clone(), problem: None, from_repository: false })
+            .collect();
         match read {
             None => self.scanned.clear(),
             Some(Err(e)) => {
@@ -138,7 +142,7 @@ impl Sources {
                         if problem.is_none() {
                             taken.extend(aliases.iter().map(|a| a.to_string()));
                         }
-                        Served { config: m.definition, problem }
+                        Served { config: m.definition, problem, from_repository: true }
                     })
                     .collect();
             }
@@ -217,15 +221,18 @@ impl Manager {
         let current = self.registry();
         let mut changes = ModelChanges::default();
         let mut order = Vec::with_capacity(served.len());
-        for Served { config: model, problem } in &served {
+        for served_model in &served {
+            let Served { config: model, problem, from_repository } = served_model;
             let Some(entry) = current.by_name.get(&model.name) else {
-                order.push(self.add_entry(model.clone(), problem.clone()));
+                order.push(self.add_entry(served_model.clone()));
                 changes.added.push(model.name.clone());
                 continue;
             };
             let (same, was_pending) = {
                 let mut slot = entry.lock();
-                let same = *entry.config == *model && entry.problem == *problem;
+                let same = *entry.config == *model
+                    && entry.problem == *problem
+                    && entry.from_repository == *from_repository;
                 // A definition changed back withdraws the one waiting.
                 let was_pending = if same { slot.pending.take().is_some() } else { false };
                 (same, was_pending)
@@ -236,7 +243,7 @@ impl Manager {
                 }
                 order.push(Arc::clone(entry));
             } else if self.inner.control.retire(entry.position, true).await {
-                order.push(self.add_entry(model.clone(), problem.clone()));
+                order.push(self.add_entry(served_model.clone()));
                 changes.changed.push(model.name.clone());
             } else if let Some(problem) = problem {
                 // A running model whose definition stopped holding serves on as it is; the
@@ -294,7 +301,9 @@ impl Manager {
         if !Arc::ptr_eq(now, &entry) || !self.inner.control.retire(entry.position, true).await {
             return Ok(Arc::clone(now));
         }
-        let replacement = self.add_entry((*pending).clone(), None);
+        let from_repository = entry.from_repository;
+        let replacement =
+            self.add_entry(Served { config: (*pending).clone(), problem: None, from_repository });
         let order = current
             .order
             .iter()
@@ -311,7 +320,8 @@ impl Manager {
 
     /// A new entry for `model`, known to the control loop (with the figures the state file
     /// kept for it). The caller holds the reload turn, so ids are taken one at a time.
-    fn add_entry(&self, model: ModelConfig, problem: Option<String>) -> Arc<ModelEntry> {
+    fn add_entry(&self, served: Served) -> Arc<ModelEntry> {
+        let Served { config: model, problem, from_repository } = served;
         let capabilities = self
             .inner
             .backends
@@ -322,6 +332,7 @@ impl Manager {
         let position = self.inner.control.next_id();
         let mut entry = ModelEntry::new(model, position, Arc::new(capabilities), idle);
         entry.problem = problem;
+        entry.from_repository = from_repository;
         let entry = Arc::new(entry);
         if let Some(state) = &self.inner.state {
             state.restore(std::slice::from_ref(&entry));

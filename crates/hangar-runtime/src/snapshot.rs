@@ -111,6 +111,8 @@ pub struct ModelSnapshot {
     pub weights_path: Option<String>,
     /// `pinned` as configured: never evicted nor unloaded for idleness.
     pub pinned: bool,
+    /// Whether a model repository folder defines the model (not the config).
+    pub from_repository: bool,
     /// Live leases holding the model loaded.
     pub leases: Vec<crate::lease::Lease>,
     /// Seconds without work before the model is unloaded (its own or the global setting);
@@ -242,6 +244,7 @@ pub(crate) fn snapshot_of(entry: &ModelEntry, slot: &Slot) -> ModelSnapshot {
             _ => None,
         },
         pinned: config.pinned,
+        from_repository: entry.from_repository,
         leases: slot.live_leases().cloned().collect(),
         pending_definition: slot.pending.clone(),
         idle_unload_seconds: entry.idle_timeout.map(NonZeroU32::get),

@@ -37,6 +37,26 @@ impl Manager {
     /// `unknown_model`; [`ManagerError::Conflict`] while the model is loading;
     /// [`ManagerError::AdminBusy`] when another admin operation holds the model too long.
     pub async fn unload(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
+        self.unload_as(name, false).await
+    }
+
+    /// Unloads a model as [`Self::unload`] does, unless something holds it: its config
+    /// pins it, or a lease (granted or being taken) does. Whether a lease holds it is
+    /// read once the unload is decided in the control loop, which grants no lease from
+    /// then on, so a lease taken just before always wins; no lease is revoked.
+    ///
+    /// # Errors
+    /// [`ManagerError::Conflict`] when the model is pinned or leased, and
+    /// [`Self::unload`]'s own errors.
+    pub async fn unload_unless_held(&self, name: &str) -> Result<ModelSnapshot, ManagerError> {
+        self.unload_as(name, true).await
+    }
+
+    async fn unload_as(
+        &self,
+        name: &str,
+        unless_held: bool,
+    ) -> Result<ModelSnapshot, ManagerError> {
         let entry = match self.entry(name) {
             Ok(entry) => entry,
             // A model a reload or rescan removed is being unloaded already (KServe's agent
@@ -65,11 +85,25 @@ impl Manager {
         if let Some(answer) = check()? {
             return Ok(answer);
         }
+        if unless_held && entry.config.pinned {
+            return Err(held(&entry.config.name, "pinned by its config"));
+        }
         // Decided: from here no lease is granted until the unload is done (or given up).
         let decided = self.inner.control.unload_decided(entry.position);
+        // The admin turn is the loop's answer after the decision: every lease taken before
+        // it is published by now.
         let admin = self.admin_turn(&entry).await?;
         if let Some(answer) = check()? {
             return Ok(answer);
+        }
+        if unless_held {
+            let now = tokio::time::Instant::now();
+            let leased = entry.lock().leases.iter().any(|h| h.deadline > now);
+            if leased {
+                // Dropped, the decision ends without revoking anything.
+                drop(decided);
+                return Err(held(&entry.config.name, "leased"));
+            }
         }
         // Runs to its end, leases revoked, even if this caller goes away.
         let (this, e) = (self.clone(), Arc::clone(&entry));
@@ -223,5 +257,15 @@ impl Manager {
             });
         });
         self.inner.control.post_change(entry.position, change, apply);
+    }
+}
+
+/// The refusal of an unload that may not take a held model.
+fn held(model: &hangar_config::ModelName, why: &str) -> ManagerError {
+    ManagerError::Conflict {
+        state: ModelState::Loaded,
+        message: format!(
+            "model '{model}' is {why}: this caller may not unload it; an admin-key holder can"
+        ),
     }
 }

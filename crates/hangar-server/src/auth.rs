@@ -54,8 +54,10 @@ pub struct PeerAddr(pub std::net::SocketAddr);
 /// Whether a call is a trusted local agent's (KServe's model agent in the pod's sidecar):
 /// `http.trust_local_repository_agent` is on, the route is the v2 repository index, a load
 /// or an unload (`path`: the route's pattern or the request's path), the peer is on a
-/// loopback address, and no proxy header says the request came from elsewhere. Such a call
-/// needs no admin key; nothing else opens.
+/// loopback address, no proxy header says the request came from elsewhere, and the
+/// listener is on loopback or checks `Host` (`http.allowed_hosts`), so no page with a
+/// rebound name can pass for the agent. Such a call needs no admin key, and may do only
+/// what KServe's agent does ([`Caller::LocalAgent`]); nothing else opens.
 pub(crate) fn local_agent(
     options: &ServerOptions,
     method: &http::Method,
@@ -69,11 +71,47 @@ pub(crate) fn local_agent(
             .is_some_and(|rest| rest.ends_with("/load") || rest.ends_with("/unload"));
     let proxied =
         headers.contains_key(header::FORWARDED) || headers.contains_key("x-forwarded-for");
+    let host_checked = options.loopback_listener || !options.http.allowed_hosts.is_empty();
     options.http.trust_local_repository_agent
+        && host_checked
         && method == http::Method::POST
         && repository_call
         && peer.is_some_and(|ip| ip.to_canonical().is_loopback())
         && !proxied
+}
+
+/// Who makes a v2 repository call: a caller the keys let in, or the keyless local agent,
+/// which may index, load and unload only the models of the model repository folder —
+/// never a configured, pinned or leased one, never with an override patch — and sees the
+/// index's reasons only for those models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// The keys (or their absence) let the call in.
+    Keyed,
+    /// Let in without a key as the trusted local agent.
+    LocalAgent,
+}
+
+impl Caller {
+    /// Who is calling `method path` with `headers` from `peer`, or the refusal of the keys
+    /// that route class needs.
+    ///
+    /// # Errors
+    /// The auth error when neither the keys nor the local-agent rule let the call in.
+    pub(crate) fn of(
+        options: &ServerOptions,
+        auth: Auth,
+        method: &http::Method,
+        path: &str,
+        peer: Option<std::net::IpAddr>,
+        headers: &HeaderMap,
+    ) -> Result<Self, ApiError> {
+        match authorize(options, auth, headers) {
+            Ok(()) => Ok(Self::Keyed),
+            Err(_) if local_agent(options, method, path, peer, headers) => Ok(Self::LocalAgent),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// Whether the caller may see what the open routes (`/api/v1/health`,
@@ -164,6 +202,11 @@ mod tests {
                 "{method} {path} {peer:?}"
             );
         }
+        // On a wide listener, only where `Host` is checked (no rebound name gets through).
+        options.loopback_listener = false;
+        assert!(!local_agent(&options, &post, "/v2/repository/index", Some(loopback), &none));
+        options.http.allowed_hosts = vec!["hangar.internal".into()];
+        assert!(local_agent(&options, &post, "/v2/repository/index", Some(loopback), &none));
         options.http.trust_local_repository_agent = false;
         assert!(!local_agent(&options, &post, "/v2/repository/index", Some(loopback), &none));
     }

@@ -13,6 +13,10 @@
 //! keeps serving when the reload fails. `file:` parameters are refused: no model
 //! definitions arrive over the API.
 //!
+//! The keyless local agent ([`Caller::LocalAgent`]) may index, load and unload only the
+//! models of the model repository folder, never a configured, pinned or leased one and never
+//! with `parameters.config`; its index shows the reasons of those models only.
+//!
 //! The rules live in the functions the gRPC service calls too ([`index_entries`],
 //! [`load_model`], [`unload_model`], [`readiness`], [`model_metadata`],
 //! [`server_metadata_value`]); the handlers here only parse and encode.
@@ -24,6 +28,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::auth::Caller;
 use crate::body::{Response, empty_response, json_response, parse_json};
 use crate::error::{ApiError, HttpCode, RuntimeCode};
 use crate::health::not_ready;
@@ -291,18 +296,57 @@ pub(crate) fn check_version(name: &str, version: &str) -> Result<(), ApiError> {
 }
 
 /// The repository index: every configured model with its state, or only the ready ones;
-/// the model repository folder is read again first.
-pub(crate) async fn index_entries(manager: &Manager, only_ready: bool) -> Vec<IndexEntry> {
+/// the model repository folder is read again first. The local agent sees the reasons of
+/// the repository folder's models only; the others' are their bare state.
+pub(crate) async fn index_entries(
+    manager: &Manager,
+    only_ready: bool,
+    caller: Caller,
+) -> Vec<IndexEntry> {
     manager.rescan_repository().await;
     let filter = hangar_runtime::ModelFilter {
         state: only_ready.then_some(ModelState::Loaded),
         model_type: None,
     };
+    let shown = |m: &hangar_runtime::ModelStatus| {
+        caller == Caller::Keyed || manager.model(m.name.as_str()).is_ok_and(|s| s.from_repository)
+    };
     manager
         .statuses(&filter)
         .into_iter()
-        .map(|m| IndexEntry::of(m.name.to_string(), m.state, m.last_error))
+        .map(|m| {
+            let reason = if shown(&m) { m.last_error } else { None };
+            IndexEntry::of(m.name.to_string(), m.state, reason)
+        })
         .collect()
+}
+
+/// Refuses the local agent a model it may not load or unload: one the config defines,
+/// or one that is pinned. A model no longer served (its folder deleted) is the unload's
+/// to answer.
+///
+/// # Errors
+/// 403 `forbidden`, naming the rule.
+fn agent_may_touch(manager: &Manager, name: &str, caller: Caller) -> Result<(), ApiError> {
+    if caller == Caller::Keyed {
+        return Ok(());
+    }
+    let Ok(model) = manager.model(name) else { return Ok(()) };
+    let why = if !model.from_repository {
+        "is defined by the config, not the model repository folder"
+    } else if model.pinned {
+        "is pinned"
+    } else {
+        return Ok(());
+    };
+    Err(ApiError::new(
+        HttpCode::Forbidden,
+        format!(
+            "model '{}' {why}: the keyless local agent may load and unload only the repository \
+             folder's models; send the admin key",
+            model.name()
+        ),
+    ))
 }
 
 /// Refuses a model the repository does not know, after reading the model repository folder
@@ -325,9 +369,19 @@ pub(crate) async fn load_model(
     manager: &Manager,
     name: &str,
     parameters: LoadParameters,
+    caller: Caller,
 ) -> Result<(), ApiError> {
     refuse_other_parameters(&parameters.other, &["config"])?;
-    match config_patch(name, parameters.config)? {
+    agent_may_touch(manager, name, caller)?;
+    let patch = config_patch(name, parameters.config)?;
+    if caller == Caller::LocalAgent && patch.is_some() {
+        return Err(ApiError::new(
+            HttpCode::Forbidden,
+            "parameters.config is refused to the keyless local agent: an override patch needs \
+             the admin key",
+        ));
+    }
+    match patch {
         // No config: Triton's no-op for a loaded model, else a plain load.
         None => manager.load(name, LoadOptions::default()).await?,
         Some(patch) => manager.reload(name, crate::admin::split_load_patch(patch)?).await?,
@@ -335,20 +389,26 @@ pub(crate) async fn load_model(
     Ok(())
 }
 
-/// A repository unload: graceful.
+/// A repository unload: graceful; the local agent's never takes a leased model.
 ///
 /// # Errors
-/// 400 for unknown parameters, and the unload's own errors.
+/// 400 for unknown parameters, 403 for a model the local agent may not unload, and the
+/// unload's own errors (409 for a leased model the agent asked for).
 pub(crate) async fn unload_model(
     manager: &Manager,
     name: &str,
     parameters: UnloadParameters,
+    caller: Caller,
 ) -> Result<(), ApiError> {
     refuse_other_parameters(&parameters.other, &["unload_dependents"])?;
     if parameters.unload_dependents == Some(true) {
         tracing::debug!(model = name, "unload_dependents: Hangar models have no dependents");
     }
-    manager.unload(name).await?;
+    agent_may_touch(manager, name, caller)?;
+    match caller {
+        Caller::Keyed => manager.unload(name).await?,
+        Caller::LocalAgent => manager.unload_unless_held(name).await?,
+    };
     // A folder deleted before the unload (KServe's agent does so) leaves now.
     manager.rescan_repository().await;
     Ok(())
@@ -407,7 +467,7 @@ pub(crate) async fn model_ready(ctx: Ctx) -> Result<Response, ApiError> {
 /// ones with `ready: true`.
 pub(crate) async fn index(ctx: Ctx) -> Result<Response, ApiError> {
     let body: IndexBody = parse_json(&ctx.body, true)?;
-    let rows = index_entries(&ctx.state.manager, body.ready.unwrap_or(false)).await;
+    let rows = index_entries(&ctx.state.manager, body.ready.unwrap_or(false), ctx.caller).await;
     Ok(json_response(StatusCode::OK, &rows))
 }
 
@@ -416,14 +476,16 @@ pub(crate) async fn load(ctx: Ctx) -> Result<Response, ApiError> {
     // An unknown model is refused before the body is read.
     known(&ctx.state.manager, ctx.name()).await?;
     let body: LoadBody = parse_json(&ctx.body, true)?;
-    load_model(&ctx.state.manager, ctx.name(), body.parameters.unwrap_or_default()).await?;
+    let parameters = body.parameters.unwrap_or_default();
+    load_model(&ctx.state.manager, ctx.name(), parameters, ctx.caller).await?;
     Ok(empty_object())
 }
 
 /// `POST /v2/repository/models/{name}/unload`: graceful unload.
 pub(crate) async fn unload(ctx: Ctx) -> Result<Response, ApiError> {
     let body: UnloadBody = parse_json(&ctx.body, true)?;
-    unload_model(&ctx.state.manager, ctx.name(), body.parameters.unwrap_or_default()).await?;
+    let parameters = body.parameters.unwrap_or_default();
+    unload_model(&ctx.state.manager, ctx.name(), parameters, ctx.caller).await?;
     Ok(empty_object())
 }
 

@@ -217,10 +217,12 @@ impl HangarService {
         };
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
         let options = &self.state.options;
-        let agent = auth::local_agent(options, &route.method, route.path, peer, &parts.headers);
-        if !agent && let Err(e) = self.authorize(route.auth, &parts.headers) {
-            return fail(e);
-        }
+        let method = &route.method;
+        let caller =
+            match auth::Caller::of(options, route.auth, method, route.path, peer, &parts.headers) {
+                Ok(caller) => caller,
+                Err(e) => return fail(e),
+            };
         let limit = self.state.options.max_request_body_bytes;
         let declared = parts
             .headers
@@ -248,6 +250,7 @@ impl HangarService {
             query: parts.uri.query().map(str::to_owned),
             headers: parts.headers,
             body,
+            caller,
         };
         (route.handler)(ctx).await
     }
@@ -255,15 +258,6 @@ impl HangarService {
     /// The options the service runs with.
     pub(crate) fn options(&self) -> &ServerOptions {
         &self.state.options
-    }
-
-    /// Checks the bearer key a route of class `auth` needs (see [`auth::authorize`]).
-    pub(crate) fn authorize(
-        &self,
-        auth: router::Auth,
-        headers: &http::HeaderMap,
-    ) -> Result<(), ApiError> {
-        auth::authorize(&self.state.options, auth, headers)
     }
 
     /// Starts the shutdown of the service's long-lived streams: event and log streams send

@@ -23,6 +23,8 @@ pub(crate) struct Ctx {
     pub(crate) query: Option<String>,
     pub(crate) headers: HeaderMap,
     pub(crate) body: Bytes,
+    /// Who the auth rules let in (the keyless local agent may do less).
+    pub(crate) caller: crate::auth::Caller,
 }
 
 impl Ctx {

@@ -506,3 +506,63 @@ async fn admin_turns_go_in_order_and_callers_that_left_hold_nothing() {
     assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
     assert_eq!(state(&m, "m"), "unloaded");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_unload_unless_held_refuses_pinned_and_leased_models_and_revokes_nothing() {
+    let stub = json!({ "backend": "stub" });
+    let pinned = json!({ "backend": "stub", "pinned": true });
+    let (m, _) = manager(json!({ "max_loaded_models": { "llm": 3 },
+        "models": { "a": stub.clone(), "pinned": pinned, "free": stub } }));
+    for name in ["a", "pinned", "free"] {
+        m.load(name, LoadOptions::default()).await.unwrap();
+    }
+    let lease = m.acquire_lease("a", "job", 600).await.unwrap();
+    let refused = m.unload_unless_held("a").await.expect_err("a leased model was unloaded");
+    assert_eq!(refused.code(), ErrorCode::StateConflict);
+    assert!(refused.to_string().contains("is leased"), "{refused}");
+    let a = row(&m, "a");
+    assert_eq!(a.runtime_state, ModelState::Loaded);
+    assert_eq!(a.leases.iter().map(|l| &l.id).collect::<Vec<_>>(), [&lease.id], "kept");
+    // A refused unload leaves no decision behind: leases are granted again.
+    m.acquire_lease("a", "job", 600).await.expect("a second lease");
+    let refused = m.unload_unless_held("pinned").await.expect_err("a pinned model was unloaded");
+    assert!(refused.to_string().contains("is pinned by its config"), "{refused}");
+    assert_eq!(row(&m, "pinned").runtime_state, ModelState::Loaded);
+    let free = m.unload_unless_held("free").await.unwrap();
+    assert_eq!(free.runtime_state, ModelState::Unloaded);
+    // An unloaded model answers with its state, held or not.
+    m.unload("pinned").await.unwrap();
+    assert_eq!(m.unload_unless_held("pinned").await.unwrap().runtime_state, ModelState::Unloaded);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_racing_an_unload_unless_held_either_holds_a_loaded_model_or_was_refused() {
+    for order in 0..2 {
+        let (m, _) = manager(json!({ "models": { "a": { "backend": "stub" } } }));
+        m.load("a", LoadOptions::default()).await.unwrap();
+        let (lease, unload) = {
+            let (l, u) = (m.clone(), m.clone());
+            let lease = async move { l.acquire_lease("a", "job", 600).await };
+            let unload = async move { u.unload_unless_held("a").await };
+            if order == 0 {
+                let lease = tokio::spawn(lease);
+                let unload = tokio::spawn(unload);
+                (lease.await.unwrap(), unload.await.unwrap())
+            } else {
+                let unload = tokio::spawn(unload);
+                let lease = tokio::spawn(lease);
+                (lease.await.unwrap(), unload.await.unwrap())
+            }
+        };
+        let a = row(&m, "a");
+        // Invariant: a granted lease always holds a loaded model, and exactly one side won.
+        match (lease, unload) {
+            (Ok(lease), Err(_)) => {
+                assert_eq!(a.runtime_state, ModelState::Loaded);
+                assert_eq!(a.leases.iter().map(|l| &l.id).collect::<Vec<_>>(), [&lease.id]);
+            }
+            (Err(_), Ok(_)) => assert_eq!(a.runtime_state, ModelState::Unloaded),
+            other => panic!("order {order}: both or neither won: {other:?}"),
+        }
+    }
+}

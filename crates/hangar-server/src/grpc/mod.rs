@@ -129,6 +129,17 @@ impl Grpc {
         method: Method,
         path: &str,
     ) -> Result<Call, Status> {
+        self.caller(request, method, path).map(|(call, _)| call)
+    }
+
+    /// Who is calling (as [`Self::authorize`] checks it): the keys' caller, or the keyless
+    /// local agent on the repository calls.
+    fn caller<T>(
+        &self,
+        request: &Request<T>,
+        method: Method,
+        path: &str,
+    ) -> Result<(Call, crate::auth::Caller), Status> {
         let call = self.calls.enter();
         let auth = crate::router::auth_of(&method, path);
         let headers = request.metadata().clone().into_headers();
@@ -136,10 +147,9 @@ impl Grpc {
         let tag = request.extensions().get::<crate::listen::ConnTag>();
         let peer = tag.map(|t| t.peer().ip());
         let options = self.http.options();
-        if !crate::auth::local_agent(options, &method, path, peer, &headers) {
-            self.http.authorize(auth, &headers).map_err(status::status)?;
-        }
-        Ok(call)
+        let caller = crate::auth::Caller::of(options, auth, &method, path, peer, &headers)
+            .map_err(status::status)?;
+        Ok((call, caller))
     }
 
     fn manager(&self) -> &hangar_runtime::Manager {
@@ -218,10 +228,10 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<RepositoryIndexRequest>,
     ) -> Answer<RepositoryIndexResponse> {
-        let _call = self.authorize(&request, Method::POST, "/v2/repository/index")?;
+        let (_call, caller) = self.caller(&request, Method::POST, "/v2/repository/index")?;
         let request = request.into_inner();
         check_repository(&request.repository_name)?;
-        let models = kserve::index_entries(self.manager(), request.ready)
+        let models = kserve::index_entries(self.manager(), request.ready, caller)
             .await
             .into_iter()
             .map(|e| repository_index_response::ModelIndex {
@@ -238,12 +248,15 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<RepositoryModelLoadRequest>,
     ) -> Answer<RepositoryModelLoadResponse> {
-        let _call = self.authorize(&request, Method::POST, "/v2/repository/models/m/load")?;
+        let (_call, caller) =
+            self.caller(&request, Method::POST, "/v2/repository/models/m/load")?;
         let request = request.into_inner();
         check_repository(&request.repository_name)?;
         kserve::known(self.manager(), &request.model_name).await.map_err(fail)?;
         let parameters = LoadParameters::from_map(status::parameters(request.parameters));
-        kserve::load_model(self.manager(), &request.model_name, parameters).await.map_err(fail)?;
+        kserve::load_model(self.manager(), &request.model_name, parameters, caller)
+            .await
+            .map_err(fail)?;
         Ok(Response::new(RepositoryModelLoadResponse {}))
     }
 
@@ -251,12 +264,13 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<RepositoryModelUnloadRequest>,
     ) -> Answer<RepositoryModelUnloadResponse> {
-        let _call = self.authorize(&request, Method::POST, "/v2/repository/models/m/unload")?;
+        let (_call, caller) =
+            self.caller(&request, Method::POST, "/v2/repository/models/m/unload")?;
         let request = request.into_inner();
         check_repository(&request.repository_name)?;
         let parameters =
             UnloadParameters::from_map(status::parameters(request.parameters)).map_err(fail)?;
-        kserve::unload_model(self.manager(), &request.model_name, parameters)
+        kserve::unload_model(self.manager(), &request.model_name, parameters, caller)
             .await
             .map_err(fail)?;
         Ok(Response::new(RepositoryModelUnloadResponse {}))
