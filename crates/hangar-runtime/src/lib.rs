@@ -107,7 +107,7 @@ pub use node::NodeView;
 pub use pause::{PauseCause, PauseInfo, PauseMode};
 pub use place::{Placement, PlacementSource};
 pub use quarantine::{Failure, FailureKind, QuarantineInfo, RECENT_FAILURES};
-pub use registry::ModelChanges;
+pub use registry::{ModelChanges, REPOSITORY_READ_DEADLINE};
 pub use sleep_policy::Residency;
 pub use snapshot::{ModelFilter, ModelSnapshot, ModelStatus, VramEstimateSource};
 pub use start_up::{NotServing, NotServingInfo, NotServingReason, StartUp};

@@ -6,9 +6,16 @@
 //! A model that leaves (removed, or replaced by its changed definition) is retired in the
 //! control loop first, so no load of it starts again; a replacement takes a new id. Ids are
 //! never reused, so a late command about the old model can reach only the old one.
+//!
+//! The model repository folder is read on a thread of its own, for at most
+//! [`REPOSITORY_READ_DEADLINE`]; a read that takes longer leaves its models as they were,
+//! and no other read starts while it still runs, so a hung file system holds one thread and
+//! never the server.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use hangar_config::{ModelConfig, ModelName};
 use hangar_lifecycle::ModelState;
@@ -93,6 +100,43 @@ pub(crate) struct Sources {
     /// The repository models of the last scan that read the folder, kept when a scan
     /// cannot read it (a folder that vanished for a moment unloads nothing).
     scanned: Vec<Served>,
+    /// A read of the folder is still running (past its deadline, or in flight).
+    reading: Arc<AtomicBool>,
+}
+
+/// How long a read of the model repository folder may take.
+pub const REPOSITORY_READ_DEADLINE: Duration = Duration::from_secs(10);
+
+type Scan = std::io::Result<Vec<hangar_config::RepositoryModel>>;
+
+/// Runs `read` on a thread of its own and waits for it at most `deadline`. While an earlier
+/// read still runs (`reading`), none starts: that is an error at once.
+pub(crate) fn bounded_read(
+    reading: &Arc<AtomicBool>,
+    deadline: Duration,
+    read: impl FnOnce() -> Scan + Send + 'static,
+) -> Scan {
+    if reading.swap(true, Ordering::SeqCst) {
+        return Err(std::io::Error::other(
+            "an earlier read of the model repository has not finished",
+        ));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let flag = Arc::clone(reading);
+    let spawned = std::thread::Builder::new().name("hangar-repository".into()).spawn(move || {
+        let _ = tx.send(read());
+        flag.store(false, Ordering::SeqCst);
+    });
+    if let Err(e) = spawned {
+        reading.store(false, Ordering::SeqCst);
+        return Err(e);
+    }
+    rx.recv_timeout(deadline).unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("reading the model repository took longer than {deadline:?}"),
+        ))
+    })
 }
 
 impl Sources {
@@ -103,9 +147,13 @@ impl Sources {
             configured: config.models.iter().map(|m| m.name.clone()).collect(),
             repository: config.model_repository.clone(),
             scanned: Vec::new(),
+            reading: Arc::default(),
         };
-        let taken = taken(&config.models);
-        let read = sources.repository.as_ref().map(|r| r.scan(&|name| taken.contains(name)));
+        let read = sources.repository.clone().map(|repository| {
+            let taken = taken(&config.models);
+            let scan = move || repository.scan(&|name| taken.contains(name));
+            bounded_read(&sources.reading, REPOSITORY_READ_DEADLINE, scan)
+        });
         let served = sources.served(&config.models, read);
         (sources, served)
     }
@@ -208,7 +256,9 @@ impl Manager {
             Some(repository) => {
                 let taken = taken(configured);
                 let scan = move || repository.scan(&|name| taken.contains(name));
-                let read = tokio::task::spawn_blocking(scan).await;
+                let reading = Arc::clone(&sources.reading);
+                let wait = move || bounded_read(&reading, REPOSITORY_READ_DEADLINE, scan);
+                let read = tokio::task::spawn_blocking(wait).await;
                 Some(read.unwrap_or_else(|e| Err(std::io::Error::other(e))))
             }
         };
@@ -371,5 +421,30 @@ impl Manager {
             decided.end(true);
         }
         tracing::info!(model = %entry.config.name, "removed by a config reload: unloaded");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_past_its_deadline_is_an_error_and_no_other_starts_until_it_ends() {
+        let reading = Arc::new(AtomicBool::new(false));
+        let (release, hung) = std::sync::mpsc::channel::<()>();
+        let deadline = Duration::from_millis(50);
+        // A read that hangs (a FIFO opened blocking, a dead network file system).
+        let stuck = bounded_read(&reading, deadline, move || {
+            let _ = hung.recv();
+            Ok(Vec::new())
+        });
+        assert_eq!(stuck.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+        let refused = bounded_read(&reading, deadline, || Ok(Vec::new()));
+        assert!(refused.unwrap_err().to_string().contains("has not finished"));
+        release.send(()).unwrap();
+        while reading.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        assert!(bounded_read(&reading, deadline, || Ok(Vec::new())).unwrap().is_empty());
     }
 }
