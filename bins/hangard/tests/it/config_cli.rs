@@ -69,7 +69,7 @@ fn merge(base: &mut Value, patch: Value) {
 
 #[test]
 fn check_lists_every_problem_with_its_path_and_exits_1() {
-    for case in ["exllama-rules", "llama-server-rules", "types", "remote-and-paths"] {
+    for case in ["exllama-rules", "llama-server-rules", "types", "remote-and-paths", "flag-names"] {
         let dir = fixtures().join("invalid").join(case);
         let out = hangard(&["config", "check", "--config", dir.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(1), "{case}");

@@ -21,6 +21,7 @@ mod llama_sleep;
 mod local_agent;
 mod prompt_cache;
 mod remote_tls;
+mod repository_folders;
 mod serve;
 mod soak;
 mod start_up;
