@@ -133,7 +133,8 @@ pub(crate) struct SettingsFields {
     #[schemars(with = "Option<crate::vram::AmountSchema>")]
     pub(crate) ram_budget: Option<Value>,
     /// A folder whose subfolders are models beside the configured ones: a subfolder's name
-    /// is the model's, its `hangar.json` its definition (see `docs/model-repository.md`).
+    /// is the model's, its `hangar.json` its definition, held to the folder rules (see
+    /// `docs/SECURITY.md`).
     pub(crate) model_repository: Option<String>,
     /// The model fields every repository subfolder's definition starts from (what a folder
     /// without `hangar.json` is served with): a model definition without `model_path`.
