@@ -9,6 +9,7 @@
 //! error answer is not a finding; an untyped one, a panic inside Hangar, an answer that
 //! contradicts the input, or a hang is.
 
+mod folder;
 mod server;
 mod weights;
 
@@ -49,6 +50,11 @@ pub const TARGETS: &[Target] = &[
         name: "config",
         reads: "two JSON documents, merged and validated (`settings.json` + `local.json`)",
         check: config,
+    },
+    Target {
+        name: "folder",
+        reads: "a model repository folder's `hangar.json` (`ModelRepository::scan`)",
+        check: folder::folder,
     },
     Target {
         name: "bodies",
