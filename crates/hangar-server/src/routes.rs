@@ -515,7 +515,7 @@ pub(crate) fn all() -> Vec<Route> {
             .admin()
             .doc(
                 "Load or reload a model",
-                "Loads the model. Already loaded without parameters: no-op. With `parameters.config` (a JSON object or a JSON string): an atomic reload with that config as the override patch — the patch is checked first, the old runtime serves until the new one is loaded and keeps serving when the reload fails. The new runtime is admitted next to the old one (under a `vram_budget`, idle models are evicted for it, or the answer is 507 insufficient_vram); a pause set on the model stays. `file:` parameters are refused. A failed load answers 400.",
+                "Loads the model. Already loaded without parameters: no-op. With `parameters.config` (a JSON object or a JSON string): an atomic reload with that config as the override patch — the patch is checked first, the old runtime serves until the new one is loaded and keeps serving when the reload fails. The new runtime is admitted next to the old one (under a `vram_budget`, idle models are evicted for it, or the answer is 507 insufficient_vram); a pause set on the model stays. `file:` parameters are refused. A failed load answers 400. Called keyless as the trusted local agent (`http.trust_local_repository_agent`): only a model of the repository folder, not pinned, without `parameters.config` (else 403).",
             )
             .body::<kserve::LoadBody>(true)
             .ok::<kserve::Empty>()
@@ -539,7 +539,7 @@ pub(crate) fn all() -> Vec<Route> {
         .admin()
         .doc(
             "Unload a model",
-            "Gracefully unloads the model; `parameters.unload_dependents` is accepted (models have no dependents).",
+            "Gracefully unloads the model; `parameters.unload_dependents` is accepted (models have no dependents). Called keyless as the trusted local agent: only a model of the repository folder (else 403), never a pinned one (403) or a leased one (409 state_conflict; its leases stay).",
         )
         .body::<kserve::UnloadBody>(true)
         .ok::<kserve::Empty>()

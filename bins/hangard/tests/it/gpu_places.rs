@@ -161,7 +161,7 @@ async fn models_are_placed_on_gpus_of_their_own_evicting_only_where_room_is_need
     );
     assert_eq!(child_env(&split, "CUDA_VISIBLE_DEVICES").as_deref(), Some("0,1"));
     let command = split["runtime_details"][0]["command"].as_str().unwrap().to_owned();
-    assert!(command.contains(" --tensor-parallel-size 2"), "{command}");
+    assert!(command.contains(" --tensor-parallel-size=2"), "{command}");
     assert_eq!(used(&script), [(0, 13000), (1, 9000)]);
     let tree = &row(&server, "split").await["vram_detail"]["process_tree"];
     let per_gpu = json!([{ "gpu": 0, "mib": 12000 }, { "gpu": 1, "mib": 8000 }]);
