@@ -77,7 +77,8 @@ impl ModelRepository {
     /// The model of the subfolder `name` of `root` (the repository, resolved).
     fn model(&self, root: &Path, name: ModelName) -> RepositoryModel {
         let folder = root.join(name.as_str());
-        let definition = resolved(root, &folder).and_then(|folder| {
+        let inside = resolved(root, &folder);
+        let definition = inside.clone().and_then(|folder| {
             let value = self.definition(&folder)?;
             ModelConfig::parse(&name, &Value::Object(value)).map_err(|errors| {
                 let prefix = format!("models.{name}.");
@@ -94,7 +95,7 @@ impl ModelRepository {
         match definition {
             Ok(definition) => RepositoryModel { definition, problem: None },
             Err(problem) => RepositoryModel {
-                definition: self.stand_in(&name, &folder),
+                definition: self.stand_in(&name, &folder, inside.is_ok()),
                 problem: Some(problem),
             },
         }
@@ -147,8 +148,10 @@ impl ModelRepository {
 
     /// A definition for a folder whose own does not hold: the backend it named (or the
     /// defaults'), else the stub; never loaded.
-    fn stand_in(&self, name: &ModelName, folder: &Path) -> ModelConfig {
-        let named = read_definition(folder).ok().flatten().and_then(|d| d.get("backend").cloned());
+    /// Nothing is read from a folder that leads out of the repository (`inside` false).
+    fn stand_in(&self, name: &ModelName, folder: &Path, inside: bool) -> ModelConfig {
+        let own = inside.then(|| read_definition(folder).ok().flatten()).flatten();
+        let named = own.and_then(|d| d.get("backend").cloned());
         let backend = named.or_else(|| self.defaults.as_ref()?.get("backend").cloned());
         let path = Value::String(folder.to_string_lossy().into_owned());
         let stand_in = |backend: Value| {
