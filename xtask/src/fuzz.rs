@@ -26,8 +26,8 @@ use anyhow::{Context, Result, bail};
 use crate::fixtures::gguf::Gguf;
 
 /// The fuzz targets, as `crates/hangar-fuzz` names them.
-pub(crate) const TARGETS: [&str; 7] =
-    ["gguf", "gguf_shape", "safetensors", "digest", "config", "bodies", "event_id"];
+pub(crate) const TARGETS: [&str; 8] =
+    ["gguf", "gguf_shape", "safetensors", "digest", "config", "folder", "bodies", "event_id"];
 
 /// The target triple the instrumented binaries are built for (build scripts and proc
 /// macros stay uninstrumented, as with `cargo fuzz`).
@@ -206,6 +206,23 @@ fn write_seeds(root: &Path, t: &str) -> Result<()> {
     Ok(())
 }
 
+/// `hangar.json` files for the `folder` target: one that holds, paths out of the folder and
+/// through its link, flag-like names, capped, operator and unlisted fields, malformed ones.
+const FOLDER_SEEDS: [&str; 12] = [
+    "{}",
+    r#"{"model_path": "m.gguf", "gguf_n_ctx": 4096}"#,
+    r#"{"model_path": "out/passwd"}"#,
+    r#"{"model_path": "../m/m.gguf"}"#,
+    r#"{"aliases": ["--api-key", "a,b"]}"#,
+    r#"{"replicas": 2, "target_inflight": 4}"#,
+    r#"{"pinned": true}"#,
+    r#"{"backend": "vllm_serve", "vllm_model": "/etc"}"#,
+    r#"{"backend": "llama_server", "llama_server_mmproj": "w/weights.bin", "llama_server_draft_model": "w"}"#,
+    "[]",
+    r#"{"adapters": []}"#,
+    "{ not json",
+];
+
 /// The seeds of target `t`, by name.
 pub(crate) fn seeds(root: &Path, t: &str) -> Result<Vec<(String, Vec<u8>)>> {
     let seeds = match t {
@@ -213,6 +230,11 @@ pub(crate) fn seeds(root: &Path, t: &str) -> Result<Vec<(String, Vec<u8>)>> {
         "digest" => vec![("gguf".into(), tiny_gguf()), ("safetensors".into(), tiny_safetensors())],
         "safetensors" => vec![("tiny".into(), tiny_safetensors())],
         "config" => config_seeds(root)?,
+        "folder" => FOLDER_SEEDS
+            .iter()
+            .enumerate()
+            .map(|(i, seed)| ((i + 1).to_string(), seed.as_bytes().to_vec()))
+            .collect(),
         "bodies" => body_seeds(),
         "event_id" => ["1-2", "0-0", "18446744073709551615-1", "1-", "-1", "+1-2", "a-b", ""]
             .iter()

@@ -32,7 +32,9 @@ use tokio::sync::mpsc;
 
 pub use error::{LoadError, RuntimeError};
 pub use forward::{ForwardRequest, ForwardResponse, ForwardRoute};
-pub use logs::{LOG_CAPACITY, LogLine, LogStream, ModelLogs};
+pub use logs::{
+    LOG_CAPACITY, LOG_MAX_BYTES, LOG_MAX_LINE_BYTES, LogLine, LogStream, ModelLogs, cut_line,
+};
 pub use types::*;
 
 /// Engine-specific facts about a loaded replica, by name ([`Runtime::details`]).

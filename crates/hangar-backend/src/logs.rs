@@ -11,6 +11,27 @@ use tokio::sync::broadcast;
 /// Lines a model's log keeps; older lines are dropped first.
 pub const LOG_CAPACITY: usize = 2_000;
 
+/// Bytes of text a model's log keeps, all lines together; older lines are dropped first.
+pub const LOG_MAX_BYTES: usize = 4 << 20;
+
+/// Longest line kept, in bytes: the rest of a longer one is dropped and the line marked
+/// (a child's output readers cut lines as they read them, before they are whole in memory).
+pub const LOG_MAX_LINE_BYTES: usize = 16 << 10;
+
+/// `line` cut to [`LOG_MAX_LINE_BYTES`] on a char boundary, marked with how much was cut
+/// (`dropped` bytes were already left out by the reader).
+pub fn cut_line(line: &str, dropped: usize) -> String {
+    if line.len() <= LOG_MAX_LINE_BYTES && dropped == 0 {
+        return line.to_owned();
+    }
+    let mut end = line.len().min(LOG_MAX_LINE_BYTES);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = line.len() - end + dropped;
+    format!("{} … [{cut} more bytes cut]", &line[..end])
+}
+
 /// Which output a log line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
@@ -52,6 +73,8 @@ pub(crate) const LIVE_CAPACITY: usize = 256;
 #[derive(Default)]
 struct Log {
     lines: VecDeque<LogLine>,
+    /// Bytes of text in `lines`.
+    bytes: usize,
     /// The live feed, while anyone follows.
     live: Option<broadcast::Sender<LogLine>>,
 }
@@ -61,14 +84,32 @@ impl ModelLogs {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Appends a line stamped now, dropping the oldest when full, and sends it to followers.
+    /// Appends a line stamped now (cut to [`LOG_MAX_LINE_BYTES`]), dropping the oldest
+    /// while the log holds [`LOG_CAPACITY`] lines or [`LOG_MAX_BYTES`] bytes, and sends it to
+    /// followers.
     pub fn push(&self, replica: u32, stream: LogStream, line: impl Into<String>) {
+        let text: String = line.into();
+        let text = if text.len() > LOG_MAX_LINE_BYTES { cut_line(&text, 0) } else { text };
+        self.append(replica, stream, text);
+    }
+
+    /// Appends `line`, of which a reader already left `dropped` bytes out, cut and marked
+    /// as [`Self::push`] does.
+    pub fn push_cut(&self, replica: u32, stream: LogStream, line: &str, dropped: usize) {
+        self.append(replica, stream, cut_line(line, dropped));
+    }
+
+    fn append(&self, replica: u32, stream: LogStream, text: String) {
         let timestamp = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-        let line = LogLine { timestamp, replica, stream, line: line.into() };
+        let line = LogLine { timestamp, replica, stream, line: text };
         let mut log = self.lock();
-        if log.lines.len() == LOG_CAPACITY {
-            log.lines.pop_front();
+        while log.lines.len() == LOG_CAPACITY
+            || (!log.lines.is_empty() && log.bytes + line.line.len() > LOG_MAX_BYTES)
+        {
+            let Some(old) = log.lines.pop_front() else { break };
+            log.bytes -= old.line.len();
         }
+        log.bytes += line.line.len();
         if let Some(live) = &log.live {
             match live.receiver_count() {
                 0 => log.live = None,
@@ -134,6 +175,30 @@ mod tests {
             texts,
             [format!("line {}", LOG_CAPACITY + 3), format!("line {}", LOG_CAPACITY + 4)]
         );
+    }
+
+    #[test]
+    fn the_log_stays_within_its_byte_bound_and_long_lines_are_cut_and_marked() {
+        let logs = ModelLogs::default();
+        let long = "x".repeat(LOG_MAX_LINE_BYTES + 100);
+        // 300 lines of 16 KiB cross the 4 MiB bound well before the line count.
+        for _ in 0..300 {
+            logs.push(0, LogStream::Stdout, long.clone());
+        }
+        let all = logs.tail(usize::MAX);
+        let bytes: usize = all.iter().map(|l| l.line.len()).sum();
+        assert!(bytes <= LOG_MAX_BYTES, "{bytes} bytes kept");
+        assert!(all.len() < 300 && all.len() > 200, "{} lines kept", all.len());
+        let line = &all[0].line;
+        assert!(line.ends_with("… [100 more bytes cut]"), "{}", &line[line.len() - 40..]);
+        assert!(line.starts_with(&"x".repeat(LOG_MAX_LINE_BYTES)));
+        // A cut never splits a character.
+        let wide = "é".repeat(LOG_MAX_LINE_BYTES);
+        let cut = cut_line(&wide, 7);
+        assert!(
+            cut.ends_with(&format!("[{} more bytes cut]", wide.len() - LOG_MAX_LINE_BYTES + 7))
+        );
+        assert_eq!(cut_line("short", 0), "short");
     }
 
     #[tokio::test]

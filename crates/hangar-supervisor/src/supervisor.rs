@@ -214,7 +214,10 @@ impl Output {
                 let stream_name = <&str>::from(stream);
                 let mut reader = BufReader::new(pipe);
                 let mut buf = Vec::new();
-                while reader.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
+                let max = hangar_backend::LOG_MAX_LINE_BYTES;
+                while let Ok((n, dropped)) = read_line_within(&mut reader, &mut buf, max)
+                    && n > 0
+                {
                     let line = String::from_utf8_lossy(&buf);
                     let line = line.trim_end_matches(['\n', '\r']);
                     if self.listening.load(Ordering::Relaxed) {
@@ -226,11 +229,44 @@ impl Output {
                             self.ready_hint.notify_one();
                         }
                     }
-                    self.logs.push(self.replica, stream, line);
+                    self.logs.push_cut(self.replica, stream, line, dropped);
                     buf.clear();
                 }
             })
             .expect("an output reader thread starts")
+    }
+}
+
+/// Reads one line of `reader` into `buf`, keeping at most `max` bytes of it: the bytes read
+/// in all (0 at the end) and how many bytes of its text were dropped. A line of any length never
+/// takes more than `max` bytes of memory.
+fn read_line_within(
+    reader: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<(usize, usize)> {
+    let (mut read, mut dropped) = (0, 0);
+    loop {
+        let available = match reader.fill_buf() {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            return Ok((read, dropped));
+        }
+        let end = available.iter().position(|&b| b == b'\n').map(|i| i + 1);
+        let chunk = &available[..end.unwrap_or(available.len())];
+        let keep = chunk.len().min(max.saturating_sub(buf.len()));
+        buf.extend_from_slice(&chunk[..keep]);
+        // Dropped text, not counting a dropped line ending.
+        dropped += chunk.len() - keep - usize::from(end.is_some() && keep < chunk.len());
+        let n = chunk.len();
+        reader.consume(n);
+        read += n;
+        if end.is_some() {
+            return Ok((read, dropped));
+        }
     }
 }
 
@@ -378,6 +414,56 @@ mod tests {
         // The leader is reaped: its pid may be another process's now, so nothing is sent.
         assert!(!child.group.signal(Signal::SIGKILL));
         child.stop(Duration::from_millis(100)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_child_printing_one_line_of_50_mb_leaves_its_log_within_bounds() {
+        let spawner = Spawner::new();
+        let logs = ModelLogs::default();
+        let script = "head -c 50000000 /dev/zero | tr '\\0' a; echo; echo after";
+        let child = spawner.spawn(&shell(script), "m", 0, &logs).await.unwrap();
+        child.wait_for(Duration::from_secs(60)).await.expect("the child exits");
+        // Its output readers finish after it exits: wait for the last line.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !logs.tail(10).iter().any(|l| l.line == "after") {
+            assert!(std::time::Instant::now() < deadline, "no `after` line");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let lines: Vec<_> =
+            logs.tail(10).into_iter().filter(|l| l.stream == LogStream::Stdout).collect();
+        let cut = &lines[0].line;
+        let kept = hangar_backend::LOG_MAX_LINE_BYTES;
+        assert_eq!(&cut[..kept], "a".repeat(kept), "the line's head is kept");
+        assert!(
+            cut.ends_with(&format!("[{} more bytes cut]", 50_000_000 - kept)),
+            "{}",
+            &cut[kept..]
+        );
+        let bytes: usize = logs.tail(usize::MAX).iter().map(|l| l.line.len()).sum();
+        assert!(bytes <= hangar_backend::LOG_MAX_BYTES);
+        child.stop(Duration::from_millis(100)).await;
+    }
+
+    #[test]
+    fn a_line_is_read_within_its_bound_whatever_its_length() {
+        let text = b"short\nlonger than eight\nlast";
+        let mut reader = std::io::BufReader::with_capacity(4, &text[..]);
+        let mut buf = Vec::new();
+        let mut lines = Vec::new();
+        loop {
+            buf.clear();
+            let (n, dropped) = read_line_within(&mut reader, &mut buf, 8).unwrap();
+            if n == 0 {
+                break;
+            }
+            lines.push((String::from_utf8_lossy(&buf).into_owned(), n, dropped));
+        }
+        let expect = [
+            ("short\n".to_owned(), 6, 0),
+            ("longer t".to_owned(), 18, 9),
+            ("last".to_owned(), 4, 0),
+        ];
+        assert_eq!(lines, expect);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
