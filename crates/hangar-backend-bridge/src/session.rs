@@ -15,6 +15,11 @@ use crate::protocol::{Incoming, Op, Outgoing, Reply};
 /// Longest line quoted when the worker writes something that is not protocol.
 const QUOTED_BYTES: usize = 200;
 
+/// Longest protocol line read from a worker (an answer of embeddings for thousands of
+/// inputs is large; no answer of Hangar's engines is larger than the forwarded answers'
+/// default bound): a longer one is not held, and the worker is declared dead.
+pub(crate) const MAX_LINE_BYTES: usize = hangar_config::DEFAULT_MAX_ANSWER_BYTES as usize;
+
 /// A live session with one worker. Cheap to share; dies once, with a reason.
 pub(crate) struct Session {
     out: mpsc::UnboundedSender<String>,
@@ -23,9 +28,48 @@ pub(crate) struct Session {
     dead: watch::Sender<Option<String>>,
 }
 
+/// The next line of `reader` without its line ending; `Some(Err(()))` for one over `max`
+/// bytes (not read further), `None` at the end.
+async fn next_line_within<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    max: usize,
+) -> std::io::Result<Option<Result<String, ()>>> {
+    let mut line = Vec::new();
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            if line.is_empty() {
+                return Ok(None);
+            }
+            break;
+        }
+        let end = available.iter().position(|&b| b == b'\n');
+        let take = end.map_or(available.len(), |i| i + 1);
+        if line.len() + take > max + 1 {
+            return Ok(Some(Err(())));
+        }
+        line.extend_from_slice(&available[..take]);
+        reader.consume(take);
+        if end.is_some() {
+            break;
+        }
+    }
+    while line.last().is_some_and(|b| matches!(b, b'\n' | b'\r')) {
+        line.pop();
+    }
+    let text = String::from_utf8(line)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    Ok(Some(Ok(text)))
+}
+
 impl Session {
     /// Starts the reader and writer tasks on `stream`.
     pub(crate) fn start(stream: UnixStream) -> Arc<Self> {
+        Self::start_within(stream, MAX_LINE_BYTES)
+    }
+
+    /// As [`Self::start`], reading lines of at most `max_line` bytes.
+    pub(crate) fn start_within(stream: UnixStream, max_line: usize) -> Arc<Self> {
         let (read, mut write) = stream.into_split();
         let (out, mut lines) = mpsc::unbounded_channel::<String>();
         let session = Arc::new(Self {
@@ -47,15 +91,19 @@ impl Session {
         });
         let reader = Arc::clone(&session);
         tokio::spawn(async move {
-            let mut lines = BufReader::new(read).lines();
+            let mut lines = BufReader::new(read);
             let mut dead = reader.dead.subscribe();
             loop {
                 let line = tokio::select! {
-                    line = lines.next_line() => line,
+                    line = next_line_within(&mut lines, max_line) => line,
                     _ = dead.wait_for(Option::is_some) => return,
                 };
                 match line {
-                    Ok(Some(line)) => {
+                    Ok(Some(Err(()))) => {
+                        let why = format!("the worker wrote a line over {max_line} bytes");
+                        return reader.die(why);
+                    }
+                    Ok(Some(Ok(line))) => {
                         if let Err(why) = reader.route(&line) {
                             reader.die(why);
                             return;
@@ -220,5 +268,31 @@ impl Drop for Call {
         if self.cancellable && !self.finished && self.session.reason().is_none() {
             self.cancel();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_worker_line_over_the_bound_ends_the_session_unread() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let session = Session::start_within(ours, 64);
+        let (_, mut write) = theirs.into_split();
+        // A reply of 64 bytes passes the reader (not protocol, so it dies of that instead);
+        // one over the bound is refused for its length, however much more follows.
+        let long = format!("{}\n", "x".repeat(1 << 20));
+        // Written from a task of its own: once the reader gives up, nobody drains the rest.
+        let writer = tokio::spawn(async move { write.write_all(long.as_bytes()).await });
+        let reason = session.died().await;
+        writer.abort();
+        assert_eq!(reason, "the worker wrote a line over 64 bytes");
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let session = Session::start_within(ours, 64);
+        let (_, mut write) = theirs.into_split();
+        write.write_all(format!("{}\n", "y".repeat(64)).as_bytes()).await.unwrap();
+        let reason = session.died().await;
+        assert!(reason.contains("not protocol"), "{reason}");
     }
 }
