@@ -100,6 +100,10 @@ pub(crate) struct SettingsFields {
     pub(crate) idle_unload_seconds: Option<u32>,
     /// Largest accepted request body in bytes. Default 8 MiB.
     pub(crate) max_request_body_bytes: Option<u64>,
+    /// Bytes of request bodies held at once, all requests of the HTTP listener together;
+    /// a body that would pass it is refused with 503 `request_bodies_full` and
+    /// `Retry-After`. At least `max_request_body_bytes`. Default 256 MiB.
+    pub(crate) max_request_bodies_bytes: Option<u64>,
     /// When a model that keeps failing to load or crashing stops being loaded on demand.
     pub(crate) quarantine: Option<QuarantineFields>,
     /// The HTTP edge: browser origins and hosts, what open routes show, stream and
@@ -160,6 +164,8 @@ impl Section for SettingsFields {
         p.at_least("max_queue_depth", self.max_queue_depth, 1);
         p.at_least("idle_unload_seconds", self.idle_unload_seconds, 1);
         p.at_least("max_request_body_bytes", self.max_request_body_bytes, 1);
+        let one = self.max_request_body_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BODY_BYTES);
+        p.at_least("max_request_bodies_bytes", self.max_request_bodies_bytes, one);
         if let Some(max) = &self.max_loaded_models {
             max.check(&mut p.nested("max_loaded_models"));
         }
@@ -289,6 +295,8 @@ pub struct Config {
     pub idle_unload_seconds: Option<NonZeroU32>,
     /// Largest accepted request body in bytes.
     pub max_request_body_bytes: NonZeroU64,
+    /// Bytes of request bodies held at once, all requests together.
+    pub max_request_bodies_bytes: NonZeroU64,
     /// When models that keep failing are quarantined.
     pub quarantine: QuarantinePolicy,
     /// The HTTP edge's browser, disclosure, stream and shutdown rules.
@@ -325,6 +333,9 @@ pub const DEFAULT_GRPC_PORT: u16 = 8001;
 pub const DEFAULT_MAX_QUEUE_DEPTH: u32 = 64;
 /// Default request body limit (8 MiB).
 pub const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 8 << 20;
+/// Default `max_request_bodies_bytes`: 32 largest default bodies at once, far more than a
+/// node's engines take in at a time, and a bound well inside a small pod's memory.
+pub const DEFAULT_MAX_REQUEST_BODIES_BYTES: u64 = 256 << 20;
 
 impl Config {
     /// Reads, merges and checks the config in `dir` (`settings.json` + optional
@@ -414,6 +425,14 @@ impl Config {
             max_request_body_bytes: s.max_request_body_bytes.and_then(NonZeroU64::new).unwrap_or(
                 NonZeroU64::new(DEFAULT_MAX_REQUEST_BODY_BYTES).unwrap_or(NonZeroU64::MIN),
             ),
+            // Never below one body: a larger `max_request_body_bytes` raises the default.
+            max_request_bodies_bytes: s
+                .max_request_bodies_bytes
+                .and_then(NonZeroU64::new)
+                .unwrap_or(
+                    NonZeroU64::new(DEFAULT_MAX_REQUEST_BODIES_BYTES).unwrap_or(NonZeroU64::MIN),
+                )
+                .max(s.max_request_body_bytes.and_then(NonZeroU64::new).unwrap_or(NonZeroU64::MIN)),
             idle_unload_seconds: s.idle_unload_seconds.and_then(NonZeroU32::new),
             quarantine: s.quarantine.unwrap_or_default().into(),
             http: s.http.unwrap_or_default().into(),
@@ -467,6 +486,7 @@ impl Config {
             "max_queue_depth": self.max_queue_depth,
             "idle_unload_seconds": self.idle_unload_seconds,
             "max_request_body_bytes": self.max_request_body_bytes,
+            "max_request_bodies_bytes": self.max_request_bodies_bytes,
             "quarantine": {
                 "failures": self.quarantine.failures,
                 "window_seconds": self.quarantine.window.as_secs(),

@@ -29,6 +29,14 @@ pub(crate) struct ConnectionsFields {
     /// Seconds a kept-alive connection may wait for its next request before it is closed.
     /// Default 120.
     idle_timeout_s: Option<u32>,
+    /// Calls one connection may run at once without a valid key while keys are set (open
+    /// routes, the local repository agent); one more is refused (HTTP 429, gRPC
+    /// RESOURCE_EXHAUSTED) before its body is read. Default 8.
+    max_keyless_streams: Option<u32>,
+    /// Calls one connection may have refused (a missing or wrong key, a keyless call over
+    /// `max_keyless_streams`); the next refused call closes the connection unanswered.
+    /// Default 32.
+    max_refused_calls: Option<u32>,
 }
 
 impl Section for ConnectionsFields {
@@ -39,6 +47,8 @@ impl Section for ConnectionsFields {
         p.at_least("header_read_timeout_s", self.header_read_timeout_s, 1);
         p.at_least("body_read_timeout_s", self.body_read_timeout_s, 1);
         p.at_least("idle_timeout_s", self.idle_timeout_s, 1);
+        p.at_least("max_keyless_streams", self.max_keyless_streams, 1);
+        p.at_least("max_refused_calls", self.max_refused_calls, 1);
     }
 }
 
@@ -57,6 +67,12 @@ pub const DEFAULT_BODY_READ_TIMEOUT_S: u64 = 60;
 /// Default `connections.idle_timeout_s`: longer than the idle timeout of common client
 /// pools (90 s), so a client rarely reuses a connection the server is closing.
 pub const DEFAULT_IDLE_TIMEOUT_S: u64 = 120;
+/// Default `connections.max_keyless_streams`: health probes and a repository agent run a
+/// call or two at a time; a stream flood without a key holds at most this many bodies.
+pub const DEFAULT_MAX_KEYLESS_STREAMS: u32 = 8;
+/// Default `connections.max_refused_calls`: a client with a stale key retries a few times;
+/// a connection that keeps sending refused calls is probing.
+pub const DEFAULT_MAX_REFUSED_CALLS: u32 = 32;
 
 /// The limits every listener applies to its connections (`connections`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +85,10 @@ pub struct ConnectionLimits {
     pub body_read_timeout: Duration,
     /// How long a kept-alive connection may wait for its next request.
     pub idle_timeout: Duration,
+    /// Calls a connection may run at once without a valid key while keys are set.
+    pub max_keyless_streams: NonZeroU32,
+    /// Refused calls a connection may send before the next one closes it.
+    pub max_refused_calls: NonZeroU32,
 }
 
 impl Default for ConnectionLimits {
@@ -80,6 +100,9 @@ impl Default for ConnectionLimits {
 impl From<ConnectionsFields> for ConnectionLimits {
     fn from(f: ConnectionsFields) -> Self {
         let secs = |v: Option<u32>, default: u64| Duration::from_secs(v.map_or(default, u64::from));
+        let count = |v: Option<u32>, default: u32| {
+            v.and_then(NonZeroU32::new).or(NonZeroU32::new(default)).unwrap_or(NonZeroU32::MIN)
+        };
         Self {
             max_connections: f
                 .max_connections
@@ -88,6 +111,8 @@ impl From<ConnectionsFields> for ConnectionLimits {
             header_read_timeout: secs(f.header_read_timeout_s, DEFAULT_HEADER_READ_TIMEOUT_S),
             body_read_timeout: secs(f.body_read_timeout_s, DEFAULT_BODY_READ_TIMEOUT_S),
             idle_timeout: secs(f.idle_timeout_s, DEFAULT_IDLE_TIMEOUT_S),
+            max_keyless_streams: count(f.max_keyless_streams, DEFAULT_MAX_KEYLESS_STREAMS),
+            max_refused_calls: count(f.max_refused_calls, DEFAULT_MAX_REFUSED_CALLS),
         }
     }
 }
@@ -100,6 +125,8 @@ impl ConnectionLimits {
             "header_read_timeout_s": self.header_read_timeout.as_secs(),
             "body_read_timeout_s": self.body_read_timeout.as_secs(),
             "idle_timeout_s": self.idle_timeout.as_secs(),
+            "max_keyless_streams": self.max_keyless_streams,
+            "max_refused_calls": self.max_refused_calls,
         })
     }
 }

@@ -38,8 +38,10 @@ pub(crate) struct HttpFields {
     /// sidecar; nothing else opens. Off by default; leave it off behind a reverse proxy on
     /// the same machine (requests that carry `Forwarded` or `X-Forwarded-For` never count).
     trust_local_repository_agent: Option<bool>,
-    /// Seconds a server-sent event may wait for a client that stopped reading; then the
-    /// stream ends and its generation is cancelled. Default 60.
+    /// Seconds an answer may wait for a client that takes none of its bytes (a full send
+    /// buffer, a zero HTTP/2 window): a server-sent event stream then ends and its
+    /// generation is cancelled, and a connection whose every answer waits so long is closed
+    /// (an answer still being computed never counts). Default 60.
     stream_write_timeout_s: Option<u64>,
     /// Seconds from SIGTERM to exit: event streams end at once, requests drain, engines
     /// stop. Default 25.

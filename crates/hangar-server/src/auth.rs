@@ -114,15 +114,40 @@ impl Caller {
     }
 }
 
+/// How the keys let a call in, decided from its head alone (the listeners' gate, before a
+/// byte of the body is read): refused; keyed (a valid key, or a server with no key set at
+/// all, where there is nothing to bound); or keyless (an open route, a class without keys,
+/// or the local agent, while some key is set).
+pub(crate) fn classify(
+    options: &ServerOptions,
+    auth: Auth,
+    method: &http::Method,
+    path: &str,
+    peer: Option<std::net::IpAddr>,
+    headers: &HeaderMap,
+) -> crate::listen::CallClass {
+    use crate::listen::CallClass;
+    let keys_set = options.admin_api_key.is_some() || !options.inference_api_keys.is_empty();
+    match Caller::of(options, auth, method, path, peer, headers) {
+        Err(_) => CallClass::Refused,
+        Ok(_) if !keys_set => CallClass::Keyed,
+        Ok(Caller::Keyed) if presents_a_key(options, headers) => CallClass::Keyed,
+        Ok(_) => CallClass::Keyless,
+    }
+}
+
+/// Whether `headers` carry a configured key (bearer, or `x-api-key` for inference keys).
+fn presents_a_key(options: &ServerOptions, headers: &HeaderMap) -> bool {
+    let keys = options.inference_api_keys.iter().chain(options.admin_api_key.as_slice());
+    inference_key(headers).is_some_and(|given| matches_any(keys, given))
+}
+
 /// Whether the caller may see what the open routes (`/api/v1/health`,
 /// `/v2/models/{name}/ready`) show only to key holders — model paths, engine URLs, error
 /// texts: always while no key is configured, else with a valid inference or admin key.
 pub(crate) fn discloses(options: &ServerOptions, headers: &HeaderMap) -> bool {
-    let keys = options.inference_api_keys.iter().chain(options.admin_api_key.as_slice());
-    if options.admin_api_key.is_none() && options.inference_api_keys.is_empty() {
-        return true;
-    }
-    inference_key(headers).is_some_and(|given| matches_any(keys, given))
+    let no_keys = options.admin_api_key.is_none() && options.inference_api_keys.is_empty();
+    no_keys || presents_a_key(options, headers)
 }
 
 /// The key of an inference request: the bearer token, else an `x-api-key` header.

@@ -125,6 +125,68 @@ pub(crate) fn integral_floats_to_integers(value: &mut Value) -> bool {
     }
 }
 
+/// The bytes of request bodies held at once, all requests together, under
+/// `max_request_bodies_bytes`: each body holds its share ([`Held`]) from its first byte
+/// until its request's handler returns.
+#[derive(Debug)]
+pub(crate) struct BodyBudget {
+    held: std::sync::atomic::AtomicUsize,
+    max: usize,
+}
+
+impl BodyBudget {
+    /// A budget of `max` bytes.
+    pub(crate) fn new(max: usize) -> Self {
+        Self { held: std::sync::atomic::AtomicUsize::new(0), max }
+    }
+
+    /// The bound, in bytes.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Bytes held now.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// One body's share of the [`BodyBudget`], given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Held {
+    budget: std::sync::Arc<BodyBudget>,
+    bytes: usize,
+}
+
+impl Held {
+    /// Nothing held yet.
+    pub(crate) fn none(budget: &std::sync::Arc<BodyBudget>) -> Self {
+        Self { budget: std::sync::Arc::clone(budget), bytes: 0 }
+    }
+
+    /// Holds `bytes` in all; `false` (and nothing more held) when that would pass the
+    /// budget.
+    pub(crate) fn grow_to(&mut self, bytes: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        let Some(more) = bytes.checked_sub(self.bytes).filter(|&m| m > 0) else { return true };
+        let max = self.budget.max;
+        let grown = self.budget.held.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+            held.checked_add(more).filter(|&total| total <= max)
+        });
+        if grown.is_ok() {
+            self.bytes = bytes;
+        }
+        grown.is_ok()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.bytes, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// A streaming response body fed by a channel of chunks.
 pub(crate) struct ChannelBody(mpsc::Receiver<Bytes>);
 
@@ -224,6 +286,25 @@ mod tests {
         assert!(err.message.contains("line 1 column"), "the original error: {}", err.message);
         let too_big = parse_json::<Body>(&Bytes::from_static(br#"{"n": 5e12}"#), false);
         assert!(too_big.is_err());
+    }
+
+    #[test]
+    fn bodies_hold_their_share_until_dropped_and_the_budget_is_never_passed() {
+        let budget = std::sync::Arc::new(BodyBudget::new(100));
+        let mut a = Held::none(&budget);
+        let mut b = Held::none(&budget);
+        assert!(a.grow_to(60));
+        assert!(a.grow_to(40), "shrinking holds nothing more");
+        assert_eq!(budget.held(), 60);
+        assert!(!b.grow_to(41), "60 + 41 passes 100");
+        assert_eq!(budget.held(), 60, "a refused growth holds nothing");
+        assert!(b.grow_to(40));
+        assert_eq!(budget.held(), 100);
+        drop(a);
+        assert_eq!(budget.held(), 40);
+        assert!(b.grow_to(100));
+        drop(b);
+        assert_eq!(budget.held(), 0);
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub enum HttpCode {
     InvalidConfig,
     /// a config reload on a service whose host gave it no config to read.
     ReloadUnavailable,
+    /// the connection already runs `connections.max_keyless_streams` calls without a key.
+    TooManyKeylessCalls,
+    /// the request bodies held at once reached `max_request_bodies_bytes`.
+    RequestBodiesFull,
 }
 
 /// Every machine-readable code Hangar answers with (the `code` of the error envelope and the
@@ -125,6 +129,8 @@ impl ErrorCode {
                 H::NotFound | H::NothingToUnload => StatusCode::NOT_FOUND,
                 H::ModelNotReady | H::LimitExceeded | H::InvalidConfig => StatusCode::BAD_REQUEST,
                 H::ReloadUnavailable => StatusCode::NOT_IMPLEMENTED,
+                H::TooManyKeylessCalls => StatusCode::TOO_MANY_REQUESTS,
+                H::RequestBodiesFull => StatusCode::SERVICE_UNAVAILABLE,
                 H::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
                 H::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
                 H::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -199,6 +205,12 @@ impl ErrorCode {
                 "the path exists, but not with this method (see the `Allow` header)."
             }
             Self::Http(H::PayloadTooLarge) => "the body exceeds `max_request_body_bytes`.",
+            Self::Http(H::TooManyKeylessCalls) => {
+                "keys are set and this connection already runs `connections.max_keyless_streams` calls without one; nothing of the body was read. Send a key, or retry after `Retry-After` seconds."
+            }
+            Self::Http(H::RequestBodiesFull) => {
+                "the request bodies held at once, all requests together, reached `max_request_bodies_bytes`; nothing was done. Retry after `Retry-After` seconds."
+            }
             Self::Http(H::BodyTimeout) => {
                 "the body did not arrive in full within `connections.body_read_timeout_s` of the request head; the connection is closed."
             }

@@ -59,7 +59,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, header};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Body;
 
 pub use admin::{
@@ -107,6 +107,7 @@ impl HangarService {
             allowed_hosts: options.http.allowed_hosts.clone(),
         };
         let openapi = openapi::encoded(keys, &examples);
+        let options_bodies = options.max_request_bodies_bytes.max(options.max_request_body_bytes);
         Self {
             state: Arc::new(AppState {
                 metrics: metrics::Metrics::new(manager.clone()),
@@ -116,6 +117,7 @@ impl HangarService {
                 shutdown: tokio::sync::watch::Sender::new(false),
                 rows,
                 openapi,
+                bodies: Arc::new(body::BodyBudget::new(options_bodies)),
                 started: Instant::now(),
                 last_generation: std::sync::Mutex::new(None),
             }),
@@ -135,6 +137,28 @@ impl HangarService {
     /// a config source.
     pub async fn reload_config(&self) -> Result<ReloadResponse, ApiError> {
         admin::reload_config(&self.state).await
+    }
+
+    /// How the keys let `req` in, from its head alone: the listeners' gate
+    /// ([`listen::Gate`]) counts keyless and refused calls per connection before a byte of
+    /// a body is read.
+    pub(crate) fn call_class<B>(&self, req: &Request<B>) -> listen::CallClass {
+        let (method, path) = (req.method(), req.uri().path());
+        let auth = router::auth_of(method, path);
+        let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        auth::classify(&self.state.options, auth, method, path, peer, req.headers())
+    }
+
+    /// `error` in the envelope of the route family `path` belongs to (v2, Anthropic's, or
+    /// Hangar's own).
+    pub(crate) fn refuse(&self, path: &str, error: ApiError) -> Response {
+        if path == "/v2" || path.starts_with("/v2/") {
+            error.into_v2_response()
+        } else if anthropic::owns(path) {
+            anthropic::error_response(error)
+        } else {
+            error.into_response()
+        }
     }
 
     /// Answers one request. Never fails: every error is an error response.
@@ -232,15 +256,15 @@ impl HangarService {
         if route.body.is_some() && declared.is_some_and(|n| n > limit as u64) {
             return fail(too_large(limit));
         }
-        let body = match read_body(route, body, limit).await {
+        let mut held = body::Held::none(&self.state.bodies);
+        let body = match read_body(route, body, limit, declared, &mut held).await {
             Ok(bytes) => bytes,
-            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
-                return fail(too_large(limit));
-            }
-            Err(e) if e.is::<listen::BodyTimeout>() => {
+            Err(ReadError::TooLarge) => return fail(too_large(limit)),
+            Err(ReadError::Full) => return fail(bodies_full(self.state.bodies.max())),
+            Err(ReadError::Body(e)) if e.is::<listen::BodyTimeout>() => {
                 return fail(ApiError::new(HttpCode::BodyTimeout, e.to_string()));
             }
-            Err(e) => {
+            Err(ReadError::Body(e)) => {
                 return fail(ApiError::bad_request(format!("cannot read the request body: {e}")));
             }
         };
@@ -252,7 +276,10 @@ impl HangarService {
             body,
             caller,
         };
-        (route.handler)(ctx).await
+        let response = (route.handler)(ctx).await;
+        // The body's share of the budget is held until its handler is done with it.
+        drop(held);
+        response
     }
 
     /// The options the service runs with.
@@ -279,14 +306,27 @@ fn without_body(response: Response) -> Response {
     http::Response::from_parts(parts, http_body_util::Empty::new().map_err(|e| match e {}).boxed())
 }
 
-/// The body of a request to `route`, up to `limit` bytes. A route that takes no body never
-/// reads it: a GET that declares a large body is answered at once (an HTTP/1 connection
-/// whose body was left unread closes after the answer).
+/// Why a request body was not read.
+enum ReadError {
+    /// Over `max_request_body_bytes`.
+    TooLarge,
+    /// Over what `max_request_bodies_bytes` has left.
+    Full,
+    /// The body failed (late, reset).
+    Body(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// The body of a request to `route`, up to `limit` bytes, each byte held in `held` (the
+/// declared length before the first byte is read). A route that takes no body never reads
+/// it: a GET that declares a large body is answered at once (an HTTP/1 connection whose
+/// body was left unread closes after the answer).
 async fn read_body<B>(
     route: &router::Route,
     body: B,
     limit: usize,
-) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>>
+    declared: Option<u64>,
+    held: &mut body::Held,
+) -> Result<Bytes, ReadError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -294,11 +334,53 @@ where
     if route.body.is_none() {
         return Ok(Bytes::new());
     }
-    Ok(Limited::new(body, limit).collect().await?.to_bytes())
+    // Checked against `limit` already.
+    let declared = declared.map_or(0, |n| usize::try_from(n).unwrap_or(limit));
+    if !held.grow_to(declared) {
+        return Err(ReadError::Full);
+    }
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut whole: Vec<u8> = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|e| ReadError::Body(e.into()))?.into_data() else {
+            continue;
+        };
+        total = total.saturating_add(data.len());
+        if total > limit {
+            return Err(ReadError::TooLarge);
+        }
+        if !held.grow_to(total) {
+            return Err(ReadError::Full);
+        }
+        // One chunk is kept as it came; more are joined.
+        match first.take() {
+            None if whole.is_empty() => first = Some(data),
+            None => whole.extend_from_slice(&data),
+            Some(earlier) => {
+                whole.reserve(declared.max(total).saturating_sub(whole.len()));
+                whole.extend_from_slice(&earlier);
+                whole.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(first.unwrap_or_else(|| Bytes::from(whole)))
 }
 
 fn too_large(limit: usize) -> ApiError {
     ApiError::new(HttpCode::PayloadTooLarge, format!("request body exceeds {limit} bytes"))
+}
+
+fn bodies_full(max: usize) -> ApiError {
+    let mut error = ApiError::new(
+        HttpCode::RequestBodiesFull,
+        format!(
+            "the request bodies held at once reached {max} bytes (max_request_bodies_bytes); nothing was done, retry shortly"
+        ),
+    );
+    error.retry_after = Some(1);
+    error
 }
 
 impl<B> hyper::service::Service<Request<B>> for HangarService

@@ -85,6 +85,40 @@ pub(crate) struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     durations: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    body_bytes: Family<ListenerLabel, Counter>,
+    closed: Family<ClosedLabels, Counter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ListenerLabel {
+    listener: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ClosedLabels {
+    listener: &'static str,
+    reason: &'static str,
+}
+
+/// Why a listener closed a connection, as `hangar_connections_closed_total` labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub(crate) enum CloseReason {
+    /// The peer took no bytes of any answer for `http.stream_write_timeout_s`.
+    Stalled,
+    /// More refused calls than `connections.max_refused_calls`.
+    Refused,
+}
+
+/// The counters one listener (`http`, `grpc`) adds to.
+#[derive(Clone, Debug)]
+pub(crate) struct ListenerCounters {
+    /// Request body bytes read.
+    pub(crate) body_bytes: Counter,
+    /// Connections closed for stalling.
+    pub(crate) stalled: Counter,
+    /// Connections closed for refused calls.
+    pub(crate) refused: Counter,
 }
 
 impl Metrics {
@@ -103,7 +137,34 @@ impl Metrics {
             "Inference request latency by endpoint, model and outcome",
             durations.clone(),
         );
-        Self { registry, requests, durations }
+        let body_bytes = Family::<ListenerLabel, Counter>::default();
+        registry.register(
+            "hangar_request_body_bytes",
+            "Request body bytes read, by listener (a call refused for its key reads none)",
+            body_bytes.clone(),
+        );
+        let closed = Family::<ClosedLabels, Counter>::default();
+        registry.register(
+            "hangar_connections_closed",
+            "Connections a listener closed: a peer that took no bytes (stalled) or sent too many refused calls (refused)",
+            closed.clone(),
+        );
+        for listener in ["http", "grpc"] {
+            let _ = body_bytes.get_or_create(&ListenerLabel { listener });
+        }
+        Self { registry, requests, durations, body_bytes, closed }
+    }
+
+    /// The counters of listener `listener` (`http` or `grpc`).
+    pub(crate) fn listener(&self, listener: &'static str) -> ListenerCounters {
+        let closed = |reason: CloseReason| {
+            self.closed.get_or_create(&ClosedLabels { listener, reason: reason.into() }).clone()
+        };
+        ListenerCounters {
+            body_bytes: self.body_bytes.get_or_create(&ListenerLabel { listener }).clone(),
+            stalled: closed(CloseReason::Stalled),
+            refused: closed(CloseReason::Refused),
+        }
     }
 
     /// Records one finished request. `model` must be a configured name (the caller maps

@@ -261,14 +261,17 @@ fn error_statuses(route: &Route, secured: bool) -> BTreeMap<StatusCode, Vec<Erro
     let mut codes: Vec<ErrorCode> = route.errors.to_vec();
     // The browser rules apply before routing, to every route.
     codes.extend([HttpCode::OriginNotAllowed, HttpCode::HostNotAllowed].map(ErrorCode::Http));
+    // So does the listeners' gate, to a call let in without a key while keys are set.
+    codes.push(HttpCode::TooManyKeylessCalls.into());
     if secured {
         codes.extend([HttpCode::Unauthorized, HttpCode::Forbidden].map(ErrorCode::Http));
     }
     if route.body.is_some() {
-        codes.extend::<[ErrorCode; 3]>([
+        codes.extend::<[ErrorCode; 4]>([
             HttpCode::PayloadTooLarge.into(),
             RuntimeCode::InvalidRequestBody.into(),
             HttpCode::BodyTimeout.into(),
+            HttpCode::RequestBodiesFull.into(),
         ]);
     }
     let mut by_status: BTreeMap<StatusCode, Vec<ErrorCode>> = BTreeMap::new();
@@ -507,8 +510,8 @@ mod tests {
     fn error_statuses_come_from_the_codes() {
         let load = routes().iter().find(|r| r.path == "/v1/admin/models/{name}/load").unwrap();
         let statuses: Vec<u16> = error_statuses(load, true).keys().map(|s| s.as_u16()).collect();
-        assert_eq!(statuses, [400, 401, 403, 404, 408, 409, 413, 422, 503, 507]);
+        assert_eq!(statuses, [400, 401, 403, 404, 408, 409, 413, 422, 429, 503, 507]);
         let open: Vec<u16> = error_statuses(load, false).keys().map(|s| s.as_u16()).collect();
-        assert_eq!(open, [400, 403, 404, 408, 409, 413, 422, 503, 507]);
+        assert_eq!(open, [400, 403, 404, 408, 409, 413, 422, 429, 503, 507]);
     }
 }

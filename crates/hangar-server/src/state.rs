@@ -18,6 +18,9 @@ pub struct ServerOptions {
     pub inference_api_keys: Vec<Secret>,
     /// Largest accepted request body; larger ones answer 413.
     pub max_request_body_bytes: usize,
+    /// Bytes of request bodies held at once, all requests together; a body that would pass
+    /// it answers 503 `request_bodies_full`. Never below `max_request_body_bytes`.
+    pub max_request_bodies_bytes: usize,
     /// Whether the service listens on a loopback address only: then a `Host` that is not a
     /// loopback name, an IP address or in `http.allowed_hosts` is refused (DNS rebinding).
     /// True by default; `hangard` sets it from the address it bound.
@@ -43,6 +46,7 @@ impl Default for ServerOptions {
             admin_api_key: None,
             inference_api_keys: Vec::new(),
             max_request_body_bytes: hangar_config::DEFAULT_MAX_REQUEST_BODY_BYTES as usize,
+            max_request_bodies_bytes: hangar_config::DEFAULT_MAX_REQUEST_BODIES_BYTES as usize,
             loopback_listener: true,
             http: hangar_config::HttpPolicy::default(),
             limits: hangar_config::Limits::default(),
@@ -68,6 +72,8 @@ impl ServerOptions {
             inference_api_keys: config.inference_api_keys.clone(),
             max_request_body_bytes: usize::try_from(config.max_request_body_bytes.get())
                 .unwrap_or(usize::MAX),
+            max_request_bodies_bytes: usize::try_from(config.max_request_bodies_bytes.get())
+                .unwrap_or(usize::MAX),
             limits: config.limits,
             connections: config.connections,
             config_source: None,
@@ -87,6 +93,8 @@ pub(crate) struct AppState {
     pub(crate) rows: StaticRows,
     /// `/openapi.json`, generated once for these options.
     pub(crate) openapi: bytes::Bytes,
+    /// Request body bytes held at once, under `max_request_bodies_bytes`.
+    pub(crate) bodies: std::sync::Arc<crate::body::BodyBudget>,
     pub(crate) started: Instant,
     /// Statistics of the most recent completed generation (`GET /api/v1/stats`).
     pub(crate) last_generation: std::sync::Mutex<Option<GenerationStats>>,

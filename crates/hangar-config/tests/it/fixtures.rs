@@ -226,6 +226,8 @@ fn connection_limits_have_defaults_are_shown_and_checked() {
             "header_read_timeout_s": 2,
             "body_read_timeout_s": hangar_config::DEFAULT_BODY_READ_TIMEOUT_S,
             "idle_timeout_s": hangar_config::DEFAULT_IDLE_TIMEOUT_S,
+            "max_keyless_streams": hangar_config::DEFAULT_MAX_KEYLESS_STREAMS,
+            "max_refused_calls": hangar_config::DEFAULT_MAX_REFUSED_CALLS,
         })
     );
     let schema = config_schema();

@@ -17,7 +17,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use http::Method;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status, Streaming};
@@ -38,7 +37,10 @@ use proto::*;
 /// shedding, a new connection that opens no stream (the HTTP/2 preface included) within
 /// `header_read_timeout_s` is closed, as is an idle one after `idle_timeout_s`; request
 /// bodies are due within `body_read_timeout_s`; `accept` errors pause. Each connection
-/// carries at most 200 concurrent streams and is pinged every 30 s. No per-call timeout: a
+/// carries at most 200 concurrent streams and is pinged every 30 s; one whose every answer
+/// waits `http.stream_write_timeout_s` for a peer that takes no bytes is closed. A call's
+/// key is checked before its message is read, and a message is decoded up to
+/// `max_request_body_bytes` (see `limits`). No per-call timeout: a
 /// repository load runs as long as the model's load takes.
 ///
 /// # Errors
@@ -51,9 +53,14 @@ pub async fn serve(
     let calls = Arc::new(Calls::default());
     let limits = service.state.options.connections;
     // One service, so no router: tonic's router would pin an older `matchit` than ours.
-    let grpc = GrpcInferenceServiceServer::new(Grpc { http: service, calls: Arc::clone(&calls) });
-    let grpc = limits::Limited::new(grpc, limits.body_read_timeout);
-    let incoming = crate::listen::Acceptor::new(listener, &limits, "grpc");
+    let max_message = service.options().max_request_body_bytes;
+    let stall = service.options().http.stream_write_timeout;
+    let counters = service.state.metrics.listener("grpc");
+    let grpc =
+        GrpcInferenceServiceServer::new(Grpc { http: service.clone(), calls: Arc::clone(&calls) })
+            .max_decoding_message_size(max_message);
+    let grpc = limits::Limited::new(grpc, service);
+    let incoming = crate::listen::Acceptor::new(listener, &limits, stall, counters, "grpc");
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let wait = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|s| *s).await;
@@ -123,13 +130,8 @@ type Answer<T> = Result<Response<T>, Status>;
 impl Grpc {
     /// Checks the caller's key against the auth class of the HTTP route `method path` that
     /// the RPC mirrors.
-    fn authorize<T>(
-        &self,
-        request: &Request<T>,
-        method: Method,
-        path: &str,
-    ) -> Result<Call, Status> {
-        self.caller(request, method, path).map(|(call, _)| call)
+    fn authorize<T>(&self, request: &Request<T>, route: limits::Mirror) -> Result<Call, Status> {
+        self.caller(request, route).map(|(call, _)| call)
     }
 
     /// Who is calling (as [`Self::authorize`] checks it): the keys' caller, or the keyless
@@ -137,8 +139,7 @@ impl Grpc {
     fn caller<T>(
         &self,
         request: &Request<T>,
-        method: Method,
-        path: &str,
+        (method, path): limits::Mirror,
     ) -> Result<(Call, crate::auth::Caller), Status> {
         let call = self.calls.enter();
         let auth = crate::router::auth_of(&method, path);
@@ -173,7 +174,7 @@ const SHM_INSTEAD: &str =
 #[tonic::async_trait]
 impl GrpcInferenceService for Grpc {
     async fn server_live(&self, request: Request<ServerLiveRequest>) -> Answer<ServerLiveResponse> {
-        let _call = self.authorize(&request, Method::GET, "/v2/health/live")?;
+        let _call = self.authorize(&request, limits::SERVER_LIVE)?;
         Ok(Response::new(ServerLiveResponse { live: true }))
     }
 
@@ -181,13 +182,13 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<ServerReadyRequest>,
     ) -> Answer<ServerReadyResponse> {
-        let _call = self.authorize(&request, Method::GET, "/v2/health/ready")?;
+        let _call = self.authorize(&request, limits::SERVER_READY)?;
         let ready = crate::health::not_ready_models(self.manager()).is_empty();
         Ok(Response::new(ServerReadyResponse { ready }))
     }
 
     async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
-        let _call = self.authorize(&request, Method::GET, "/v2/models/m/ready")?;
+        let _call = self.authorize(&request, limits::MODEL_READY)?;
         let ModelReadyRequest { name, version } = request.into_inner();
         kserve::check_version(&name, &version).map_err(fail)?;
         let ready = kserve::readiness(self.manager(), &name, false).map_err(fail)?.is_ok();
@@ -198,7 +199,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<ServerMetadataRequest>,
     ) -> Answer<ServerMetadataResponse> {
-        let _call = self.authorize(&request, Method::GET, "/v2")?;
+        let _call = self.authorize(&request, limits::SERVER_METADATA)?;
         let m = kserve::server_metadata_value();
         Ok(Response::new(ServerMetadataResponse {
             name: m.name,
@@ -211,7 +212,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<ModelMetadataRequest>,
     ) -> Answer<ModelMetadataResponse> {
-        let _call = self.authorize(&request, Method::GET, "/v2/models/m")?;
+        let _call = self.authorize(&request, limits::MODEL_METADATA)?;
         let ModelMetadataRequest { name, version } = request.into_inner();
         kserve::check_version(&name, &version).map_err(fail)?;
         let m = kserve::model_metadata(self.manager(), &name).map_err(fail)?;
@@ -228,7 +229,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<RepositoryIndexRequest>,
     ) -> Answer<RepositoryIndexResponse> {
-        let (_call, caller) = self.caller(&request, Method::POST, "/v2/repository/index")?;
+        let (_call, caller) = self.caller(&request, limits::REPOSITORY_INDEX)?;
         let request = request.into_inner();
         check_repository(&request.repository_name)?;
         let models = kserve::index_entries(self.manager(), request.ready, caller)
@@ -248,8 +249,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<RepositoryModelLoadRequest>,
     ) -> Answer<RepositoryModelLoadResponse> {
-        let (_call, caller) =
-            self.caller(&request, Method::POST, "/v2/repository/models/m/load")?;
+        let (_call, caller) = self.caller(&request, limits::REPOSITORY_LOAD)?;
         let request = request.into_inner();
         check_repository(&request.repository_name)?;
         kserve::known(self.manager(), &request.model_name).await.map_err(fail)?;
@@ -264,8 +264,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<RepositoryModelUnloadRequest>,
     ) -> Answer<RepositoryModelUnloadResponse> {
-        let (_call, caller) =
-            self.caller(&request, Method::POST, "/v2/repository/models/m/unload")?;
+        let (_call, caller) = self.caller(&request, limits::REPOSITORY_UNLOAD)?;
         let request = request.into_inner();
         check_repository(&request.repository_name)?;
         let parameters =

@@ -49,7 +49,8 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         ErrorCode::Http(code) => match code {
             H::NotFound | H::NothingToUnload => Code::NotFound,
             H::ModelNotReady | H::LimitExceeded | H::InvalidConfig => Code::InvalidArgument,
-            H::PayloadTooLarge => Code::ResourceExhausted,
+            H::PayloadTooLarge | H::TooManyKeylessCalls => Code::ResourceExhausted,
+            H::RequestBodiesFull => Code::Unavailable,
             H::MethodNotAllowed | H::ReloadUnavailable => Code::Unimplemented,
             H::Unauthorized => Code::Unauthenticated,
             H::Forbidden | H::OriginNotAllowed | H::HostNotAllowed => Code::PermissionDenied,

@@ -17,7 +17,12 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
-use super::registry::{ConnId, Registry, Watch};
+use bytes::Bytes;
+use prometheus_client::metrics::counter::Counter;
+
+use crate::metrics::ListenerCounters;
+
+use super::registry::{CallClass, ConnId, Gate, Owed, Registry, Watch};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -38,6 +43,8 @@ pub(crate) struct ConnTag {
     shared: Shared,
     /// The client's address.
     peer: SocketAddr,
+    /// The listener's counters.
+    counters: ListenerCounters,
 }
 
 impl ConnTag {
@@ -46,20 +53,45 @@ impl ConnTag {
         self.peer
     }
 
+    /// The counter of request body bytes read on this connection's listener.
+    pub(crate) fn body_bytes(&self) -> Counter {
+        self.counters.body_bytes.clone()
+    }
+
     /// A request head arrived on this connection: it is busy until the returned guard
     /// drops (with the answer's body, or with the request if it is abandoned).
     pub(crate) fn request(&self) -> InFlight {
-        lock(&self.shared).request_started(self.id);
-        InFlight(self.clone())
+        let owed = lock(&self.shared).request_started(self.id);
+        InFlight { tag: self.clone(), owed, keyless: false }
     }
 }
 
 /// One request in flight on a connection.
-pub(crate) struct InFlight(ConnTag);
+pub(crate) struct InFlight {
+    tag: ConnTag,
+    /// Since when its answer has waited for the peer.
+    owed: Arc<Owed>,
+    /// Whether it passed the gate as a keyless call.
+    keyless: bool,
+}
+
+impl InFlight {
+    /// Whether the call, of `class`, may go on (see [`super::registry::gate`]); a keyless
+    /// call that passes counts against its connection's bound until this request ends.
+    pub(crate) fn gate(&mut self, class: CallClass) -> Gate {
+        let verdict = lock(&self.tag.shared).gate(self.tag.id, class);
+        if verdict == Gate::Close {
+            self.tag.counters.refused.inc();
+        }
+        self.keyless = verdict == Gate::Pass && class == CallClass::Keyless;
+        verdict
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        lock(&self.0.shared).request_ended(self.0.id, Instant::now());
+        let now = Instant::now();
+        lock(&self.tag.shared).request_ended(self.tag.id, &self.owed, self.keyless, now);
     }
 }
 
@@ -68,6 +100,7 @@ impl Drop for InFlight {
 enum Closed {
     Shed,
     NoRequest,
+    Stalled,
 }
 
 impl Closed {
@@ -80,6 +113,10 @@ impl Closed {
             Self::NoRequest => io::Error::new(
                 io::ErrorKind::TimedOut,
                 "no request in time (connections.header_read_timeout_s or idle_timeout_s)",
+            ),
+            Self::Stalled => io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the peer took no bytes of any answer in time (http.stream_write_timeout_s)",
             ),
         }
     }
@@ -107,11 +144,12 @@ impl Conn {
         shared: Shared,
         shed: oneshot::Receiver<()>,
         deadline: Instant,
+        counters: ListenerCounters,
     ) -> Self {
         Self {
             io,
             peer,
-            tag: ConnTag { id, shared, peer },
+            tag: ConnTag { id, shared, peer, counters },
             shed: Some(shed),
             closed: None,
             watchdog: Box::pin(tokio::time::sleep_until(deadline)),
@@ -149,10 +187,24 @@ impl Conn {
                     let recheck = registry.recheck();
                     self.watchdog.as_mut().reset(now + recheck);
                 }
-                Watch::Until(at) if at > now => self.watchdog.as_mut().reset(at),
+                // Never asleep longer than the recheck: a request may start and stall.
+                Watch::Until(at) if at > now => {
+                    let at = at.min(now + registry.recheck());
+                    self.watchdog.as_mut().reset(at);
+                }
                 Watch::Until(_) => {
                     drop(registry);
                     return Err(self.close(Closed::NoRequest));
+                }
+                // Looked at again by then: an answer may move, or a request start.
+                Watch::Stalled(at) if at > now => {
+                    let at = at.min(now + registry.recheck());
+                    self.watchdog.as_mut().reset(at);
+                }
+                Watch::Stalled(_) => {
+                    drop(registry);
+                    self.tag.counters.stalled.inc();
+                    return Err(self.close(Closed::Stalled));
                 }
                 Watch::Gone => {
                     drop(registry);
@@ -230,37 +282,97 @@ impl tonic::transport::server::Connected for Conn {
     }
 }
 
+/// The largest piece of an answer handed to the connection at once: the connection asks
+/// for the next one only once the peer has taken (or the send buffer holds) this one, so a
+/// peer that takes a piece per `http.stream_write_timeout_s` is never stalled. HTTP/2's
+/// default frame size.
+pub(crate) const PIECE_BYTES: usize = 16 << 10;
+
 /// A response body that keeps its request counted as in flight until it is dropped
-/// (fully sent, or abandoned with the connection).
+/// (fully sent, or abandoned with the connection), and tells its stall clock when a piece
+/// waits for the peer: from the moment the answer is handed over (the head is sent and the
+/// body waits for the connection to ask), and after each piece until the connection asks
+/// for the next; never while the body itself has nothing to send yet.
 pub(crate) struct Tracked<B> {
     body: B,
-    _in_flight: Option<InFlight>,
+    /// The rest of a data frame longer than [`PIECE_BYTES`].
+    rest: Bytes,
+    in_flight: Option<InFlight>,
 }
 
 impl<B> Tracked<B> {
-    /// `body`, counted with `in_flight`.
+    /// `body`, counted with `in_flight`, handed to the connection now.
     pub(crate) fn new(body: B, in_flight: Option<InFlight>) -> Self {
-        Self { body, _in_flight: in_flight }
+        if let Some(in_flight) = &in_flight {
+            in_flight.owed.owe(Instant::now());
+        }
+        Self { body, rest: Bytes::new(), in_flight }
+    }
+
+    fn owe(&self) {
+        if let Some(in_flight) = &self.in_flight {
+            in_flight.owed.owe(Instant::now());
+        }
+    }
+
+    fn settle(&self) {
+        if let Some(in_flight) = &self.in_flight {
+            in_flight.owed.settle();
+        }
+    }
+
+    /// The next piece of `data`, keeping the rest.
+    fn piece(&mut self, mut data: Bytes) -> Bytes {
+        if data.len() > PIECE_BYTES {
+            self.rest = data.split_off(PIECE_BYTES);
+        }
+        data
     }
 }
 
-impl<B: Body + Unpin> Body for Tracked<B> {
-    type Data = B::Data;
+impl<B: Body<Data = Bytes> + Unpin> Body for Tracked<B> {
+    type Data = Bytes;
     type Error = B::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        // Asked again: the peer took the last piece.
+        this.settle();
+        if !this.rest.is_empty() {
+            let rest = std::mem::take(&mut this.rest);
+            let piece = this.piece(rest);
+            this.owe();
+            return Poll::Ready(Some(Ok(Frame::data(piece))));
+        }
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        let polled = match polled {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => Poll::Ready(Some(Ok(Frame::data(this.piece(data))))),
+                Err(frame) => Poll::Ready(Some(Ok(frame))),
+            },
+            other => other,
+        };
+        if matches!(polled, Poll::Ready(Some(_))) {
+            this.owe();
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.rest.is_empty() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let mut hint = self.body.size_hint();
+        let rest = self.rest.len() as u64;
+        hint.set_lower(hint.lower() + rest);
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
     }
 }
 
@@ -275,17 +387,19 @@ pub(crate) struct BodyTimeout(pub(crate) Duration);
 /// A request body that fails with [`BodyTimeout`] once `timeout` has passed since the
 /// request head arrived (its creation) and the body is still arriving. The timer is set on
 /// the first read that has to wait, so a body never read costs none.
+/// Every byte read is added to `read` (`hangar_request_body_bytes_total`).
 pub(crate) struct Deadline<B> {
     body: B,
     timeout: Duration,
     at: Instant,
     sleep: Option<Pin<Box<Sleep>>>,
+    read: Counter,
 }
 
 impl<B> Deadline<B> {
-    /// `body`, due in full within `timeout` from now.
-    pub(crate) fn new(body: B, timeout: Duration) -> Self {
-        Self { body, timeout, at: Instant::now() + timeout, sleep: None }
+    /// `body`, due in full within `timeout` from now, its bytes counted in `read`.
+    pub(crate) fn new(body: B, timeout: Duration, read: Counter) -> Self {
+        Self { body, timeout, at: Instant::now() + timeout, sleep: None, read }
     }
 }
 
@@ -303,6 +417,9 @@ where
     ) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
+            if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
+                this.read.inc_by(data.map_or(0, |d| bytes::Buf::remaining(d) as u64));
+            }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         let at = this.at;

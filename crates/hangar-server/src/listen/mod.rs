@@ -37,6 +37,9 @@ use crate::body::ResponseBody;
 pub(crate) use conn::{BodyTimeout, Conn, ConnTag, Deadline, Tracked};
 use conn::{Shared, lock};
 use registry::Registry;
+pub(crate) use registry::{CallClass, Gate};
+
+use crate::metrics::ListenerCounters;
 
 /// Streams one HTTP/2 connection may carry at once, on both listeners (hyper's default for
 /// HTTP; tonic alone would set none).
@@ -64,7 +67,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let limits = service.state.options.connections;
-    let mut acceptor = Acceptor::new(listener, &limits, "http");
+    let stall = service.state.options.http.stream_write_timeout;
+    let counters = service.state.metrics.listener("http");
+    let mut acceptor = Acceptor::new(listener, &limits, stall, counters, "http");
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // Heads are bounded by each connection's watchdog, for HTTP/1 and HTTP/2 alike (hyper's
@@ -111,21 +116,45 @@ pub async fn serve(
 }
 
 /// One request of a connection: counted in flight until its answer's body is dropped, its
-/// body due within `body_timeout`. A 408 closes an HTTP/1 connection (RFC 9110, 15.5.9):
-/// the rest of the late body is never read.
+/// body due within `body_timeout`. Its head passes the gate first ([`Gate`]): a keyless call
+/// over the connection's bound is answered 429 `too_many_keyless_calls`, and a connection
+/// past its refused calls closes, both before a byte of the body is read. A 408 closes an
+/// HTTP/1 connection (RFC 9110, 15.5.9): the rest of the late body is never read.
 async fn answer(
     service: &HangarService,
     tag: &ConnTag,
     req: Request<hyper::body::Incoming>,
     body_timeout: Duration,
 ) -> http::Response<Tracked<ResponseBody>> {
-    let in_flight = tag.request();
+    let mut in_flight = tag.request();
     let http1 = req.version() < Version::HTTP_2;
-    let mut response = service.handle(req.map(|body| Deadline::new(body, body_timeout))).await;
+    let class = service.call_class(&req);
+    let mut response = match in_flight.gate(class) {
+        Gate::Pass | Gate::Refuse => {
+            let read = tag.body_bytes();
+            service.handle(req.map(|body| Deadline::new(body, body_timeout, read))).await
+        }
+        Gate::TooManyKeyless => service.refuse(req.uri().path(), too_many_keyless(service)),
+        // Shed: the connection closes at its next read or write.
+        Gate::Close => crate::body::empty_response(StatusCode::UNAUTHORIZED),
+    };
     if http1 && response.status() == StatusCode::REQUEST_TIMEOUT {
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response.map(|body| Tracked::new(body, Some(in_flight)))
+}
+
+/// The refusal of a keyless call over `connections.max_keyless_streams`.
+pub(crate) fn too_many_keyless(service: &HangarService) -> crate::error::ApiError {
+    let max = service.state.options.connections.max_keyless_streams;
+    let mut error = crate::error::ApiError::new(
+        crate::error::HttpCode::TooManyKeylessCalls,
+        format!(
+            "this connection already runs {max} calls without a key (connections.max_keyless_streams); send a key, or wait for one to end"
+        ),
+    );
+    error.retry_after = Some(1);
+    error
 }
 
 /// A listener's accept loop: admits connections under the cap and pauses when `accept`
@@ -135,6 +164,7 @@ pub(crate) struct Acceptor {
     listener: TcpListener,
     shared: Shared,
     header_timeout: Duration,
+    counters: ListenerCounters,
     backoff: Backoff,
     pause: Option<Pin<Box<Sleep>>>,
     /// `http` or `grpc`, for the logs.
@@ -148,11 +178,14 @@ impl Acceptor {
     pub(crate) fn new(
         listener: TcpListener,
         limits: &ConnectionLimits,
+        stall: Duration,
+        counters: ListenerCounters,
         name: &'static str,
     ) -> Self {
         Self {
             listener,
-            shared: Arc::new(Mutex::new(Registry::new(limits))),
+            shared: Arc::new(Mutex::new(Registry::new(limits, stall))),
+            counters,
             header_timeout: limits.header_read_timeout,
             backoff: Backoff::default(),
             pause: None,
@@ -234,7 +267,8 @@ impl Acceptor {
         }
         // Small answers and stream events go out at once, not after an ACK.
         let _ = stream.set_nodelay(true);
-        let deadline = now + self.header_timeout;
+        // The watchdog's first look: the head's deadline, or sooner to see a stall.
+        let deadline = now + self.header_timeout.min(lock(&self.shared).recheck());
         Some(Conn::new(
             stream,
             peer,
@@ -242,6 +276,7 @@ impl Acceptor {
             Arc::clone(&self.shared),
             admitted.signal,
             deadline,
+            self.counters.clone(),
         ))
     }
 }

@@ -28,6 +28,7 @@ fn limits(max: u32, header_s: u64, body_s: u64, idle_s: u64) -> ConnectionLimits
         header_read_timeout: Duration::from_secs(header_s),
         body_read_timeout: Duration::from_secs(body_s),
         idle_timeout: Duration::from_secs(idle_s),
+        ..ConnectionLimits::default()
     }
 }
 

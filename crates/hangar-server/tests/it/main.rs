@@ -22,6 +22,7 @@ mod openapi;
 mod quarantine;
 mod readiness;
 mod repository;
+mod shedding;
 mod streams;
 mod support;
 mod ui;
