@@ -49,11 +49,14 @@ async fn messages(ctx: Ctx) -> Result<Response, ApiError> {
 
 async fn message(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     crate::openai::limits::check_messages(ctx, rec)?;
-    convert::check_tags(&parse_json(&ctx.body, false)?)?;
-    let body: MessagesRequest = parse_json(&ctx.body, false)?;
-    let stream = body.stream.unwrap_or(false);
-    let convert::Converted { model, request, stops, omit_thinking, images } =
-        convert::request(body)?;
+    let (stream, converted) = parsed(ctx, |body| {
+        convert::check_tags(&parse_json(body, false)?)?;
+        let body: MessagesRequest = parse_json(body, false)?;
+        let stream = body.stream.unwrap_or(false);
+        Ok((stream, convert::request(body)?))
+    })
+    .await?;
+    let convert::Converted { model, request, stops, omit_thinking, images } = converted;
     let model = rec.model(model)?;
     let kind = check_images(ctx, &model, &images)?;
     let reasoning = match request.thinking {
@@ -77,6 +80,27 @@ async fn message(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     Ok(Reply::Done(json_response(StatusCode::OK, &answer)))
 }
 
+/// Bodies larger than this are parsed and converted on a blocking thread: a Messages
+/// body's JSON tree is many times its size (about 27× measured), and parsing one of
+/// megabytes on an async thread delays every other request on it (`/healthz` included).
+const PARSE_OFF_THREAD_BYTES: usize = 64 << 10;
+
+/// `parse` run on the request body: inline for a small one, on a blocking thread for a
+/// larger one.
+async fn parsed<T, F>(ctx: &Ctx, parse: F) -> Result<T, ApiError>
+where
+    F: FnOnce(&bytes::Bytes) -> Result<T, ApiError> + Send + 'static,
+    T: Send + 'static,
+{
+    let body = ctx.body.clone();
+    if body.len() <= PARSE_OFF_THREAD_BYTES {
+        return parse(&body);
+    }
+    tokio::task::spawn_blocking(move || parse(&body)).await.map_err(|e| {
+        ApiError::new(RuntimeCode::RuntimeError, format!("parsing the request body failed: {e}"))
+    })?
+}
+
 /// `POST /v1/messages/count_tokens`.
 async fn count_tokens(ctx: Ctx) -> Result<Response, ApiError> {
     let mut rec = Recorder::new(&ctx.state, Endpoint::CountTokens);
@@ -86,9 +110,12 @@ async fn count_tokens(ctx: Ctx) -> Result<Response, ApiError> {
 
 async fn count(ctx: &Ctx, rec: &mut Recorder) -> Result<Reply, ApiError> {
     crate::openai::limits::check_messages(ctx, rec)?;
-    convert::check_tags(&parse_json(&ctx.body, false)?)?;
-    let body: Conversation = parse_json(&ctx.body, false)?;
-    let mut prompted = convert::prompted(body)?;
+    let mut prompted = parsed(ctx, |body| {
+        convert::check_tags(&parse_json(body, false)?)?;
+        let body: Conversation = parse_json(body, false)?;
+        convert::prompted(body)
+    })
+    .await?;
     let model = rec.model(prompted.model.take())?;
     let images = std::mem::take(&mut prompted.images);
     let kind = check_images(ctx, &model, &images)?;

@@ -368,3 +368,23 @@ async fn a_quarantined_model_and_a_full_queue_refuse_in_the_envelope() {
     drop(running);
     assert_eq!(queued.await.unwrap().0, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_of_megabytes_is_parsed_off_the_async_threads_with_the_same_answers() {
+    let s = service().await;
+    // 300,000 words: about 1.2 MB, parsed on a blocking thread.
+    let words = "w ".repeat(300_000);
+    let long = json!({ "messages": [{ "role": "user", "content": words }] });
+    let (status, answer) = post(&s, "/v1/messages", body("fixed", long.clone())).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["usage"]["input_tokens"], 300_000, "every word reached the engine");
+    assert_eq!(answer["type"], "message", "{answer}");
+    let (status, counted) = post(&s, "/v1/messages/count_tokens", body("fixed", long)).await;
+    assert_eq!((status, counted["input_tokens"].as_u64()), (200, Some(300_000)));
+    // A refusal found while parsing is the same as for a small body.
+    let bad = |text: &str| json!({ "messages": [{ "role": "user", "content": [{ "type": 7, "text": text }] }] });
+    let small = post(&s, "/v1/messages", body("fixed", bad("a"))).await;
+    let large = post(&s, "/v1/messages", body("fixed", bad(&words))).await;
+    assert_envelope(&large, 422, "invalid_request_error", "invalid_request_body");
+    assert_eq!(small.1["error"]["message"], large.1["error"]["message"]);
+}
