@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod client;
 mod config_cmd;
+mod keys;
 mod model_flags;
 mod nofile;
 mod serve;

@@ -46,9 +46,22 @@ pub(crate) struct ServeArgs {
     /// it off).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     auto_load: Option<bool>,
-    /// Bearer key the admin routes require (overrides `admin_api_key`).
+    /// Bearer key the admin routes require (overrides `admin_api_key`). Any local user can
+    /// read a command line: prefer `--admin-api-key-file` or the variable.
     #[arg(long, env = "HANGAR_ADMIN_KEY", hide_env_values = true)]
     admin_api_key: Option<String>,
+    /// A file whose first line is the admin key (overrides `admin_api_key`).
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "HANGAR_ADMIN_KEY_FILE",
+        conflicts_with = "admin_api_key"
+    )]
+    admin_api_key_file: Option<std::path::PathBuf>,
+    /// A file of inference keys, one per line (blank lines and `#` comments skipped);
+    /// replaces `inference_api_keys`, and adds to `--inference-api-key`.
+    #[arg(long, value_name = "PATH", env = "HANGAR_INFERENCE_KEYS_FILE")]
+    inference_api_key_file: Option<std::path::PathBuf>,
     /// A bearer key the inference routes accept (repeat the flag, or separate keys with
     /// commas in the variable); replaces `inference_api_keys`. The admin key opens them too.
     #[arg(
@@ -125,6 +138,11 @@ fn effective_config(args: &ServeArgs) -> Result<Config> {
     let dir = &args.config;
     let config =
         Config::load(dir).with_context(|| format!("cannot use the config in {}", dir.display()))?;
+    for flag in crate::keys::keys_on_the_command_line(std::env::args()) {
+        tracing::warn!(
+            "{flag} puts a key on the command line, which every local user can read in /proc; use {flag}-file or its environment variable"
+        );
+    }
     with_flags(args, config)
 }
 
@@ -149,8 +167,18 @@ fn with_flags(args: &ServeArgs, mut config: Config) -> Result<Config> {
     if let Some(key) = args.admin_api_key.as_deref().filter(|k| !k.is_empty()) {
         config.admin_api_key = Some(Secret::new(key));
     }
-    let inference: Vec<Secret> =
+    if let Some(path) = &args.admin_api_key_file {
+        let keys = crate::keys::read_key_file(path)
+            .map_err(|e| anyhow::anyhow!("--admin-api-key-file: {e}"))?;
+        config.admin_api_key = keys.into_iter().next().map(Secret::new);
+    }
+    let mut inference: Vec<Secret> =
         args.inference_api_keys.iter().filter(|k| !k.is_empty()).map(Secret::new).collect();
+    if let Some(path) = &args.inference_api_key_file {
+        let keys = crate::keys::read_key_file(path)
+            .map_err(|e| anyhow::anyhow!("--inference-api-key-file: {e}"))?;
+        inference.extend(keys.iter().map(Secret::new));
+    }
     if !inference.is_empty() {
         config.inference_api_keys = inference;
     }

@@ -222,3 +222,43 @@ fn an_unknown_llamacpp_build_refuses_to_start_naming_the_known_ones() {
     assert!(stderr.contains("`rocm`"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn keys_come_from_files_and_a_key_on_the_command_line_is_warned_of() {
+    use reqwest::Method;
+
+    use crate::support::{code, send};
+    let dir = temp_dir("key-files");
+    let (admin, inference) = (dir.join("admin.key"), dir.join("inference.keys"));
+    std::fs::write(&admin, "from-file\n").unwrap();
+    std::fs::write(&inference, "# one a line\ni1\n\ni2\n").unwrap();
+    let config = json!({ "models": { "chat": { "backend": "stub" } } });
+    let args = [
+        "--admin-api-key-file",
+        admin.to_str().unwrap(),
+        "--inference-api-key-file",
+        inference.to_str().unwrap(),
+    ];
+    let server = Server::start(&config, &args);
+    let models = server.url("/v1/admin/models");
+    assert_eq!(send(Method::GET, &models, None, None).await.0, 401);
+    assert_eq!(send(Method::GET, &models, None, Some("from-file")).await.0, 200);
+    let chats = server.url("/v1/models");
+    for key in ["i1", "i2"] {
+        assert_eq!(send(Method::GET, &chats, None, Some(key)).await.0, 200, "{key}");
+    }
+    let (status, answer) = send(Method::GET, &chats, None, Some("# one a line")).await;
+    assert_eq!((status, code(&answer)), (403, "forbidden"), "comments are not keys");
+    assert!(!server.logs().contains("puts a key on the command line"), "{}", server.logs());
+    drop(server);
+
+    let server = Server::start(&config, &["--admin-api-key", "on-the-line"]);
+    assert_eq!(send(Method::GET, &models_of(&server), None, Some("on-the-line")).await.0, 200);
+    let logs = server.logs();
+    assert!(logs.contains("--admin-api-key puts a key on the command line"), "{logs}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn models_of(server: &Server) -> String {
+    server.url("/v1/admin/models")
+}
