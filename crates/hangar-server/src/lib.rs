@@ -174,13 +174,7 @@ impl HangarService {
         let verdict = edge::decide(&self.state.edge, req.method(), req.uri(), req.headers());
         // The KServe v2 routes answer their own envelope, refusals included.
         let path = req.uri().path();
-        let v2 = path == "/v2" || path.starts_with("/v2/");
-        let messages = anthropic::owns(path);
-        let refuse = |e: ApiError| match (v2, messages) {
-            (true, _) => e.into_v2_response(),
-            (_, true) => anthropic::error_response(e),
-            _ => e.into_response(),
-        };
+        let refuse = |e: ApiError| self.refuse(path, e);
         let cors = match verdict {
             edge::Verdict::Pass { cors } => cors,
             edge::Verdict::Preflight { origin } => {
