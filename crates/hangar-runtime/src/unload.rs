@@ -225,6 +225,8 @@ impl Manager {
             // Read while the placement says where the memory is.
             let to_release = crate::gpu::to_release(&failed, slot, true);
             let Phase::Up(serving) = std::mem::replace(&mut slot.phase, Phase::Down) else {
+                // No runtimes to tear down: no GPU load waits for them.
+                control.torn_down(position, Vec::new());
                 return;
             };
             slot.placement = None;
@@ -239,7 +241,8 @@ impl Manager {
                 let runtimes = scheduler.runtimes();
                 // Engines still running (a woken engine that answered wrong, not a crash)
                 // give their memory back as they stop: the next load on those GPUs waits
-                // for it, as after an unload. A dead one's memory is gone already.
+                // for it, as after an unload. A dead one's memory is gone already. Until
+                // this says which, every GPU load waits (the model shows failed already).
                 let mut alive = true;
                 for runtime in &runtimes {
                     alive &= runtime.health().await.is_ok();
@@ -251,9 +254,8 @@ impl Manager {
                 for runtime in runtimes {
                     runtime.unload().await;
                 }
-                if let Some(release) = release {
-                    manager.expect_release(release);
-                }
+                // Every GPU load waits for this since the crash was decided.
+                control.torn_down(position, release.unwrap_or_default());
             });
         });
         self.inner.control.post_change(entry.position, change, apply);

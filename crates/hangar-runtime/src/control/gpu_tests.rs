@@ -132,6 +132,70 @@ fn releases_are_awaited_on_the_gpus_a_load_may_use() {
 }
 
 #[test]
+fn after_a_crash_every_gpu_load_waits_for_the_teardown() {
+    use super::step::Change;
+    use super::testing::mv;
+    use ReleaseAnswer::{Go, Read, Wait};
+    let t0 = Instant::now();
+    let settled = Go { settled: true };
+    let loaded = || vec![mv(0, Change::StartLoad, 7), mv(0, Change::LoadDone { failed: None }, 7)];
+    let crashed = || {
+        let crash = mv(0, Change::Crash { generation: 1, message: "wrong".into() }, 7);
+        loaded().into_iter().chain([crash]).collect::<Vec<_>>()
+    };
+    let then = |more: Command| crashed().into_iter().chain([more]).collect::<Vec<_>>();
+    let torn = |releases| Command::TornDown { model: 0, releases };
+    // (name, commands before (at t0), the question, when (seconds after t0), the answer)
+    let rows: Vec<(&str, Vec<Command>, Command, u64, ReleaseAnswer)> = vec![
+        ("loaded, nothing pending: go", loaded(), ask(None), 0, settled),
+        ("crashed, not torn down: wait", crashed(), ask(None), 0, Wait),
+        ("whatever the GPU reads", crashed(), ask(Some(0)), 0, Wait),
+        ("also on GPUs it never used", crashed(), ask_on(&[3], &[(3, 0)]), 0, Wait),
+        (
+            "a stale crash tears nothing down",
+            {
+                let stale = mv(0, Change::Crash { generation: 0, message: "old".into() }, 7);
+                loaded().into_iter().chain([stale]).collect()
+            },
+            ask(None),
+            0,
+            settled,
+        ),
+        ("torn down with nothing to give back: go", then(torn(vec![])), ask(None), 0, settled),
+        (
+            "torn down giving 4,000 back: read",
+            then(torn(vec![(0, 10_000, 4_000)])),
+            ask(None),
+            0,
+            Read,
+        ),
+        ("and wait for it", then(torn(vec![(0, 10_000, 4_000)])), ask(Some(9_000)), 0, Wait),
+        ("until it shows", then(torn(vec![(0, 10_000, 4_000)])), ask(Some(6_400)), 0, settled),
+        (
+            "a teardown that never ends: go at the deadline, not settled",
+            crashed(),
+            ask(None),
+            15,
+            Go { settled: false },
+        ),
+        ("not before", crashed(), ask(None), 14, Wait),
+    ];
+    for (name, before, command, when, expected) in rows {
+        let got =
+            answer(row(1, Rules::of(Duration::from_secs(10), 1), before, command, (t0, when)));
+        assert_eq!(got, expected, "{name}");
+    }
+    // A teardown that ran out is settled once: the next load goes settled.
+    let mut state = State::new(1, Rules::of(Duration::from_secs(10), 1));
+    for c in crashed() {
+        step(&mut state, c, t0);
+    }
+    let late = t0 + Duration::from_secs(15);
+    assert_eq!(answer(step(&mut state, ask(None), late)), Go { settled: false });
+    assert_eq!(answer(step(&mut state, ask(None), late)), settled);
+}
+
+#[test]
 fn the_deadline_is_the_last_unloads() {
     let t0 = Instant::now();
     let mut state = State::new(1, Rules::of(Duration::from_secs(10), 1));

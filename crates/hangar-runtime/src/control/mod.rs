@@ -283,6 +283,12 @@ impl Control {
         self.post(Command::Released { releases });
     }
 
+    /// `model`'s runtimes, torn down after a crash, should give back `releases` (empty:
+    /// nothing); GPU loads waited for this.
+    pub(crate) fn torn_down(&self, model: ModelId, releases: Vec<GpuRelease>) {
+        self.post(Command::TornDown { model, releases });
+    }
+
     /// How long `model` has been idle and what for, if past a timeout with nothing keeping
     /// it (`seen`: what housekeeping saw of it).
     pub(crate) async fn idle(&self, model: ModelId, seen: IdleSeen) -> Option<IdleDue> {

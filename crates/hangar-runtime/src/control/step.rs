@@ -110,7 +110,8 @@ impl<W, P> Command<W, P> {
             | Self::Move { model, .. }
             | Self::Measured { model, .. }
             | Self::Idle { model, .. }
-            | Self::Retire { model, .. } => Some(*model),
+            | Self::Retire { model, .. }
+            | Self::TornDown { model, .. } => Some(*model),
             Self::Flush { .. }
             | Self::Released { .. }
             | Self::AwaitRelease { .. }
@@ -167,6 +168,9 @@ pub(crate) enum Command<W, P = ()> {
     /// An unload of a GPU model expects, on each GPU it names, `held` MiB back from its
     /// `used_before` (`release.rs`).
     Released { releases: Vec<GpuRelease> },
+    /// The model's runtimes, torn down after a crash, should give back `releases` (empty:
+    /// nothing to wait for); see `release.rs`.
+    TornDown { model: ModelId, releases: Vec<GpuRelease> },
     /// A load of the model was measured: these figures replace the ones of the same replica
     /// count, method and override.
     Measured { model: ModelId, figures: Vec<Figure> },
@@ -256,6 +260,8 @@ pub(crate) struct State<W> {
     rules: Rules,
     /// The memory the last unloads should give back, by GPU, where it has not shown yet.
     release: release::Releases,
+    /// The teardowns after a crash not done yet.
+    tearing: release::Teardowns,
     /// Leases taken so far (numbers their ids).
     next_lease: u64,
     /// When a model's lease may expire, earliest first; a renewal leaves its old deadline
@@ -310,6 +316,7 @@ impl<W> State<W> {
             deadlines: VecDeque::new(),
             rules,
             release: Default::default(),
+            tearing: Default::default(),
             next_lease: 0,
             lease_deadlines: BinaryHeap::new(),
         }
@@ -474,6 +481,9 @@ pub(crate) fn step<W, P>(
             idle::idle(state, model, &seen, waiter, now, &mut effects);
         }
         Command::Released { releases } => release::released(state, releases, now),
+        Command::TornDown { model, releases } => {
+            release::torn_down(state, model, releases, now);
+        }
         Command::AwaitRelease { on, used, waiter } => {
             let asked = (on.as_slice(), used.as_deref());
             release::await_release(state, asked, waiter, now, &mut effects);

@@ -45,6 +45,8 @@ enum Op {
     Released(u64, u64),
     AwaitRelease(Option<u64>),
     Flush,
+    /// A crashed model's teardown ends, giving nothing back.
+    TornDown(usize),
     Advance(u64),
     /// The model leaves the config (down only, or forced).
     Retire(usize, bool),
@@ -77,6 +79,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0..10_000u64, 0..4_000u64).prop_map(|(u, h)| Op::Released(u, h)),
         proptest::option::of(0..10_000u64).prop_map(Op::AwaitRelease),
         Just(Op::Flush),
+        (0..MODELS).prop_map(Op::TornDown),
         (0..8u64).prop_map(Op::Advance),
         (m.clone(), any::<bool>()).prop_map(|(m, d)| Op::Retire(m, d)),
         m.clone().prop_map(Op::MayLoad),
@@ -340,6 +343,7 @@ proptest! {
                     Command::AwaitRelease { on: Vec::new(), used: used.map(|u| vec![(0, u)]), waiter }
                 }
                 Op::Flush => Command::Flush { waiter },
+                Op::TornDown(model) => Command::TornDown { model, releases: Vec::new() },
                 Op::Advance(s) => { now += Duration::from_secs(s); Command::Tick }
                 Op::Retire(model, down_only) => Command::Retire { model, down_only, waiter },
                 Op::MayLoad(model) => Command::MayLoad { model, explicit: true, waiter },

@@ -166,6 +166,7 @@ pub(super) fn change<W, P>(
             Err(_) => return refuse(effects, model, waiter, Stay::NotFrom(from)),
         },
     };
+    let crashed = matches!(change, Change::Crash { .. });
     if matches!(change, Change::LoadDone { failed: None } | Change::Reload | Change::Swap) {
         life.generation += 1;
     }
@@ -189,6 +190,9 @@ pub(super) fn change<W, P>(
     // The last error a failed load or a crash leaves (the lifecycle keeps the same).
     let moved = Moved { from, to, event, error, generation: life.generation };
     effects.push(Effect::Moved { model, moved, apply, waiter });
+    if crashed {
+        super::release::tearing(state, model, now);
+    }
     if let Some((kind, message)) = failure {
         quarantine::failed(state, model, (kind, message, wall_ms), now, effects);
     }

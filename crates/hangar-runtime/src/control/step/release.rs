@@ -16,7 +16,12 @@
 //!   (empty: any), with the GPUs' used memory read by the caller (`None`: not read yet):
 //!   go when nothing is pending there or every pending release came down (settled), or
 //!   when the last wait ran out (not settled: a delta measured now would be wrong); else
-//!   wait, or read the GPUs first.
+//!   wait, or read the GPUs first;
+//! - a crash decided ([`Change::Crash`](super::Change)) tears the model's runtimes down
+//!   after the move, out of the loop: until
+//!   [`Command::TornDown`](super::Command::TornDown) says what that gives back, every GPU
+//!   load waits (a woken engine that answered wrong still holds its memory, which the
+//!   model's state no longer shows), at most [`RELEASE_WAIT`] after the crash.
 
 use std::collections::BTreeMap;
 
@@ -38,6 +43,9 @@ pub(super) struct Release {
 
 /// The releases pending, by GPU.
 pub(super) type Releases = BTreeMap<u32, Release>;
+
+/// The teardowns after a crash not done yet, by model: until when each is waited for.
+pub(super) type Teardowns = BTreeMap<usize, Instant>;
 
 /// What a load waiting for a release does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +78,23 @@ pub(super) fn released<W>(state: &mut State<W>, releases: Vec<GpuRelease>, now: 
     }
 }
 
+/// A crash of `model` was decided: its teardown is awaited.
+pub(super) fn tearing<W>(state: &mut State<W>, model: usize, now: Instant) {
+    state.tearing.insert(model, now + RELEASE_WAIT);
+}
+
+/// `model`'s teardown after a crash is done, expecting `releases` (none: nothing to wait
+/// for, a dead engine's memory is gone).
+pub(super) fn torn_down<W>(
+    state: &mut State<W>,
+    model: usize,
+    releases: Vec<GpuRelease>,
+    now: Instant,
+) {
+    state.tearing.remove(&model);
+    released(state, releases, now);
+}
+
 /// Answers a load `on` some GPUs (empty: any) waiting for the releases pending there, with
 /// each GPU's `used` memory (and [`ALL_GPUS`]' sum).
 pub(super) fn await_release<W, P>(
@@ -85,7 +110,9 @@ pub(super) fn await_release<W, P>(
         .filter(|(gpu, _)| **gpu == ALL_GPUS || on.is_empty() || on.contains(gpu))
         .map(|(gpu, r)| (*gpu, *r))
         .collect();
-    let answer = match used {
+    let tearing = state.tearing.values().any(|until| now < *until);
+    let mut answer = match used {
+        _ if tearing => ReleaseAnswer::Wait,
         _ if pending.is_empty() => ReleaseAnswer::Go { settled: true },
         None => ReleaseAnswer::Read,
         Some(used) => {
@@ -102,5 +129,12 @@ pub(super) fn await_release<W, P>(
             }
         }
     };
+    // Teardowns that ran out: what they give back was never said.
+    if let ReleaseAnswer::Go { settled } = &mut answer
+        && !state.tearing.is_empty()
+    {
+        state.tearing.clear();
+        *settled = false;
+    }
     effects.push(Effect::Release { waiter, answer });
 }
