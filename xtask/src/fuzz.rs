@@ -26,8 +26,17 @@ use anyhow::{Context, Result, bail};
 use crate::fixtures::gguf::Gguf;
 
 /// The fuzz targets, as `crates/hangar-fuzz` names them.
-pub(crate) const TARGETS: [&str; 8] =
-    ["gguf", "gguf_shape", "safetensors", "digest", "config", "folder", "bodies", "event_id"];
+pub(crate) const TARGETS: [&str; 9] = [
+    "gguf",
+    "gguf_shape",
+    "safetensors",
+    "digest",
+    "config",
+    "folder",
+    "bodies",
+    "event_id",
+    "grpc",
+];
 
 /// The target triple the instrumented binaries are built for (build scripts and proc
 /// macros stay uninstrumented, as with `cargo fuzz`).
@@ -241,6 +250,7 @@ pub(crate) fn seeds(root: &Path, t: &str) -> Result<Vec<(String, Vec<u8>)>> {
             .enumerate()
             .map(|(i, id)| (i.to_string(), id.as_bytes().to_vec()))
             .collect(),
+        "grpc" => grpc_seeds(),
         other => bail!("no seeds for `{other}`"),
     };
     Ok(seeds)
@@ -308,5 +318,35 @@ fn body_seeds() -> Vec<(String, Vec<u8>)> {
             bytes.extend_from_slice(body.as_bytes());
             (pick.to_string(), bytes)
         })
+        .collect()
+}
+
+/// gRPC calls for the `grpc` target: the RPC's index (as `hangar_fuzz`'s list has them),
+/// then its protobuf message; with the index's high bit, a body of raw frames.
+fn grpc_seeds() -> Vec<(String, Vec<u8>)> {
+    /// A length-delimited protobuf field.
+    fn field(number: u8, value: &[u8]) -> Vec<u8> {
+        let mut out = vec![number << 3 | 2, u8::try_from(value.len()).expect("short")];
+        out.extend_from_slice(value);
+        out
+    }
+    let config = [field(1, b"config"), field(2, &field(3, br#"{"replicas":1}"#))].concat();
+    let calls: [(u8, Vec<u8>); 10] = [
+        (0, Vec::new()),
+        (1, Vec::new()),
+        (2, field(1, b"chat")),
+        (3, Vec::new()),
+        (4, [field(1, b"embed"), field(2, b"1")].concat()),
+        (5, vec![0x10, 1]),
+        (6, [field(2, b"cold"), field(3, &config)].concat()),
+        (7, field(2, b"cold")),
+        (8, field(1, b"chat")),
+        // A frame that says 16 bytes and holds 3, and a compressed flag with no encoding.
+        (0x80 | 2, vec![0, 0, 0, 0, 16, 0x0a, 1, b'x', 1, 0, 0, 0, 0]),
+    ];
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, (pick, message))| (i.to_string(), [vec![pick], message].concat()))
         .collect()
 }

@@ -195,10 +195,14 @@ fn with_flags(args: &ServeArgs, mut config: Config) -> Result<Config> {
 }
 
 /// The engines compiled into this build. Models of other backends fail to load with
-/// `backend_unavailable`.
-/// Engine children get the part of Hangar's environment that `children` passes.
-fn backends(children: &ChildEnv) -> Backends {
-    let bridge = |kind| BridgeBackend::new(kind).with_child_env(children.clone());
+/// `backend_unavailable`. Engine children get the part of Hangar's environment that
+/// `children` passes; bridge workers' protocol lines are bounded by `max_answer_bytes`, as
+/// forwarded answers are.
+fn backends(children: &ChildEnv, max_answer_bytes: u64) -> Backends {
+    let bridge = |kind| {
+        let bridge = BridgeBackend::new(kind).with_child_env(children.clone());
+        bridge.with_max_line_bytes(max_answer_bytes)
+    };
     let backends = Backends::new()
         .with(Arc::new(StubBackend::new()))
         .with(Arc::new(ProcessBackend::llama_server().with_child_env(children.clone())))
@@ -265,7 +269,8 @@ async fn serve(
     }
     let listeners = if config.grpc_port == 0 { 1 } else { 2 };
     crate::nofile::raise(config.connections.max_connections.get(), listeners);
-    let manager = Manager::new(&config, backends(&config.children));
+    let max_answer_bytes = config.limits.max_answer_bytes.get();
+    let manager = Manager::new(&config, backends(&config.children, max_answer_bytes));
     // NVML, initialised once; without a driver GPU telemetry says why it is unavailable.
     let gpu = hangar_gpu::probe();
     match gpu.read() {

@@ -70,6 +70,10 @@ impl Default for Timing {
     }
 }
 
+/// Default longest protocol line read from a worker: an answer of embeddings for thousands
+/// of inputs is large, and no answer is larger than the forwarded answers' bound.
+const DEFAULT_MAX_LINE_BYTES: usize = hangar_config::DEFAULT_MAX_ANSWER_BYTES as usize;
+
 /// The engine of `ct2`, `exllamav3` or `vllm` models: a Python worker per replica.
 pub struct BridgeBackend {
     kind: BackendKind,
@@ -77,6 +81,8 @@ pub struct BridgeBackend {
     program: Option<WorkerProgram>,
     prepared: OnceLock<Result<(Arc<PrivateDir>, WorkerProgram), String>>,
     timing: Timing,
+    /// Longest protocol line read from a worker.
+    max_line_bytes: usize,
 }
 
 impl BridgeBackend {
@@ -88,7 +94,16 @@ impl BridgeBackend {
             program: None,
             prepared: OnceLock::new(),
             timing: Timing::default(),
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
         }
+    }
+
+    /// The same engine reading protocol lines of at most `bytes` from its workers
+    /// (`limits.max_answer_bytes`): a worker that writes a longer one is declared dead and
+    /// its model failed, without the line held.
+    pub fn with_max_line_bytes(mut self, bytes: u64) -> Self {
+        self.max_line_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        self
     }
 
     /// The same engine running another worker program (the test worker).
@@ -127,7 +142,7 @@ impl BridgeBackend {
             };
             Ok((Arc::new(dir), program))
         });
-        prepared.clone().map_err(|message| LoadError::Failed { message })
+        prepared.clone().map_err(|message| LoadError::Refused { message })
     }
 }
 
@@ -166,10 +181,10 @@ impl Backend for BridgeBackend {
         let output = match tokio::time::timeout(CHECK_DEADLINE, output).await {
             Ok(Ok(output)) => output,
             Ok(Err(e)) => {
-                return Err(LoadError::Failed { message: format!("cannot run `{python}`: {e}") });
+                return Err(LoadError::Refused { message: format!("cannot run `{python}`: {e}") });
             }
             Err(_) => {
-                return Err(LoadError::Failed {
+                return Err(LoadError::Refused {
                     message: format!(
                         "`{python}` did not finish the package check in {CHECK_DEADLINE:?}"
                     ),
@@ -187,8 +202,8 @@ impl Backend for BridgeBackend {
                 path: field("package").unwrap_or("?").to_owned(),
                 message: message.to_owned(),
             }),
-            (_, Some(message)) => Err(LoadError::Failed { message: message.to_owned() }),
-            _ => Err(LoadError::Failed {
+            (_, Some(message)) => Err(LoadError::Refused { message: message.to_owned() }),
+            _ => Err(LoadError::Refused {
                 message: format!(
                     "the bridge worker's package check under `{python}` failed ({}): {}",
                     output.status,
@@ -203,7 +218,7 @@ impl Backend for BridgeBackend {
         let python = python(bridge_python(&model))?;
         let (dir, program) = self.prepared()?;
         let socket = dir.socket();
-        let listener = UnixListener::bind(&socket).map_err(|e| LoadError::Failed {
+        let listener = UnixListener::bind(&socket).map_err(|e| LoadError::Refused {
             message: format!("cannot listen on {}: {e}", socket.display()),
         })?;
         let socket_arg = socket.to_string_lossy().into_owned();
@@ -213,7 +228,9 @@ impl Backend for BridgeBackend {
         launch.env.extend(placed);
         let name = model.name.as_str();
         let child = self.spawner.spawn(&launch, name, replica, &logs).await.map_err(|e| {
-            LoadError::Failed { message: format!("cannot start the bridge worker `{python}`: {e}") }
+            LoadError::Refused {
+                message: format!("cannot start the bridge worker `{python}`: {e}"),
+            }
         })?;
         let child = Arc::new(child);
         let failed = |why: String| LoadError::Failed { message: format!("bridge worker: {why}") };
@@ -224,7 +241,7 @@ impl Backend for BridgeBackend {
                 }
                 status = child.wait() => return Err(failed(child.obituary(&status))),
             };
-            let session = Session::start(stream);
+            let session = Session::start_within(stream, self.max_line_bytes);
             let hello = handshake(&session).await.map_err(failed)?;
             progress.report(0.1);
             let op = Op::Load {

@@ -15,11 +15,6 @@ use crate::protocol::{Incoming, Op, Outgoing, Reply};
 /// Longest line quoted when the worker writes something that is not protocol.
 const QUOTED_BYTES: usize = 200;
 
-/// Longest protocol line read from a worker (an answer of embeddings for thousands of
-/// inputs is large; no answer of Hangar's engines is larger than the forwarded answers'
-/// default bound): a longer one is not held, and the worker is declared dead.
-pub(crate) const MAX_LINE_BYTES: usize = hangar_config::DEFAULT_MAX_ANSWER_BYTES as usize;
-
 /// A live session with one worker. Cheap to share; dies once, with a reason.
 pub(crate) struct Session {
     out: mpsc::UnboundedSender<String>,
@@ -63,12 +58,8 @@ async fn next_line_within<R: tokio::io::AsyncBufRead + Unpin>(
 }
 
 impl Session {
-    /// Starts the reader and writer tasks on `stream`.
-    pub(crate) fn start(stream: UnixStream) -> Arc<Self> {
-        Self::start_within(stream, MAX_LINE_BYTES)
-    }
-
-    /// As [`Self::start`], reading lines of at most `max_line` bytes.
+    /// Starts the reader and writer tasks on `stream`, reading lines of at most `max_line`
+    /// bytes: a longer one is not held, and the worker is declared dead.
     pub(crate) fn start_within(stream: UnixStream, max_line: usize) -> Arc<Self> {
         let (read, mut write) = stream.into_split();
         let (out, mut lines) = mpsc::unbounded_channel::<String>();

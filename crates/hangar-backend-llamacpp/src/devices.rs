@@ -44,7 +44,7 @@ pub fn ggml_devices(
 /// [`ggml_devices`] for this process: llama.cpp's devices and the environment as they are.
 ///
 /// # Errors
-/// [`LoadError::Failed`] when the placement names a GPU llama.cpp does not see.
+/// [`LoadError::Refused`] when the placement names a GPU llama.cpp does not see.
 pub(crate) fn for_placement(placement: &[u32]) -> Result<Vec<usize>, LoadError> {
     if placement.is_empty() {
         return Ok(Vec::new());
@@ -68,7 +68,7 @@ pub(crate) fn for_placement(placement: &[u32]) -> Result<Vec<usize>, LoadError> 
     }
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok().and_then(|v| cuda_indices(&v));
     ggml_devices(placement, visible.as_deref(), &gpus)
-        .map_err(|message| LoadError::Failed { message })
+        .map_err(|message| LoadError::Refused { message })
 }
 
 #[cfg(test)]

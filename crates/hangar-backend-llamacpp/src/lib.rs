@@ -164,7 +164,7 @@ impl LlamaCppBackend {
     ) -> Result<Arc<LlamaCppRuntime>, LoadError> {
         let model = &request.model;
         if model.backend != BackendKind::LlamaCpp {
-            return Err(LoadError::Failed {
+            return Err(LoadError::Refused {
                 message: format!("llama_cpp backend cannot load a {} model", model.backend),
             });
         }
@@ -209,7 +209,7 @@ impl LlamaCppBackend {
         let thread = std::thread::Builder::new()
             .name(format!("llama-{}-{}", model.name, request.replica))
             .spawn(move || worker::run(&llama, spec, shared, ready_tx, receiver))
-            .map_err(|e| LoadError::Failed { message: format!("cannot spawn worker: {e}") })?;
+            .map_err(|e| LoadError::Refused { message: format!("cannot spawn worker: {e}") })?;
         let (info, weights) = match ready_rx.await {
             Ok(Ok(ready)) => ready,
             Ok(Err(e)) => {

@@ -26,7 +26,7 @@ const FLASH_ATTN_ENABLED: i32 = 1;
 /// `main_gpu` 0 of the list), several split it by layers.
 ///
 /// # Errors
-/// [`LoadError::Failed`] when llama.cpp refuses the device list.
+/// [`LoadError::Refused`] when llama.cpp refuses the device list.
 pub(crate) fn model_params(
     settings: &LlamaCppSettings,
     devices: &[usize],
@@ -40,7 +40,7 @@ pub(crate) fn model_params(
     if devices.is_empty() {
         return Ok(params);
     }
-    let params = params.with_devices(devices).map_err(|e| LoadError::Failed {
+    let params = params.with_devices(devices).map_err(|e| LoadError::Refused {
         message: format!("llama.cpp refused the devices {devices:?}: {e}"),
     })?;
     Ok(if devices.len() == 1 {

@@ -18,7 +18,7 @@ pub use hangar_supervisor::{Launch, find_program};
 ///
 /// # Errors
 /// [`LoadError::NotFound`] when the binary or a model file does not exist;
-/// [`LoadError::Failed`] for a model of another backend.
+/// [`LoadError::Refused`] for a model of another backend.
 pub fn llama_server(
     model: &ModelConfig,
     replica: u32,
@@ -33,7 +33,7 @@ pub fn llama_server(
         "llama_server_binary_path",
         "in a Hangar checkout, `cargo xtask llama-server` builds one",
     )?;
-    let path = model.model_path.as_deref().ok_or_else(|| LoadError::Failed {
+    let path = model.model_path.as_deref().ok_or_else(|| LoadError::Refused {
         message: format!("model '{}' has no model_path", model.name),
     })?;
     for (field, file) in [
@@ -100,14 +100,16 @@ pub fn llama_server(
     })
 }
 
-/// `vllm serve` for `model`, listening on `port` (as [`llama_server`]), or on `socket` when
-/// the model sleeps (`vllm_enable_sleep_mode`): vLLM's sleep routes exist only in its
-/// development mode and take no key, so the child then listens on a Unix socket in a
-/// directory only Hangar's user can enter, never on a port.
+/// `vllm serve` for `model`, listening on `socket`, a Unix socket in a directory only
+/// Hangar's user can enter, unless the model names a `vllm_host` or `vllm_port` (then there,
+/// as [`llama_server`]). vLLM's `--api-key` guards its `/v1` routes alone — `/tokenize`,
+/// `/pooling`, `/v2/rerank` and `/metrics` answer anyone who reaches the port — and its
+/// sleep routes (`vllm_enable_sleep_mode`) exist only in its development mode and take no
+/// key: on the socket, every route is the child's and Hangar's alone.
 ///
 /// # Errors
-/// [`LoadError::NotFound`] when the binary does not exist; [`LoadError::Failed`] without a
-/// model to serve, or for a model that sleeps without a socket.
+/// [`LoadError::NotFound`] when the binary does not exist; [`LoadError::Refused`] without a
+/// model to serve, or for a model that listens on a socket without one.
 pub fn vllm_serve(
     model: &ModelConfig,
     replica: u32,
@@ -123,20 +125,21 @@ pub fn vllm_serve(
         "vllm_binary_path",
         "install vLLM (`pip install vllm`) on a machine with a GPU",
     )?;
-    let target = vllm_target(model).ok_or_else(|| LoadError::Failed {
+    let target = vllm_target(model).ok_or_else(|| LoadError::Refused {
         message: format!(
             "model '{}' needs vllm_model or model_path: what `vllm serve` loads",
             model.name
         ),
     })?;
     let sleeps = engine.sleeps();
-    if sleeps && socket.is_none() {
-        return Err(LoadError::Failed {
-            message: format!("model '{}' sleeps, and its child needs a Unix socket", model.name),
+    let socket = socket.filter(|_| on_socket(serve));
+    if on_socket(serve) && socket.is_none() {
+        return Err(LoadError::Refused {
+            message: format!("model '{}': its child needs a Unix socket", model.name),
         });
     }
     if target.starts_with('-') {
-        return Err(LoadError::Failed {
+        return Err(LoadError::Refused {
             message: format!(
                 "model '{}': what `vllm serve` loads ({target:?}) must not start with `-`",
                 model.name
@@ -150,7 +153,6 @@ pub fn vllm_serve(
     // its own element would be followed by whatever came next).
     let mut args = Args::joined();
     args.0.extend(["serve".to_owned(), target.to_owned()]);
-    let socket = socket.filter(|_| sleeps);
     match socket {
         Some(socket) => args.push2("--uds", socket.display()),
         None => {
@@ -196,6 +198,12 @@ pub fn vllm_serve(
     })
 }
 
+/// Whether a `vllm_serve` child listens on a private Unix socket: unless the operator named
+/// its host or port (a model that sleeps may name neither).
+pub(crate) fn on_socket(serve: &VllmServeSettings) -> bool {
+    serve.vllm_host.is_none() && serve.vllm_port.is_none()
+}
+
 /// Whether `args` set one of `flags` (as `--flag value` or `--flag=value`).
 fn has_flag(args: &[String], flags: &[&str]) -> bool {
     args.iter().any(|a| flags.contains(&a.split_once('=').map_or(a.as_str(), |(flag, _)| flag)))
@@ -205,13 +213,13 @@ fn has_flag(args: &[String], flags: &[&str]) -> bool {
 /// want to reach the engine directly), else 32 random bytes in hex, made for this child alone.
 ///
 /// # Errors
-/// [`LoadError::Failed`] when the system has no randomness to give.
+/// [`LoadError::Refused`] when the system has no randomness to give.
 fn child_key(configured: Option<&hangar_config::Secret>) -> Result<String, LoadError> {
     if let Some(key) = configured {
         return Ok(key.expose().to_owned());
     }
     let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| LoadError::Failed {
+    getrandom::fill(&mut bytes).map_err(|e| LoadError::Refused {
         message: format!("no random bytes for the engine's API key: {e}"),
     })?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
@@ -298,7 +306,7 @@ fn switch(s: Switch) -> &'static str {
 }
 
 fn wrong_backend(model: &ModelConfig) -> LoadError {
-    LoadError::Failed { message: format!("model '{}' uses backend {}", model.name, model.backend) }
+    LoadError::Refused { message: format!("model '{}' uses backend {}", model.name, model.backend) }
 }
 
 /// `program` itself when it names a path, else its first match on `PATH`.

@@ -19,9 +19,9 @@
 //! - every child under the one supervisor of `hangar-supervisor` ([`Spawner`], [`Child`]);
 //! - [`DISPATCH_AHEAD`]: these engines queue requests themselves, so the scheduler hands
 //!   each replica two requests beyond its in-flight target;
-//! - vLLM's sleep mode for `vllm_serve` children (`vllm_enable_sleep_mode`): its sleep and
-//!   wake-up routes, on a child that listens on a Unix socket in a private directory
-//!   (those routes take no key).
+//! - `vllm_serve` children on a Unix socket in a private directory unless their host or port
+//!   is configured (vLLM's key guards only `/v1`), and vLLM's sleep mode
+//!   (`vllm_enable_sleep_mode`): its sleep and wake-up routes, which take no key.
 
 pub mod launch;
 mod owner;
@@ -126,6 +126,11 @@ impl ProcessBackend {
         saved::SavedSlots::open(root, model.name.as_str(), Path::new(file), launch, slots)
     }
 
+    /// Whether `model`'s children listen on a private socket (`launch::on_socket`).
+    fn on_socket(&self, model: &ModelConfig) -> bool {
+        matches!(&model.settings, BackendSettings::VllmServe { serve, .. } if launch::on_socket(serve))
+    }
+
     /// Whether `model`'s children can sleep: `vllm_serve` with vLLM's sleep mode.
     fn sleeps(&self, model: &ModelConfig) -> bool {
         matches!(&model.settings, BackendSettings::VllmServe { engine, .. } if engine.sleeps())
@@ -143,9 +148,9 @@ impl ProcessBackend {
         prompt_cache: Option<&hangar_backend::PromptCacheRoot>,
     ) -> Result<Started, LoadError> {
         let name = model.name.as_str();
-        // A child that sleeps listens on a socket in a directory of its own (0700), removed
-        // with the runtime.
-        let (dir, socket) = match self.sleeps(model) {
+        // A `vllm serve` child listens on a socket in a directory of its own (0700), removed
+        // with the runtime, unless its host or port is configured.
+        let (dir, socket) = match self.on_socket(model) {
             true => socket_dir().map(|(dir, socket)| (Some(dir), Some(socket)))?,
             false => (None, None),
         };
@@ -161,12 +166,12 @@ impl ProcessBackend {
             // The child serves the model's name alone: a request naming an alias is renamed.
             let rename = launch::served_name(model);
             let mut upstream = Upstream::new(launch.base_url(), launch.api_key.as_deref(), rename)
-                .map_err(|message| LoadError::Failed { message })?;
+                .map_err(|message| LoadError::Refused { message })?;
             if let Some(socket) = &launch.socket {
                 upstream = upstream.on_socket(socket.clone());
             }
             let child = self.spawner.spawn(&launch, name, replica, logs).await.map_err(|e| {
-                LoadError::Failed { message: format!("cannot start `{}`: {e}", launch.program) }
+                LoadError::Refused { message: format!("cannot start `{}`: {e}", launch.program) }
             })?;
             let child = Arc::new(child);
             let limit = model.load_timeout();
@@ -275,7 +280,8 @@ impl Backend for ProcessBackend {
         if let Some(socket) = &launch.socket {
             details.insert("socket".into(), Value::from(socket.display().to_string()));
         }
-        let sleep = dir.is_some().then(|| SleepRoutes::new(model.load_timeout()));
+        let sleeps = self.sleeps(&model) && dir.is_some();
+        let sleep = sleeps.then(|| SleepRoutes::new(model.load_timeout()));
         let engine = Engine {
             child,
             stopping,
@@ -319,7 +325,7 @@ impl Backend for RemoteBackend {
     async fn load(&self, request: LoadRequest) -> Result<Arc<dyn Runtime>, LoadError> {
         let model = &request.model;
         let BackendSettings::OpenaiRemote(s) = &model.settings else {
-            return Err(LoadError::Failed {
+            return Err(LoadError::Refused {
                 message: format!("model '{}' is not openai_remote", model.name),
             });
         };
@@ -327,7 +333,7 @@ impl Backend for RemoteBackend {
         let base = base.trim_end_matches('/').to_owned();
         let api_key = match (&s.openai_api_key, &s.openai_api_key_env) {
             (Some(key), _) => Some(key.expose().to_owned()),
-            (None, Some(var)) => Some(std::env::var(var).map_err(|_| LoadError::Failed {
+            (None, Some(var)) => Some(std::env::var(var).map_err(|_| LoadError::Refused {
                 message: format!(
                     "openai_api_key_env names `{var}`, which is not set in Hangar's environment"
                 ),
@@ -338,7 +344,8 @@ impl Backend for RemoteBackend {
         // request naming an alias is renamed to that.
         let remote = s.openai_model.clone().unwrap_or_else(|| model.name.to_string());
         let rename = (remote != model.name.as_str() || !model.aliases.is_empty()).then_some(remote);
-        let failed = |message: String| LoadError::Failed { message };
+        // A remote server's answer is not cured by evicting local models.
+        let failed = |message: String| LoadError::Refused { message };
         let upstream = Upstream::new(base.clone(), api_key.as_deref(), rename)
             .map_err(|why| failed(format!("openai_base_url: {why}")))?;
         let url = format!("{base}/models");
@@ -384,5 +391,5 @@ fn free_port() -> Result<u16, LoadError> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| LoadError::Failed { message: format!("no free loopback port: {e}") })
+        .map_err(|e| LoadError::Refused { message: format!("no free loopback port: {e}") })
 }

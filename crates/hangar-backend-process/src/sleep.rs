@@ -37,9 +37,9 @@ const SOCKET_PATH_MAX: usize = 107;
 /// directory; removed when dropped, or by the next `hangard` when this one was killed).
 ///
 /// # Errors
-/// [`LoadError::Failed`] when it cannot be created, or its socket's path would be too long.
+/// [`LoadError::Refused`] when it cannot be created, or its socket's path would be too long.
 pub(crate) fn socket_dir() -> Result<(PrivateDir, PathBuf), LoadError> {
-    let failed = |message: String| LoadError::Failed { message };
+    let failed = |message: String| LoadError::Refused { message };
     let dir = PrivateDir::create()
         .map_err(|e| failed(format!("cannot create the directory of the child's socket: {e}")))?;
     let socket = dir.socket();

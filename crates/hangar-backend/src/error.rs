@@ -13,10 +13,19 @@ pub enum LoadError {
         /// Details.
         message: String,
     },
-    /// The engine refused or failed to load the model (bad file, out of memory, …).
+    /// The engine ran and failed to load the model (out of memory, a file it cannot read,
+    /// …): the one failure evicting other models may cure.
     #[error("load failed: {message}")]
     Failed {
         /// The engine's reason.
+        message: String,
+    },
+    /// Hangar's own checks refused the load before any engine ran (a file that is not the
+    /// weights it claims, a missing engine package, a program that cannot start, arguments
+    /// or a placement Hangar refuses): evicting other models cannot help.
+    #[error("load failed (refused before any engine ran): {message}")]
+    Refused {
+        /// What Hangar found.
         message: String,
     },
     /// Another process listens on the engine's port: what answered there was not the engine
@@ -42,10 +51,11 @@ impl LoadError {
         matches!(self, Self::NotFound { .. })
     }
 
-    /// Whether evicting other models could let a second try succeed: not when the artifact
-    /// is missing or another process holds the engine's port.
+    /// Whether evicting other models could let a second try succeed: only when the engine
+    /// ran and failed ([`Self::Failed`]); not when the artifact is missing, Hangar refused
+    /// the load before any engine ran, or another process holds the engine's port.
     pub fn eviction_may_help(&self) -> bool {
-        !matches!(self, Self::NotFound { .. } | Self::PortTaken { .. })
+        matches!(self, Self::Failed { .. })
     }
 }
 

@@ -33,7 +33,8 @@ use tokio::sync::mpsc;
 pub use error::{LoadError, RuntimeError};
 pub use forward::{ForwardRequest, ForwardResponse, ForwardRoute};
 pub use logs::{
-    LOG_CAPACITY, LOG_MAX_BYTES, LOG_MAX_LINE_BYTES, LogLine, LogStream, ModelLogs, cut_line,
+    LOG_CAPACITY, LOG_MAX_BYTES, LOG_MAX_LINE_BYTES, LogBounds, LogLine, LogStream, ModelLogs,
+    cut_line,
 };
 pub use types::*;
 

@@ -11,20 +11,37 @@ use tokio::sync::broadcast;
 /// Lines a model's log keeps; older lines are dropped first.
 pub const LOG_CAPACITY: usize = 2_000;
 
-/// Bytes of text a model's log keeps, all lines together; older lines are dropped first.
-pub const LOG_MAX_BYTES: usize = 4 << 20;
+/// Default bytes of text a model's log keeps, all lines together
+/// (`limits.max_log_bytes`); older lines are dropped first.
+pub const LOG_MAX_BYTES: usize = hangar_config::DEFAULT_MAX_LOG_BYTES as usize;
 
-/// Longest line kept, in bytes: the rest of a longer one is dropped and the line marked
-/// (a child's output readers cut lines as they read them, before they are whole in memory).
-pub const LOG_MAX_LINE_BYTES: usize = 16 << 10;
+/// Default longest line kept, in bytes (`limits.max_log_line_bytes`): the rest of a longer
+/// one is dropped and the line marked (a child's output readers cut lines as they read
+/// them, before they are whole in memory).
+pub const LOG_MAX_LINE_BYTES: usize = hangar_config::DEFAULT_MAX_LOG_LINE_BYTES as usize;
 
-/// `line` cut to [`LOG_MAX_LINE_BYTES`] on a char boundary, marked with how much was cut
-/// (`dropped` bytes were already left out by the reader).
-pub fn cut_line(line: &str, dropped: usize) -> String {
-    if line.len() <= LOG_MAX_LINE_BYTES && dropped == 0 {
+/// What a model's log keeps: its longest line and all its lines' bytes together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogBounds {
+    /// Longest line kept, in bytes; a longer one is cut and marked.
+    pub max_line_bytes: usize,
+    /// Bytes of text kept, all lines together; older lines are dropped first.
+    pub max_bytes: usize,
+}
+
+impl Default for LogBounds {
+    fn default() -> Self {
+        Self { max_line_bytes: LOG_MAX_LINE_BYTES, max_bytes: LOG_MAX_BYTES }
+    }
+}
+
+/// `line` cut to `max` bytes on a char boundary, marked with how much was cut (`dropped`
+/// bytes were already left out by the reader).
+pub fn cut_line(line: &str, dropped: usize, max: usize) -> String {
+    if line.len() <= max && dropped == 0 {
         return line.to_owned();
     }
-    let mut end = line.len().min(LOG_MAX_LINE_BYTES);
+    let mut end = line.len().min(max);
     while !line.is_char_boundary(end) {
         end -= 1;
     }
@@ -59,7 +76,7 @@ pub struct LogLine {
 }
 
 /// The log of one model: the last [`LOG_CAPACITY`] lines of all its replicas, across
-/// loads, plus a live feed for followers. Cheap to clone (shared).
+/// loads, within its [`LogBounds`], plus a live feed for followers. Cheap to clone (shared).
 ///
 /// A model that never logs costs one small allocation: the lines grow as they come, and the
 /// live feed (a channel of [`LIVE_CAPACITY`] slots) exists only while someone follows; it
@@ -75,6 +92,7 @@ struct Log {
     lines: VecDeque<LogLine>,
     /// Bytes of text in `lines`.
     bytes: usize,
+    bounds: LogBounds,
     /// The live feed, while anyone follows.
     live: Option<broadcast::Sender<LogLine>>,
 }
@@ -84,27 +102,40 @@ impl ModelLogs {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Appends a line stamped now (cut to [`LOG_MAX_LINE_BYTES`]), dropping the oldest
-    /// while the log holds [`LOG_CAPACITY`] lines or [`LOG_MAX_BYTES`] bytes, and sends it to
+    /// An empty log within `bounds` (a default one is within [`LogBounds::default`]).
+    pub fn bounded(bounds: LogBounds) -> Self {
+        Self(Arc::new(Mutex::new(Log { bounds, ..Log::default() })))
+    }
+
+    /// The longest line this log keeps, in bytes: what a reader of a child's output needs
+    /// to hold of one.
+    pub fn max_line_bytes(&self) -> usize {
+        self.lock().bounds.max_line_bytes
+    }
+
+    /// Appends a line stamped now (cut to the longest line kept), dropping the oldest
+    /// while the log holds [`LOG_CAPACITY`] lines or its bytes bound, and sends it to
     /// followers.
     pub fn push(&self, replica: u32, stream: LogStream, line: impl Into<String>) {
         let text: String = line.into();
-        let text = if text.len() > LOG_MAX_LINE_BYTES { cut_line(&text, 0) } else { text };
+        let max = self.max_line_bytes();
+        let text = if text.len() > max { cut_line(&text, 0, max) } else { text };
         self.append(replica, stream, text);
     }
 
     /// Appends `line`, of which a reader already left `dropped` bytes out, cut and marked
     /// as [`Self::push`] does.
     pub fn push_cut(&self, replica: u32, stream: LogStream, line: &str, dropped: usize) {
-        self.append(replica, stream, cut_line(line, dropped));
+        self.append(replica, stream, cut_line(line, dropped, self.max_line_bytes()));
     }
 
     fn append(&self, replica: u32, stream: LogStream, text: String) {
         let timestamp = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
         let line = LogLine { timestamp, replica, stream, line: text };
         let mut log = self.lock();
+        let max_bytes = log.bounds.max_bytes;
         while log.lines.len() == LOG_CAPACITY
-            || (!log.lines.is_empty() && log.bytes + line.line.len() > LOG_MAX_BYTES)
+            || (!log.lines.is_empty() && log.bytes + line.line.len() > max_bytes)
         {
             let Some(old) = log.lines.pop_front() else { break };
             log.bytes -= old.line.len();
@@ -194,11 +225,24 @@ mod tests {
         assert!(line.starts_with(&"x".repeat(LOG_MAX_LINE_BYTES)));
         // A cut never splits a character.
         let wide = "é".repeat(LOG_MAX_LINE_BYTES);
-        let cut = cut_line(&wide, 7);
+        let cut = cut_line(&wide, 7, LOG_MAX_LINE_BYTES);
         assert!(
             cut.ends_with(&format!("[{} more bytes cut]", wide.len() - LOG_MAX_LINE_BYTES + 7))
         );
-        assert_eq!(cut_line("short", 0), "short");
+        assert_eq!(cut_line("short", 0, LOG_MAX_LINE_BYTES), "short");
+    }
+
+    #[test]
+    fn a_log_keeps_the_bounds_it_was_given() {
+        let logs = ModelLogs::bounded(LogBounds { max_line_bytes: 10, max_bytes: 25 });
+        assert_eq!(logs.max_line_bytes(), 10);
+        logs.push(0, LogStream::Stdout, "0123456789abc");
+        assert_eq!(logs.tail(1)[0].line, "0123456789 … [3 more bytes cut]");
+        for i in 0..5 {
+            logs.push(0, LogStream::Stdout, format!("line {i}"));
+        }
+        let kept: Vec<String> = logs.tail(usize::MAX).into_iter().map(|l| l.line).collect();
+        assert_eq!(kept, ["line 1", "line 2", "line 3", "line 4"], "24 bytes of at most 25");
     }
 
     #[tokio::test]

@@ -90,8 +90,9 @@ pub use kinds::{BackendKind, Device, GgmlType, ModelType, PromptFormat, SpecType
 pub use lemonade::{LemonadeArg, LemonadeArgs, Mapped};
 pub use limits::{
     DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_EMBEDDING_INPUTS, DEFAULT_MAX_LEASES_PER_MODEL,
-    DEFAULT_MAX_MESSAGES, DEFAULT_MAX_RERANK_DOCUMENTS, DEFAULT_MAX_STOP_SEQUENCE_BYTES,
-    DEFAULT_MAX_STOP_SEQUENCES, DEFAULT_MAX_TOOLS, Limits,
+    DEFAULT_MAX_LOG_BYTES, DEFAULT_MAX_LOG_LINE_BYTES, DEFAULT_MAX_MESSAGES,
+    DEFAULT_MAX_RERANK_DOCUMENTS, DEFAULT_MAX_STOP_SEQUENCE_BYTES, DEFAULT_MAX_STOP_SEQUENCES,
+    DEFAULT_MAX_TOOLS, Limits,
 };
 pub use load_fields::{
     LOAD_FIELDS, LoadField, LoadValueType, context_size_field, load_constraints, load_field,

@@ -33,6 +33,11 @@ pub const DEFAULT_MAX_TOOLS: u32 = 512;
 /// Default `limits.max_answer_bytes`, 256 MiB: above the largest answer the other caps let a
 /// request ask for (4,096 embeddings of 4,096 dimensions in JSON, about 200 MB).
 pub const DEFAULT_MAX_ANSWER_BYTES: u64 = 256 * 1024 * 1024;
+/// Default `limits.max_log_line_bytes`, 16 KiB: longer than any line an engine prints about
+/// itself, far shorter than a prompt echoed whole.
+pub const DEFAULT_MAX_LOG_LINE_BYTES: u64 = 16 << 10;
+/// Default `limits.max_log_bytes`, 4 MiB a model.
+pub const DEFAULT_MAX_LOG_BYTES: u64 = 4 << 20;
 /// Default `limits.max_leases_per_model`.
 pub const DEFAULT_MAX_LEASES_PER_MODEL: u32 = 64;
 
@@ -75,6 +80,15 @@ pub(crate) struct LimitsFields {
     /// with an error event). No deadline when unset.
     #[schemars(range(min = 1))]
     request_timeout_s: Option<u64>,
+    /// Longest line of an engine's output (a child's stdout or stderr) kept in the model's
+    /// log, in bytes: the rest of a longer one is dropped as it is read and the line ends
+    /// with `… [N more bytes cut]`. Default 16384.
+    #[schemars(range(min = 1))]
+    max_log_line_bytes: Option<u64>,
+    /// Bytes of text each model's log keeps, all lines together (older lines go first; at
+    /// most 2,000 lines either way). At least `max_log_line_bytes`. Default 4194304 (4 MiB).
+    #[schemars(range(min = 1))]
+    max_log_bytes: Option<u64>,
 }
 
 impl Section for LimitsFields {
@@ -90,6 +104,11 @@ impl Section for LimitsFields {
         p.at_least("max_leases_per_model", self.max_leases_per_model, 1);
         p.at_least("request_timeout_s", self.request_timeout_s, 1);
         p.at_least("max_answer_bytes", self.max_answer_bytes, 1);
+        p.at_least("max_log_line_bytes", self.max_log_line_bytes, 1);
+        let line = self.max_log_line_bytes.unwrap_or(DEFAULT_MAX_LOG_LINE_BYTES);
+        if self.max_log_bytes.is_some_and(|total| total < line) {
+            p.push("max_log_bytes", format!("must be >= max_log_line_bytes ({line})"));
+        }
     }
 }
 
@@ -115,6 +134,10 @@ pub struct Limits {
     pub request_timeout: Option<Duration>,
     /// Largest answer read whole from a forwarding engine, in bytes.
     pub max_answer_bytes: NonZeroU64,
+    /// Longest line of an engine's output a model's log keeps, in bytes.
+    pub max_log_line_bytes: NonZeroU64,
+    /// Bytes of text a model's log keeps, all lines together.
+    pub max_log_bytes: NonZeroU64,
 }
 
 impl Default for Limits {
@@ -129,6 +152,9 @@ impl From<LimitsFields> for Limits {
         let cap = |v: Option<u32>, default: u32| {
             v.and_then(NonZeroU32::new).or(NonZeroU32::new(default)).unwrap_or(NonZeroU32::MIN)
         };
+        let bytes = |v: Option<u64>, default: u64| {
+            v.and_then(NonZeroU64::new).or(NonZeroU64::new(default)).unwrap_or(NonZeroU64::MIN)
+        };
         Self {
             max_embedding_inputs: cap(f.max_embedding_inputs, DEFAULT_MAX_EMBEDDING_INPUTS),
             max_rerank_documents: cap(f.max_rerank_documents, DEFAULT_MAX_RERANK_DOCUMENTS),
@@ -141,11 +167,9 @@ impl From<LimitsFields> for Limits {
             max_tools: cap(f.max_tools, DEFAULT_MAX_TOOLS),
             max_leases_per_model: cap(f.max_leases_per_model, DEFAULT_MAX_LEASES_PER_MODEL),
             request_timeout: f.request_timeout_s.filter(|&s| s > 0).map(Duration::from_secs),
-            max_answer_bytes: f
-                .max_answer_bytes
-                .and_then(NonZeroU64::new)
-                .or(NonZeroU64::new(DEFAULT_MAX_ANSWER_BYTES))
-                .unwrap_or(NonZeroU64::MIN),
+            max_answer_bytes: bytes(f.max_answer_bytes, DEFAULT_MAX_ANSWER_BYTES),
+            max_log_line_bytes: bytes(f.max_log_line_bytes, DEFAULT_MAX_LOG_LINE_BYTES),
+            max_log_bytes: bytes(f.max_log_bytes, DEFAULT_MAX_LOG_BYTES),
         }
     }
 }
@@ -163,6 +187,8 @@ impl Limits {
             "max_leases_per_model": self.max_leases_per_model,
             "request_timeout_s": self.request_timeout.map(|d| d.as_secs()),
             "max_answer_bytes": self.max_answer_bytes,
+            "max_log_line_bytes": self.max_log_line_bytes,
+            "max_log_bytes": self.max_log_bytes,
         })
     }
 }

@@ -226,9 +226,12 @@ pub struct VllmServeSettings {
     pub vllm_library_path: Option<String>,
     /// Extra environment variables for the child.
     pub vllm_env: Option<BTreeMap<String, String>>,
-    /// Address the child listens on; 127.0.0.1 when unset.
+    /// Address the child listens on (127.0.0.1 when only `vllm_port` is set). With neither
+    /// set, the child listens on a Unix socket in a private directory: vLLM's key guards
+    /// only its `/v1` routes, and no other local user reaches the rest.
     pub vllm_host: Option<String>,
-    /// Port the child listens on; a free port when unset.
+    /// Port the child listens on (a free port when only `vllm_host` is set); see
+    /// `vllm_host`.
     pub vllm_port: Option<u16>,
     /// API key the child requires.
     pub vllm_api_key: Option<Secret>,

@@ -33,8 +33,9 @@
 //!   split), evicts only on the GPUs that need room, and refuses with a per-GPU shortfall
 //!   before evicting anything when no placement fits (`place.rs` states the rule).
 //! - **Load failure** ([`plan_retry_after_failure`]). A not-found failure evicts nothing
-//!   and is not retried; any other failure evicts every other loaded model, of every type,
-//!   and the load is retried once ([`EvictionReason::LoadFailureRetry`]).
+//!   and is not retried; any other failure evicts every other loaded model on the failed
+//!   one's devices, of every type, and the load is retried once
+//!   ([`EvictionReason::LoadFailureRetry`]).
 //!
 //! ```
 //! use std::time::{Duration, Instant};

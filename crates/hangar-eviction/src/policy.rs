@@ -161,19 +161,22 @@ fn fit_memory(mut plan: EvictionPlan, loaded: &[LoadedModel], memory: &Memory) -
 ///
 /// `None`: do not retry — the failure was [`LoadFailure::NotFound`], which evicting cannot
 /// fix; evict nothing and fail at once. `Some(plan)`: evict every loaded model except
-/// `failed` itself and held ones, of every type, least recently used first
+/// `failed` itself and held ones, of every type, on a device `failed` occupies (a CPU
+/// model's failure evicts no model on a GPU alone), least recently used first
 /// ([`EvictionReason::LoadFailureRetry`]; busy ones marked [`Victim::wait_for_drain`]),
 /// then retry the load once.
 pub fn plan_retry_after_failure(
     loaded: &[LoadedModel],
-    failed: &ModelName,
+    failed: &Incoming,
     failure: LoadFailure,
 ) -> Option<EvictionPlan> {
     match failure {
         LoadFailure::NotFound => None,
         LoadFailure::Other => {
-            let mut others: Vec<&LoadedModel> =
-                loaded.iter().filter(|m| m.name != *failed && !m.held).collect();
+            let mut others: Vec<&LoadedModel> = loaded
+                .iter()
+                .filter(|m| m.name != failed.name && !m.held && m.device.intersects(failed.device))
+                .collect();
             others.sort_by(|a, b| lru(a, b));
             let victims = others
                 .into_iter()

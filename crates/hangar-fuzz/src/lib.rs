@@ -10,6 +10,7 @@
 //! contradicts the input, or a hang is.
 
 mod folder;
+mod grpc;
 mod server;
 mod weights;
 
@@ -65,6 +66,11 @@ pub const TARGETS: &[Target] = &[
         name: "event_id",
         reads: "a `Last-Event-ID` for the admin event stream",
         check: server::event_id,
+    },
+    Target {
+        name: "grpc",
+        reads: "a KServe v2 gRPC call: its RPC and message, decoded behind the gate",
+        check: grpc::grpc,
     },
 ];
 

@@ -14,20 +14,20 @@ use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 
 /// The longest one request may take: a request that waits longer is a hang.
-const PATIENCE: Duration = Duration::from_secs(10);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Configured model names, also the `{name}` of the routes.
 const MODELS: [&str; 4] = ["chat", "embed", "rerank", "cold"];
 
 /// One thread's service, its runtime, and the POST routes that take a JSON body.
-struct Harness {
-    runtime: tokio::runtime::Runtime,
-    service: HangarService,
+pub(crate) struct Harness {
+    pub(crate) runtime: tokio::runtime::Runtime,
+    pub(crate) service: HangarService,
     routes: Vec<String>,
 }
 
 thread_local! {
-    static HARNESS: Harness = Harness::new();
+    pub(crate) static HARNESS: Harness = Harness::new();
 }
 
 impl Harness {

@@ -4,7 +4,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
-use hangar_backend::{Capabilities, ModelLogs};
+use hangar_backend::{Capabilities, LogBounds, ModelLogs};
 use hangar_config::LoadOverride;
 use hangar_config::ModelConfig;
 use hangar_lifecycle::{Lifecycle, LifecycleEvent, ModelState};
@@ -91,12 +91,22 @@ pub(crate) struct Slot {
     pub(crate) pending: Option<Arc<ModelConfig>>,
 }
 
+/// What each model's log keeps (`limits.max_log_line_bytes`, `limits.max_log_bytes`).
+pub(crate) fn log_bounds(limits: &hangar_config::Limits) -> LogBounds {
+    let bytes = |v: std::num::NonZeroU64| usize::try_from(v.get()).unwrap_or(usize::MAX);
+    LogBounds {
+        max_line_bytes: bytes(limits.max_log_line_bytes),
+        max_bytes: bytes(limits.max_log_bytes),
+    }
+}
+
 impl ModelEntry {
     pub(crate) fn new(
         config: ModelConfig,
         position: usize,
         capabilities: Arc<Capabilities>,
         idle_default: Option<NonZeroU32>,
+        logs: LogBounds,
     ) -> Self {
         let idle_timeout = config.idle_unload_seconds.or(idle_default);
         let config = Arc::new(config);
@@ -125,7 +135,7 @@ impl ModelEntry {
             position,
             artifacts,
             idle_timeout,
-            logs: ModelLogs::default(),
+            logs: ModelLogs::bounded(logs),
             interrupts: Interrupts::default(),
             start_up: Default::default(),
             waking: Default::default(),

@@ -170,6 +170,20 @@ pub enum ManagerError {
         /// What it needs, what is free and missing, and who holds the memory.
         shortfall: Box<hangar_eviction::VramShortfall>,
     },
+    /// A load on demand of a model whose last load failed inside its engine after every model
+    /// that may be evicted on its devices was evicted, with nothing freed since: refused at
+    /// once, nothing evicted (`control/step/exhaust.rs`).
+    #[error(
+        "model '{model}' is not loaded on demand: its last load failed after every model that may be evicted on its devices was evicted, and nothing was unloaded since ({last_error}); unload a model or load it explicitly to try again"
+    )]
+    LoadExhausted {
+        /// The model that was to load.
+        model: String,
+        /// It loads on a GPU (else in host memory).
+        gpu: bool,
+        /// Its last load's error.
+        last_error: String,
+    },
     /// A model on the CPU does not fit in the host-memory budget (`ram_budget`) even after
     /// evicting every model that may be evicted; nothing was evicted.
     #[error(
@@ -374,6 +388,8 @@ impl ManagerError {
             Self::SlotsPinned { .. } => ErrorCode::SlotsPinned,
             Self::InsufficientVram { .. } => ErrorCode::InsufficientVram,
             Self::InsufficientMemory { .. } => ErrorCode::InsufficientMemory,
+            Self::LoadExhausted { gpu: true, .. } => ErrorCode::InsufficientVram,
+            Self::LoadExhausted { gpu: false, .. } => ErrorCode::InsufficientMemory,
             Self::Quarantined { .. } => ErrorCode::ModelQuarantined,
             Self::WouldPause { .. } => ErrorCode::WouldPause,
             Self::Runtime(e) => match e {

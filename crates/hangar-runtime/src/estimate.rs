@@ -1,5 +1,6 @@
 //! VRAM figures derived before any load: the size of a model's files, and for GGUF models
-//! the weights plus the KV cache the configured context and cache types take.
+//! the weights plus the KV cache the configured context and cache types take; and the
+//! check that a GGUF model's file is one, before an engine is asked to load it.
 
 use std::path::Path;
 
@@ -44,6 +45,27 @@ impl Artifacts {
         });
         Self { mib: (bytes > 0).then(|| bytes.div_ceil(1 << 20)), gguf, mapped }
     }
+}
+
+/// Checks, before any engine runs, that the file a llama.cpp model (`llama_cpp`,
+/// `llama_server`) loads is a GGUF whose tensors lie inside it: a file that is not is
+/// Hangar's refusal ([`LoadError::Refused`], which evicts nothing), not an engine's failure
+/// that evicting other models might cure. A missing file is left to the engine's own
+/// not-found; the header is read on a blocking thread.
+pub(crate) async fn check_weights(model: &ModelConfig) -> Result<(), hangar_backend::LoadError> {
+    let llama =
+        matches!(model.settings, BackendSettings::LlamaCpp(_) | BackendSettings::LlamaServer(_));
+    let Some(path) = model.model_path.clone().filter(|_| llama) else { return Ok(()) };
+    let checked = tokio::task::spawn_blocking(move || {
+        if !Path::new(&path).is_file() {
+            return Ok(());
+        }
+        hangar_weights::locate_tensors(Path::new(&path)).map(drop).map_err(|e| {
+            let message = format!("model_path `{path}` is not a GGUF file llama.cpp can load: {e}");
+            hangar_backend::LoadError::Refused { message }
+        })
+    });
+    checked.await.unwrap_or(Ok(()))
 }
 
 /// Total size of a file, or of the files in a directory (recursively), in bytes.

@@ -62,6 +62,7 @@ impl Lane<'_> {
     /// The [`Outcome`] that says why: refused by the grant, or the engine's failure.
     pub(crate) async fn create(&self, c: &Creation) -> Result<Created, Outcome> {
         let (manager, entry) = (self.manager, self.entry);
+        crate::estimate::check_weights(&c.model).await.map_err(|e| Outcome::Failed(e.into()))?;
         let preflight = match manager.inner.backends.get(c.model.backend) {
             None => Err(LoadError::BackendUnavailable { kind: c.model.backend }),
             Some(backend) => backend.preflight(&c.model).await,

@@ -199,7 +199,7 @@ pub(crate) fn decide_placed(
         (Ask::Load, _, _) => (plan_load(loaded, incoming, limits), Vec::new()),
         (Ask::SecondCopy, _, _) => (EvictionPlan::default(), Vec::new()),
         (Ask::Retry, _, _) => {
-            let plan = plan_retry_after_failure(loaded, &incoming.name, LoadFailure::Other);
+            let plan = plan_retry_after_failure(loaded, incoming, LoadFailure::Other);
             (plan.unwrap_or_default(), Vec::new())
         }
     };

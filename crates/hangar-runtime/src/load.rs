@@ -15,7 +15,7 @@ use hangar_config::ModelConfig;
 use hangar_config::{LoadOverride, validate_load_override};
 use hangar_lifecycle::{AdmissionError, ModelState, Scheduler, effective_target};
 
-use crate::control::{Apply, Change, GrantAsk, Handoff};
+use crate::control::{Apply, Change, GrantAsk, Handoff, LoadFailed};
 use crate::entry::{ModelEntry, Slot};
 use crate::error::ManagerError;
 use crate::events::Events;
@@ -135,7 +135,8 @@ impl Manager {
                 // refused while it lasts.
                 let explicit = !matches!(trigger, Trigger::OnDemand);
                 let may = self.inner.control.may_load(entry.position, explicit).await;
-                may.map_err(|refused| refused.into_error(entry.config.name.as_str()))?;
+                let gpu = entry.config.device.contains(hangar_config::Device::GPU);
+                may.map_err(|refused| refused.into_error(entry.config.name.as_str(), gpu))?;
                 if !matches!(trigger, Trigger::StartUp) {
                     entry.start_up.loading();
                 }
@@ -254,7 +255,9 @@ impl Manager {
                 let message = outcome.message(name).unwrap_or_default();
                 // Held models or a full GPU in the way are not the model's failure.
                 let counts = matches!(outcome, Outcome::Failed(_));
-                (Some((message, counts)), outcome, Apply::new(|slot| slot.phase = Phase::Down))
+                let exhausted = matches!(&outcome, Outcome::Failed(f) if f.exhausted);
+                let failed = LoadFailed { message, counts, exhausted };
+                (Some(failed), outcome, Apply::new(|slot| slot.phase = Phase::Down))
             }
         };
         // The failure (and a quarantine it begins) is published before anyone hears of it.
@@ -272,8 +275,10 @@ impl Manager {
         done.send_replace(Some(outcome));
     }
 
-    /// Loads the replicas; after a failure that eviction may cure (not a missing artifact nor
-    /// a taken port), evicts every other model and tries once more.
+    /// Loads the replicas; after a failure that eviction may cure (the engine's own, not a
+    /// missing artifact, Hangar's refusal or a taken port), evicts every other model on its
+    /// devices and tries once more — unless that was done for nothing already
+    /// (`control/step/exhaust.rs`: the grant then evicts nothing).
     pub(crate) async fn load_with_retry(
         &self,
         entry: &Arc<ModelEntry>,
@@ -291,14 +296,17 @@ impl Manager {
         let ask = GrantAsk { ask: Ask::Retry, loaded, incoming, places: None, host: None };
         match self.inner.control.grant(entry.position, ask).await {
             Ok(grant) if !grant.plan.is_empty() => {
-                tracing::warn!(model = %entry.config.name, error = %first, "load failed; evicting every other model and retrying once");
+                tracing::warn!(model = %entry.config.name, error = %first, "load failed; evicting every other model on its devices and retrying once");
                 // A model leased meanwhile stays; the retry goes ahead without its room.
                 let _ = self.execute(grant.plan, &entry.config.name).await;
-                self.load_replicas(entry, model, replicas, gpus)
-                    .await
-                    .map_err(|second| EngineFailure { first, retry: Some(second) })
+                self.load_replicas(entry, model, replicas, gpus).await.map_err(|second| {
+                    let exhausted = second.eviction_may_help();
+                    EngineFailure { first, retry: Some(second), exhausted }
+                })
             }
-            _ => Err(first.into()),
+            // Nothing (more) to evict: the engine failed with all the room there is.
+            Ok(_) => Err(EngineFailure { first, retry: None, exhausted: true }),
+            Err(_) => Err(first.into()),
         }
     }
 

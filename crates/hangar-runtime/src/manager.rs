@@ -94,6 +94,8 @@ pub(crate) struct Inner {
     pub(crate) idle_configured: std::sync::atomic::AtomicBool,
     /// The global `idle_unload_seconds`, for models added by a reload.
     pub(crate) idle_default: Option<std::num::NonZeroU32>,
+    /// What each model's log keeps, for models added by a reload.
+    pub(crate) log_bounds: hangar_backend::LogBounds,
     /// Set once the housekeeping task runs.
     pub(crate) housekeeping: std::sync::OnceLock<()>,
     /// How long an admitted request may run (`limits.request_timeout_s`).
@@ -135,7 +137,8 @@ impl Manager {
                 }
             };
             let idle = config.idle_unload_seconds;
-            let mut entry = ModelEntry::new(model, order.len(), capabilities, idle);
+            let logs = crate::entry::log_bounds(&config.limits);
+            let mut entry = ModelEntry::new(model, order.len(), capabilities, idle, logs);
             entry.problem = problem;
             entry.from_repository = from_repository;
             order.push(Arc::new(entry));
@@ -172,6 +175,7 @@ impl Manager {
                     order.iter().any(|e| e.idle_timeout.is_some()),
                 ),
                 idle_default: config.idle_unload_seconds,
+                log_bounds: crate::entry::log_bounds(&config.limits),
                 housekeeping: std::sync::OnceLock::new(),
                 request_timeout: config.limits.request_timeout,
                 gpu: std::sync::RwLock::new(Arc::new(hangar_gpu::NoGpu(

@@ -30,11 +30,15 @@ pub(crate) enum Outcome {
 pub(crate) struct EngineFailure {
     pub(crate) first: LoadError,
     pub(crate) retry: Option<LoadError>,
+    /// The engine failed with every model that may be evicted on its devices evicted (the
+    /// retry's, or the first try's with nothing there to evict): see
+    /// `control/step/exhaust.rs`.
+    pub(crate) exhausted: bool,
 }
 
 impl From<LoadError> for EngineFailure {
     fn from(first: LoadError) -> Self {
-        Self { first, retry: None }
+        Self { first, retry: None, exhausted: false }
     }
 }
 
@@ -43,7 +47,11 @@ impl fmt::Display for EngineFailure {
         match &self.retry {
             None => write!(f, "{}", self.first),
             Some(second) => {
-                write!(f, "{}; retry after evicting all other models failed: {second}", self.first)
+                write!(
+                    f,
+                    "{}; retry after evicting every other model on its devices failed: {second}",
+                    self.first
+                )
             }
         }
     }

@@ -205,11 +205,18 @@ pub(crate) enum Refused {
     Quarantined { quarantine: QuarantineInfo, last_error: String },
     /// The model left the config (a reload removed or replaced it).
     Removed,
+    /// Its last load failed after evicting everything, and nothing was freed since
+    /// (`control/step/exhaust.rs`): a load on demand is refused at once.
+    Exhausted { last_error: String },
 }
 
 impl Refused {
-    pub(crate) fn into_error(self, model: &str) -> ManagerError {
+    /// The error for a load of `model` (on a GPU when `gpu`).
+    pub(crate) fn into_error(self, model: &str, gpu: bool) -> ManagerError {
         match self {
+            Self::Exhausted { last_error } => {
+                ManagerError::LoadExhausted { model: model.to_owned(), gpu, last_error }
+            }
             Self::Quarantined { quarantine, last_error } => {
                 ManagerError::Quarantined { model: model.to_owned(), quarantine, last_error }
             }
@@ -222,7 +229,8 @@ impl Refused {
 pub(crate) fn quarantined(entry: &ModelEntry, slot: &Slot) -> Option<ManagerError> {
     let quarantine = slot.failures.active()?;
     let last_error = slot.failures.last_message.clone().unwrap_or_default();
-    Some(Refused::Quarantined { quarantine, last_error }.into_error(entry.config.name.as_str()))
+    let name = entry.config.name.as_str();
+    Some(ManagerError::Quarantined { model: name.to_owned(), quarantine, last_error })
 }
 
 fn ceil_secs(d: Duration) -> u64 {

@@ -380,7 +380,8 @@ impl Manager {
         let lanes = crate::place::lanes_of(&model);
         let idle = self.inner.idle_default;
         let position = self.inner.control.next_id();
-        let mut entry = ModelEntry::new(model, position, Arc::new(capabilities), idle);
+        let logs = self.inner.log_bounds;
+        let mut entry = ModelEntry::new(model, position, Arc::new(capabilities), idle, logs);
         entry.problem = problem;
         entry.from_repository = from_repository;
         let entry = Arc::new(entry);

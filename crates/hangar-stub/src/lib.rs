@@ -170,7 +170,7 @@ impl Backend for StubBackend {
         self.counters.loads_started.fetch_add(1, Ordering::SeqCst);
         let model = &request.model;
         if model.backend != self.kind {
-            return Err(LoadError::Failed {
+            return Err(LoadError::Refused {
                 message: format!(
                     "stub backend for {} cannot load a {} model",
                     self.kind, model.backend

@@ -214,7 +214,7 @@ impl Output {
                 let stream_name = <&str>::from(stream);
                 let mut reader = BufReader::new(pipe);
                 let mut buf = Vec::new();
-                let max = hangar_backend::LOG_MAX_LINE_BYTES;
+                let max = self.logs.max_line_bytes();
                 while let Ok((n, dropped)) = read_line_within(&mut reader, &mut buf, max)
                     && n > 0
                 {
@@ -419,7 +419,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_child_printing_one_line_of_50_mb_leaves_its_log_within_bounds() {
         let spawner = Spawner::new();
-        let logs = ModelLogs::default();
+        // Bounds as `limits.max_log_line_bytes` and `limits.max_log_bytes` set them.
+        let (kept, max_bytes) = (1_000, 3_000);
+        let bounds = hangar_backend::LogBounds { max_line_bytes: kept, max_bytes };
+        let logs = ModelLogs::bounded(bounds);
         let script = "head -c 50000000 /dev/zero | tr '\\0' a; echo; echo after";
         let child = spawner.spawn(&shell(script), "m", 0, &logs).await.unwrap();
         child.wait_for(Duration::from_secs(60)).await.expect("the child exits");
@@ -432,7 +435,6 @@ mod tests {
         let lines: Vec<_> =
             logs.tail(10).into_iter().filter(|l| l.stream == LogStream::Stdout).collect();
         let cut = &lines[0].line;
-        let kept = hangar_backend::LOG_MAX_LINE_BYTES;
         assert_eq!(&cut[..kept], "a".repeat(kept), "the line's head is kept");
         assert!(
             cut.ends_with(&format!("[{} more bytes cut]", 50_000_000 - kept)),
@@ -440,7 +442,7 @@ mod tests {
             &cut[kept..]
         );
         let bytes: usize = logs.tail(usize::MAX).iter().map(|l| l.line.len()).sum();
-        assert!(bytes <= hangar_backend::LOG_MAX_BYTES);
+        assert!(bytes <= max_bytes, "{bytes} bytes kept");
         child.stop(Duration::from_millis(100)).await;
     }
 

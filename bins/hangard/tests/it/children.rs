@@ -70,22 +70,39 @@ fn environ(pid: u64) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// `(pid, port)` of the model's one child, from its admin row.
-async fn child_of(server: &Server, model: &str) -> (u64, u16) {
+/// Where a child listens: a loopback port, or a Unix socket.
+enum Reach {
+    Port(u16),
+    Socket(std::path::PathBuf),
+}
+
+/// `(pid, where it listens)` of the model's one child, from its admin row.
+async fn child_of(server: &Server, model: &str) -> (u64, Reach) {
     let url = server.url(&format!("/v1/admin/models/{model}"));
     let (status, row) = send(Method::GET, &url, None, Some(ADMIN)).await;
     assert_eq!(status, 200, "{row}");
     let details = &row["runtime_details"][0];
     let pid = details["pid"].as_u64().unwrap_or_else(|| panic!("{row}"));
+    if let Some(socket) = details["socket"].as_str() {
+        return (pid, Reach::Socket(socket.into()));
+    }
     let url = details["backend_url"].as_str().unwrap_or_else(|| panic!("{row}"));
     let port = url.rsplit(':').next().unwrap().trim_end_matches("/v1").parse().unwrap();
-    (pid, port)
+    (pid, Reach::Port(port))
 }
 
-/// The status of a chat `POST` straight to a child's port, without a key.
-fn direct_chat(port: u16, model: &str) -> u16 {
+/// The status of a chat `POST` straight to a child, without a key.
+fn direct_chat(reach: &Reach, model: &str) -> u16 {
+    match reach {
+        Reach::Port(port) => ask_directly(TcpStream::connect(("127.0.0.1", *port)).unwrap(), model),
+        Reach::Socket(path) => {
+            ask_directly(std::os::unix::net::UnixStream::connect(path).unwrap(), model)
+        }
+    }
+}
+
+fn ask_directly(mut stream: impl Read + Write, model: &str) -> u16 {
     let body = json!({ "model": model, "max_tokens": 2, "messages": [{ "role": "user", "content": "hi" }] }).to_string();
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(
         stream,
         "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -122,7 +139,7 @@ async fn children_get_an_allow_listed_environment_and_a_key_only_hangar_knows() 
         until_loaded(&server, model).await;
     }
     for (model, key_var) in [("chat", "LLAMA_API_KEY"), ("fake", "VLLM_API_KEY")] {
-        let (pid, port) = child_of(&server, model).await;
+        let (pid, reach) = child_of(&server, model).await;
         let vars = environ(pid);
         let hangar: Vec<&String> = vars.keys().filter(|k| k.starts_with("HANGAR_")).collect();
         assert!(hangar.is_empty(), "{model}: {hangar:?}");
@@ -138,7 +155,21 @@ async fn children_get_an_allow_listed_environment_and_a_key_only_hangar_knows() 
                 .into_owned();
         assert!(!cmdline.contains(key.as_str()), "{model}: the key is on the command line");
         // Straight to the child: refused. Through Hangar: served.
-        assert_eq!(direct_chat(port, model), 401, "{model}");
+        assert_eq!(direct_chat(&reach, model), 401, "{model}");
+        // vLLM's key guards only `/v1`: its child listens on no port, on a socket in a
+        // directory only Hangar's user can enter.
+        if let Reach::Socket(socket) = &reach {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(model, "fake");
+            let dir = std::fs::metadata(socket.parent().unwrap()).unwrap();
+            assert_eq!(dir.permissions().mode() & 0o777, 0o700);
+            assert!(!cmdline.contains("--port"), "{cmdline}");
+        } else {
+            assert_eq!(
+                model, "chat",
+                "only llama-server, whose key guards all but its health and model list, has a port"
+            );
+        }
         let body = json!({ "model": model, "max_tokens": 2, "messages": [{ "role": "user", "content": "hi" }] });
         let (status, answer) = chat(&server, body).await;
         assert_eq!(status, 200, "{model}: {answer}");

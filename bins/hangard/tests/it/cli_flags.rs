@@ -29,7 +29,9 @@ impl Fake {
         )
         .unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::write(dir.join("model.gguf"), b"").unwrap();
+        // A real GGUF: Hangar checks the file before it starts the engine.
+        std::fs::copy(crate::support::engines::fixture("tiny-llama.gguf"), dir.join("model.gguf"))
+            .unwrap();
         Self(dir)
     }
 
@@ -37,7 +39,7 @@ impl Fake {
         self.0.join("fake-llama-server").to_str().unwrap().to_owned()
     }
 
-    /// An (empty) model file: loads check that `model_path` exists.
+    /// A model file: loads check that `model_path` is a GGUF.
     fn model(&self) -> String {
         self.0.join("model.gguf").to_str().unwrap().to_owned()
     }

@@ -217,7 +217,7 @@ async fn a_placement_names_llamas_devices_and_a_gpu_it_lacks_fails_the_load() {
         .count() as u32;
     let on = |gpu: u32| LoadRequest { gpus: vec![gpu], ..request(model(json!({})), 0) };
     let err = backend().load(on(gpus)).await.err().expect("no such GPU");
-    let LoadError::Failed { message } = &err else { panic!("expected Failed, got {err:?}") };
+    let LoadError::Refused { message } = &err else { panic!("expected Refused, got {err:?}") };
     assert!(message.contains(&format!("GPU {gpus} is not a device llama.cpp sees")), "{message}");
     if gpus > 0 {
         // On a GPU build the last GPU takes the whole model.

@@ -33,9 +33,11 @@ async fn status(runtime: &Arc<dyn Runtime>, model: &str) -> Result<u16, RuntimeE
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_alias_reaches_a_vllm_child_and_a_remote_server_that_check_the_model() {
-    // The fake is started as model `fake`, serving its alias too.
+    // The fake is started as model `fake`, serving its alias too, on a port (a host named)
+    // that the remote models below reach.
     let child = json!({
         "backend": "vllm_serve", "vllm_binary_path": FAKE, "vllm_model": "m",
+        "vllm_host": "127.0.0.1",
         "vllm_api_key": "k", "aliases": ["publishers/default/models/fake"],
         "vllm_env": { "FAKE_VLLM_TOKENS": "2", "FAKE_VLLM_TOKEN_DELAY_MS": "0" },
     });

@@ -47,7 +47,8 @@ fn port_of(runtime: &Arc<dyn Runtime>) -> u16 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_child_serves_only_requests_that_carry_its_key_and_the_key_is_on_no_command_line() {
-    let runtime = load(model(json!({}))).await.expect("the fake loads");
+    // On a port (a host named), where a local client could reach it.
+    let runtime = load(model(json!({ "vllm_host": "127.0.0.1" }))).await.expect("the fake loads");
     let port = port_of(&runtime);
     // Straight to the child: refused without the key and with a guessed one.
     assert_eq!(post(port, "/v1/chat/completions", CHAT, None), 401);

@@ -33,8 +33,11 @@ fn vllm(extra: Value) -> Result<Launch, LoadError> {
     for (k, v) in extra.as_object().unwrap() {
         value[k] = v.clone();
     }
-    launch::vllm_serve(&model(value), 0, 4321, None)
+    launch::vllm_serve(&model(value), 0, 4321, Some(std::path::Path::new(SOCKET)))
 }
+
+/// The private socket a `vllm serve` child is given.
+const SOCKET: &str = "/run/hangar/vllm.sock";
 
 fn args(launch: &Launch) -> Vec<&str> {
     launch.args.iter().map(String::as_str).collect()
@@ -180,8 +183,8 @@ fn vllm_serve_argv_has_every_engine_field_and_override() {
         [
             "serve",
             "Qwen/Qwen3-8B",
-            "--host=127.0.0.1",
-            "--port=4321",
+            // On its private socket: vLLM's key guards only its `/v1` routes.
+            "--uds=/run/hangar/vllm.sock",
             // One name, in the element of its flag: vLLM reads `--served-model-name` with
             // nargs="+", and requests naming an alias are renamed to it.
             "--served-model-name=m",
@@ -210,6 +213,29 @@ fn vllm_serve_argv_has_every_engine_field_and_override() {
 }
 
 #[test]
+fn a_vllm_child_listens_on_its_socket_unless_its_host_or_port_is_configured() {
+    let on = vllm(json!({ "model_path": "/m" })).unwrap();
+    assert_eq!(on.socket.as_deref(), Some(std::path::Path::new(SOCKET)));
+    assert!(!args(&on).iter().any(|a| a.starts_with("--port") || a.starts_with("--host")));
+    for (field, value, flag) in [
+        ("vllm_port", json!(8000), "--port=8000"),
+        ("vllm_host", json!("127.0.0.2"), "--host=127.0.0.2"),
+    ] {
+        let launch = vllm(json!({ "model_path": "/m", field: value })).unwrap();
+        assert_eq!(launch.socket, None, "{field}");
+        assert!(args(&launch).contains(&flag), "{:?}", args(&launch));
+        assert!(!args(&launch).iter().any(|a| a.starts_with("--uds")), "{field}");
+    }
+    let value =
+        json!({ "backend": "vllm_serve", "vllm_binary_path": existing(), "model_path": "/m" });
+    let without = launch::vllm_serve(&model(value), 0, 4321, None);
+    assert!(
+        matches!(&without, Err(LoadError::Refused { message }) if message.contains("Unix socket")),
+        "{without:?}"
+    );
+}
+
+#[test]
 fn vllm_serve_targets_model_path_without_vllm_model() {
     let launch = vllm(json!({ "model_path": "/models/gemma" })).unwrap();
     assert_eq!(&args(&launch)[..2], ["serve", "/models/gemma"]);
@@ -235,7 +261,7 @@ fn no_value_becomes_a_flag_of_its_own() {
     // What `vllm serve` loads is positional: one that reads as a flag is refused.
     let refused = vllm(json!({ "model_path": "--api-key" }));
     assert!(
-        matches!(&refused, Err(LoadError::Failed { message }) if message.contains("must not start with `-`")),
+        matches!(&refused, Err(LoadError::Refused { message }) if message.contains("must not start with `-`")),
         "{refused:?}"
     );
 }

@@ -97,11 +97,12 @@ async fn a_child_with_sleep_mode_listens_only_on_a_private_socket_and_sleeps_at_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_child_without_sleep_mode_cannot_sleep_and_a_refused_sleep_says_why() {
-    // Development mode stays off on a port, whatever the model's environment says.
+    // Development mode stays off without sleep mode, whatever the model's environment says,
+    // on its private socket as on a port.
     let runtime = load(json!({ "vllm_env": { "VLLM_SERVER_DEV_MODE": "1" } })).await;
     assert_eq!(environ(&runtime, "VLLM_SERVER_DEV_MODE").as_deref(), Some("0"));
     assert!(runtime.capabilities().sleep_levels.is_empty());
-    assert!(runtime.details().get("socket").is_none());
+    assert!(runtime.details().get("socket").is_some(), "on its private socket");
     let refused = runtime.sleep(SleepLevel::WeightsToHost).await.unwrap_err();
     assert!(matches!(refused, RuntimeError::Unsupported { .. }), "{refused:?}");
     runtime.unload().await;

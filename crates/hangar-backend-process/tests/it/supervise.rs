@@ -108,19 +108,17 @@ async fn the_child_gets_the_exact_argv_and_environment_and_serves_forwarded_requ
     let runtime = runtime.expect("the fake loads");
     let argv: Vec<String> =
         serde_json::from_str(&watch.line_after("FAKE_VLLM_ARGV ").expect("argv line")).unwrap();
-    let port = runtime.details()["backend_url"]
-        .as_str()
-        .unwrap()
-        .split(':')
-        .nth(2)
-        .unwrap()
-        .trim_end_matches("/v1")
-        .to_owned();
+    // On a Unix socket in a directory only this user can enter: vLLM's key guards only its
+    // `/v1` routes, and no other local user reaches the rest.
+    let socket = runtime.details()["socket"].as_str().expect("a socket").to_owned();
+    let dir = std::path::Path::new(&socket).parent().unwrap();
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(dir).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o700);
     let expected = [
         "serve",
         "Qwen/Qwen3-0.6B",
-        "--host=127.0.0.1",
-        &format!("--port={port}"),
+        &format!("--uds={socket}"),
         "--served-model-name=fake",
         "--max-model-len=4096",
         "--kv-cache-memory-bytes=1048576",
@@ -191,7 +189,9 @@ async fn a_port_taken_before_the_child_binds_it_is_replaced_but_a_configured_one
     let dir = std::env::temp_dir().join(format!("hangar-lose-port-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("times");
-    let env = json!({ "vllm_env": { "FAKE_VLLM_LOSE_PORT_FILE": file.to_str().unwrap() } });
+    // On a port Hangar picks (a host named: not on its private socket).
+    let lose = json!({ "FAKE_VLLM_LOSE_PORT_FILE": file.to_str().unwrap() });
+    let env = json!({ "vllm_host": "127.0.0.1", "vllm_env": lose });
 
     // Lost once: started again on another port, and the log says why.
     std::fs::write(&file, "1").unwrap();

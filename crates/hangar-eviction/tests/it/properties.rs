@@ -315,11 +315,15 @@ proptest! {
         } else {
             name("incoming")
         };
+        // On every device: each other model on a device shares one with it.
+        let failed = Incoming { name: failed, model_type: ModelType::Llm, device: Device::all() };
         prop_assert_eq!(plan_retry_after_failure(&loaded, &failed, LoadFailure::NotFound), None);
         let plan = plan_retry_after_failure(&loaded, &failed, LoadFailure::Other).unwrap();
-        let expected: HashSet<_> = loaded.iter().map(|m| &m.name).filter(|n| **n != failed).collect();
+        let failed = failed.name;
+        let others = || loaded.iter().filter(|m| m.name != failed && !m.device.is_empty());
+        let expected: HashSet<_> = others().map(|m| &m.name).collect();
         prop_assert_eq!(plan.names().collect::<HashSet<_>>(), expected);
-        prop_assert_eq!(plan.len(), loaded.iter().filter(|m| m.name != failed).count());
+        prop_assert_eq!(plan.len(), others().count());
         let victims: Vec<_> = plan.victims.iter().map(|v| (v, find(&loaded, &v.name))).collect();
         for (v, m) in &victims {
             prop_assert_eq!(v.reason, EvictionReason::LoadFailureRetry);
@@ -375,8 +379,10 @@ proptest! {
             let holders = after.iter().filter(|(_, d)| d.intersects(Device::EXCLUSIVE)).count();
             prop_assert!(holders <= 1);
         }
-        if let Some(retry) = plan_retry_after_failure(&loaded, &incoming.name, LoadFailure::Other) {
+        if let Some(retry) = plan_retry_after_failure(&loaded, &incoming, LoadFailure::Other) {
             prop_assert!(retry.victims.iter().all(|v| !find(&loaded, &v.name).held));
+            // Only models on a device the failed one occupies.
+            prop_assert!(retry.victims.iter().all(|v| find(&loaded, &v.name).device.intersects(incoming.device)));
         }
     }
 

@@ -233,7 +233,8 @@ fn already_loaded_model_plans_nothing() {
 #[test]
 fn not_found_failure_evicts_nothing() {
     let loaded = [idle("a", Llm, 1), idle("b", Embedding, 2)];
-    assert_eq!(plan_retry_after_failure(&loaded, &name("new"), LoadFailure::NotFound), None);
+    let new = incoming("new", Llm, Device::GPU);
+    assert_eq!(plan_retry_after_failure(&loaded, &new, LoadFailure::NotFound), None);
 }
 
 #[test]
@@ -244,7 +245,8 @@ fn other_failure_evicts_everything_else() {
         model("failed", Llm, Device::GPU, 0, 0),
         model("npu", Llm, Device::NPU, 2, 0),
     ];
-    let plan = plan_retry_after_failure(&loaded, &name("failed"), LoadFailure::Other).unwrap();
+    let every = incoming("failed", Llm, Device::GPU | Device::NPU | Device::CPU);
+    let plan = plan_retry_after_failure(&loaded, &every, LoadFailure::Other).unwrap();
     assert_eq!(
         summary(&plan),
         [
@@ -253,8 +255,28 @@ fn other_failure_evicts_everything_else() {
             ("busy-emb", LoadFailureRetry, true),
         ]
     );
-    let nothing_loaded = plan_retry_after_failure(&[], &name("x"), LoadFailure::Other).unwrap();
+    let x = incoming("x", Llm, Device::GPU);
+    let nothing_loaded = plan_retry_after_failure(&[], &x, LoadFailure::Other).unwrap();
     assert!(nothing_loaded.is_empty());
+}
+
+#[test]
+fn a_failure_evicts_only_models_on_the_failed_ones_devices() {
+    let loaded = [
+        model("on-gpu", Llm, Device::GPU, 1, 0),
+        model("on-cpu", Embedding, Device::CPU, 2, 0),
+        model("split", Llm, Device::GPU | Device::CPU, 3, 0),
+        model("npu", Reranking, Device::NPU, 4, 0),
+    ];
+    let retry = |device| {
+        let plan =
+            plan_retry_after_failure(&loaded, &incoming("f", Llm, device), LoadFailure::Other);
+        let plan = plan.unwrap();
+        plan.names().map(ModelName::as_str).map(str::to_owned).collect::<Vec<_>>()
+    };
+    assert_eq!(retry(Device::CPU), ["on-cpu", "split"], "a CPU model's failure leaves the GPU");
+    assert_eq!(retry(Device::GPU), ["on-gpu", "split"]);
+    assert_eq!(retry(Device::NPU), ["npu"]);
 }
 
 #[test]

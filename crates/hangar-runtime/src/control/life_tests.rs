@@ -9,7 +9,7 @@ use hangar_lifecycle::{ModelState, next_state};
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::step::{Change, Rules, State, Stay, step};
+use super::step::{Change, LoadFailed, Rules, State, Stay, step};
 use super::testing::{Command, Effect, acquire, mv, row};
 use hangar_backend::SleepLevel;
 
@@ -305,7 +305,7 @@ proptest! {
         for (waiter, op) in (1u32..).zip(ops) {
             let change = match op {
                 Op::Start => Change::StartLoad,
-                Op::Done(ok) => Change::LoadDone { failed: (!ok).then(|| ("no".into(), true)) },
+                Op::Done(ok) => Change::LoadDone { failed: (!ok).then(|| LoadFailed::counted("no")) },
                 Op::Reload => Change::Reload,
                 Op::Swap => Change::Swap,
                 Op::Unload(evict, pinned) => Change::StartUnload { evict, pinned },

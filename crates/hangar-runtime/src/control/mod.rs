@@ -25,6 +25,8 @@
 //! the next id; [`Control::retire`] makes one that left unloadable. Ids are never reused.
 
 #[cfg(test)]
+mod exhaust_tests;
+#[cfg(test)]
 mod gpu_tests;
 #[cfg(test)]
 mod grant_tests;
@@ -57,7 +59,8 @@ use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use step::{
     ALL_GPUS, Change, Command, GpuRelease, GrantAsk, IdleAction, IdleDue, IdleSeen, LaneInfo,
-    Lanes, LeaseCommand, LeaseRefusal, ModelId, Moved, ReleaseAnswer, Rules, Stay, TurnKind,
+    Lanes, LeaseCommand, LeaseRefusal, LoadFailed, ModelId, Moved, ReleaseAnswer, Rules, Stay,
+    TurnKind,
 };
 
 use crate::entry::{ModelEntry, Slot};
@@ -254,7 +257,8 @@ impl Control {
     /// Whether `model` may load now: an `explicit` load lifts its quarantine; one on
     /// demand is refused while it is quarantined. A loop that ended lets it load.
     pub(crate) async fn may_load(&self, model: ModelId, explicit: bool) -> Result<(), Refused> {
-        let command = |waiter| Command::MayLoad { model, explicit, waiter };
+        let wall_ms = crate::journal::unix_ms(std::time::SystemTime::now());
+        let command = |waiter| Command::MayLoad { model, explicit, wall_ms, waiter };
         self.request(Waiter::MayLoad, command).await.unwrap_or(Ok(()))
     }
 

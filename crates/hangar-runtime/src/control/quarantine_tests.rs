@@ -7,7 +7,7 @@ use std::time::Duration;
 use hangar_config::QuarantinePolicy;
 use tokio::time::Instant;
 
-use super::step::{Change, ModelId, Rules, State, step};
+use super::step::{Change, LoadFailed, ModelId, Rules, State, step};
 use super::testing::{Command, Effect, mv, row};
 use crate::quarantine::Refused;
 
@@ -28,7 +28,7 @@ fn start(model: ModelId) -> Command {
 
 /// A load of `model` that failed with `message`, the model's own failure.
 fn fail(model: ModelId, message: &str) -> Command {
-    mv(model, Change::LoadDone { failed: Some((message.into(), true)) }, 0)
+    mv(model, Change::LoadDone { failed: Some(LoadFailed::counted(message)) }, 0)
 }
 
 /// A load of `model` that started and failed with `message`.
@@ -37,7 +37,7 @@ fn failed(model: ModelId, message: &str) -> [Command; 2] {
 }
 
 fn may_load(model: ModelId, explicit: bool, waiter: u32) -> Command {
-    Command::MayLoad { model, explicit, waiter }
+    Command::MayLoad { model, explicit, wall_ms: 0, waiter }
 }
 
 /// The effects as lines: `published M: messages`, `quarantined M: strike S, R s`,
@@ -114,7 +114,9 @@ fn the_quarantine_rules_as_a_table() {
             vec![start(0)],
             Command::Move {
                 model: 0,
-                change: Change::LoadDone { failed: Some(("held".into(), false)) },
+                change: Change::LoadDone {
+                    failed: Some(LoadFailed { counts: false, ..LoadFailed::counted("held") }),
+                },
                 wall_ms: 0,
                 apply: (),
                 waiter: 0,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::step::{Change, LaneInfo, Rules, TurnKind, step};
+use super::step::{Change, LaneInfo, LoadFailed, Rules, TurnKind, step};
 use super::testing::{Command, Effect, mv, row};
 use crate::quarantine::Refused;
 
@@ -28,7 +28,7 @@ fn a_model_leaves_only_when_nothing_of_it_runs_unless_forced() {
     let up = || vec![mv(0, Change::StartLoad, 0), mv(0, Change::LoadDone { failed: None }, 0)];
     let failed = vec![
         mv(0, Change::StartLoad, 0),
-        mv(0, Change::LoadDone { failed: Some(("boom".into(), true)) }, 0),
+        mv(0, Change::LoadDone { failed: Some(LoadFailed::counted("boom")) }, 0),
     ];
     let admin = Command::Admin { model: 0, waiter: 0, wait: true };
     let create = Command::Create { model: 0, waiter: 0 };
@@ -54,7 +54,7 @@ fn a_model_leaves_only_when_nothing_of_it_runs_unless_forced() {
 #[test]
 fn no_load_of_a_retired_model_starts_and_an_added_model_takes_the_next_id() {
     let t0 = Instant::now();
-    let may_load = |model, waiter| Command::MayLoad { model, explicit: true, waiter };
+    let may_load = |model, waiter| Command::MayLoad { model, explicit: true, wall_ms: 0, waiter };
     let mut state = super::step::State::new(1, Rules::of(Duration::from_secs(10), 1));
     step(&mut state, retire(true, 1), t0);
     let refused = step(&mut state, may_load(0, 2), t0);

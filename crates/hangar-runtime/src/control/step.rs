@@ -22,13 +22,16 @@
 //!   explicit unload of the model is decided, dropped when they expire or an unload
 //!   revokes them;
 //! - **quarantine** (`quarantine.rs`): failures recorded, loads on demand refused while a
-//!   model is quarantined, explicit loads lifting it;
+//!   model is quarantined, explicit loads lifting it; and **never twice for nothing**
+//!   (`exhaust.rs`): a load that failed after evicting everything is not retried by
+//!   evicting again, nor loaded on demand, until room may have been made;
 //! - **the grant** (`grant.rs`): room for new runtimes, with the loop's holds;
 //! - **the idle rule** (`idle.rs`) and **the awaited GPU release** (`release.rs`); measured
 //!   figures are recorded here.
 //!
 //! Every waiter is answered exactly once.
 
+mod exhaust;
 mod grant;
 mod idle;
 mod lanes;
@@ -48,7 +51,7 @@ pub(crate) use grant::GrantAsk;
 pub(crate) use idle::{IdleAction, IdleDue, IdleSeen};
 pub(crate) use lanes::{LaneInfo, Lanes};
 pub(crate) use lease::{LeaseCommand, LeaseRefusal};
-pub(crate) use life::{Change, Moved, Stay};
+pub(crate) use life::{Change, LoadFailed, Moved, Stay};
 pub(crate) use release::{ALL_GPUS, GpuRelease, ReleaseAnswer};
 
 use crate::grant::{Grant, Refusal};
@@ -162,7 +165,7 @@ pub(crate) enum Command<W, P = ()> {
     UnloadEnded { model: ModelId, revoke: bool },
     /// May the model load now? An `explicit` load lifts its quarantine; one on demand is
     /// refused while it is quarantined.
-    MayLoad { model: ModelId, explicit: bool, waiter: W },
+    MayLoad { model: ModelId, explicit: bool, wall_ms: u64, waiter: W },
     /// Answered at once: every command posted before it has been taken.
     Flush { waiter: W },
     /// An unload of a GPU model expects, on each GPU it names, `held` MiB back from its
@@ -262,6 +265,8 @@ pub(crate) struct State<W> {
     release: release::Releases,
     /// The teardowns after a crash not done yet.
     tearing: release::Teardowns,
+    /// How many times room may have been made (`exhaust.rs`).
+    frees: u64,
     /// Leases taken so far (numbers their ids).
     next_lease: u64,
     /// When a model's lease may expire, earliest first; a renewal leaves its old deadline
@@ -286,6 +291,9 @@ struct Model<W> {
     figures: ObservedVram,
     /// It left the config: no load of it starts again.
     retired: bool,
+    /// The count of frees when its last load failed after evicting everything
+    /// (`exhaust.rs`).
+    exhausted: Option<u64>,
 }
 
 impl<W> Model<W> {
@@ -302,6 +310,7 @@ impl<W> Model<W> {
             life: life::Life::default(),
             figures: ObservedVram::default(),
             retired: false,
+            exhausted: None,
         }
     }
 }
@@ -317,6 +326,7 @@ impl<W> State<W> {
             rules,
             release: Default::default(),
             tearing: Default::default(),
+            frees: 0,
             next_lease: 0,
             lease_deadlines: BinaryHeap::new(),
         }
@@ -496,14 +506,15 @@ pub(crate) fn step<W, P>(
         }
         Command::Replacing { model } => grant::replacing(state, model, true, &mut effects),
         Command::Replaced { model } => grant::replacing(state, model, false, &mut effects),
-        Command::MayLoad { model, explicit, waiter } => {
-            quarantine::may_load(state, model, explicit, waiter, now, &mut effects);
+        Command::MayLoad { model, explicit, wall_ms, waiter } => {
+            quarantine::may_load(state, model, (explicit, wall_ms), waiter, now, &mut effects);
         }
         Command::Add { lanes, figures } => {
             // Rules given for fewer models (tests) leave the rest every place.
             state.rules.lanes.resize(state.models.len(), LaneInfo::default());
             state.rules.lanes.push(lanes);
             state.models.push(Model { figures, ..Model::new() });
+            exhaust::freed(state);
         }
         Command::Retire { model, down_only, waiter } => {
             let down = {
@@ -516,6 +527,9 @@ pub(crate) fn step<W, P>(
             };
             let retired = !down_only || down;
             state.models[model].retired |= retired;
+            if retired {
+                exhaust::freed(state);
+            }
             effects.push(Effect::Retired { model, waiter, retired });
         }
         Command::Tick => {

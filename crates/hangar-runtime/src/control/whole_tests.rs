@@ -11,7 +11,9 @@ use hangar_lifecycle::{ModelState, next_state};
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::step::{Change, GrantAsk, IdleSeen, LeaseCommand, Rules, State, TurnKind, step};
+use super::step::{
+    Change, GrantAsk, IdleSeen, LeaseCommand, LoadFailed, Rules, State, TurnKind, step,
+};
 use super::testing::{Command, Effect, acquire, mv};
 use crate::grant::{Ask, Places, Refusal};
 use crate::lease::Held;
@@ -293,7 +295,7 @@ proptest! {
                     let change = match kind {
                         0 => Change::StartLoad,
                         1 => Change::LoadDone { failed: None },
-                        2 => Change::LoadDone { failed: Some(("no".into(), true)) },
+                        2 => Change::LoadDone { failed: Some(LoadFailed { exhausted: waiter % 2 == 0, ..LoadFailed::counted("no") }) },
                         3 => Change::Reload,
                         4 => Change::Swap,
                         5 => Change::StartUnload { evict: true, pinned: false },
@@ -346,7 +348,7 @@ proptest! {
                 Op::TornDown(model) => Command::TornDown { model, releases: Vec::new() },
                 Op::Advance(s) => { now += Duration::from_secs(s); Command::Tick }
                 Op::Retire(model, down_only) => Command::Retire { model, down_only, waiter },
-                Op::MayLoad(model) => Command::MayLoad { model, explicit: true, waiter },
+                Op::MayLoad(model) => Command::MayLoad { model, explicit: waiter % 2 == 0, wall_ms: 0, waiter },
             };
             let asks = matches!(
                 command,

@@ -5,6 +5,7 @@
 mod control;
 mod decisions;
 mod demote;
+mod failures;
 mod gpu;
 mod host_memory;
 mod lifecycle;

@@ -128,11 +128,63 @@ where
         let timeout = options.connections.body_read_timeout;
         let read = tag.as_ref().map(ConnTag::body_bytes).unwrap_or_default();
         let req = req.map(|body| Body::new(Deadline::new(body, timeout, read).map_err(late)));
+        let path = req.uri().path().to_owned();
         let call = self.inner.call(req);
         Box::pin(async move {
-            let response = call.await?;
+            let mut response = call.await?;
+            decode_errors_as_callers(&mut response);
+            unserved_says_so(&mut response, &path);
             Ok(response.map(|body| Body::new(Tracked::new(body, in_flight))))
         })
+    }
+}
+
+/// tonic's decoder errors, as the caller's errors they are (their message kept): a message
+/// that is not the RPC's protobuf is INVALID_ARGUMENT `invalid_request` (tonic: INTERNAL),
+/// one over `max_request_body_bytes` RESOURCE_EXHAUSTED `payload_too_large`, as HTTP's 413
+/// (tonic: OUT_OF_RANGE).
+fn decode_errors_as_callers<B>(response: &mut http::Response<B>) {
+    /// (tonic's status, the start of its percent-encoded message, ours, our error code)
+    const DECODER: [(&str, &[u8], &str, &str); 2] = [
+        ("13", b"failed%20to%20decode%20Protobuf%20message", "3", "invalid_request"),
+        ("11", b"Error,%20decoded%20message%20length%20too%20large", "8", "payload_too_large"),
+    ];
+    let headers = response.headers_mut();
+    let (Some(status), Some(message)) = (headers.get("grpc-status"), headers.get("grpc-message"))
+    else {
+        return;
+    };
+    let Some(&(_, _, ours, code)) = DECODER
+        .iter()
+        .find(|(theirs, start, ..)| status == *theirs && message.as_bytes().starts_with(start))
+    else {
+        return;
+    };
+    headers.insert("grpc-status", http::HeaderValue::from_static(ours));
+    headers.insert("hangar-error-code", http::HeaderValue::from_static(code));
+}
+
+/// A path the generated server does not know (another service, a method of none) is
+/// UNIMPLEMENTED with a message that names it (tonic's has none).
+fn unserved_says_so<B>(response: &mut http::Response<B>, path: &str) {
+    let headers = response.headers_mut();
+    let unimplemented = headers.get("grpc-status").is_some_and(|s| s == "12");
+    if !unimplemented || headers.get("grpc-message").is_some_and(|m| !m.is_empty()) {
+        return;
+    }
+    let message = format!(
+        "no RPC at `{path}`: Hangar serves the KServe v2 service inference.GRPCInferenceService"
+    );
+    // grpc-message is percent-encoded: printable ASCII but `%` stays as it is.
+    let encoded: String = message
+        .bytes()
+        .map(|b| match b {
+            b' '..=b'~' if b != b'%' => char::from(b).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    if let Ok(value) = http::HeaderValue::from_str(&encoded) {
+        headers.insert("grpc-message", value);
     }
 }
 
@@ -167,5 +219,54 @@ mod tests {
         }
         let (method, path) = route_of("/other.Service/ServerLive");
         assert_eq!(auth_of(&method, path), Auth::Inference, "another service's path");
+    }
+
+    #[test]
+    fn tonics_decoder_and_path_errors_become_the_callers_with_a_message() {
+        let answer = |status: &str, message: Option<&str>, path: &str| {
+            let mut response = http::Response::new(());
+            response.headers_mut().insert("grpc-status", status.parse().unwrap());
+            if let Some(m) = message {
+                response.headers_mut().insert("grpc-message", m.parse().unwrap());
+            }
+            decode_errors_as_callers(&mut response);
+            unserved_says_so(&mut response, path);
+            let header =
+                |name| response.headers().get(name).map(|v| v.to_str().unwrap().to_owned());
+            (header("grpc-status"), header("hangar-error-code"), header("grpc-message"))
+        };
+        let rows = [
+            (
+                "13",
+                Some("failed%20to%20decode%20Protobuf%20message: x"),
+                "3",
+                Some("invalid_request"),
+            ),
+            (
+                "11",
+                Some("Error,%20decoded%20message%20length%20too%20large: 9"),
+                "8",
+                Some("payload_too_large"),
+            ),
+            // tonic's framing errors stay INTERNAL, as gRPC says they must.
+            ("13", Some("protocol%20error: compressed-flag"), "13", None),
+            ("13", Some("Unexpected%20EOF%20decoding%20stream."), "13", None),
+            ("13", Some("Missing%20request%20message."), "13", None),
+            ("5", Some("failed%20to%20decode"), "5", None),
+        ];
+        for (status, message, want, code) in rows {
+            let (got, got_code, _) = answer(status, message, "/p");
+            assert_eq!(
+                (got.as_deref(), got_code.as_deref()),
+                (Some(want), code),
+                "{status} {message:?}"
+            );
+        }
+        let (status, _, message) = answer("12", None, "/other.Service/50%");
+        assert_eq!(status.as_deref(), Some("12"));
+        let message = message.unwrap();
+        assert!(message.contains("`/other.Service/50%25`"), "{message}");
+        let (_, _, kept) = answer("12", Some("ModelInfer: use POST"), "/p");
+        assert_eq!(kept.as_deref(), Some("ModelInfer: use POST"), "a message of Hangar's stays");
     }
 }

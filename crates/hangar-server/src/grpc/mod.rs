@@ -52,14 +52,9 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let calls = Arc::new(Calls::default());
     let limits = service.state.options.connections;
-    // One service, so no router: tonic's router would pin an older `matchit` than ours.
-    let max_message = service.options().max_request_body_bytes;
     let stall = service.options().http.stream_write_timeout;
     let counters = service.state.metrics.listener("grpc");
-    let grpc =
-        GrpcInferenceServiceServer::new(Grpc { http: service.clone(), calls: Arc::clone(&calls) })
-            .max_decoding_message_size(max_message);
-    let grpc = limits::Limited::new(grpc, service);
+    let grpc = limited(&service, Arc::clone(&calls));
     let incoming = crate::listen::Acceptor::new(listener, &limits, stall, counters, "grpc");
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let wait = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
@@ -79,6 +74,33 @@ pub async fn serve(
         ended = &mut server => ended,
         () = calls.idle() => Ok(()),
     }
+}
+
+/// Answers one gRPC call of `service` without a listener: the gate, the decode limit and
+/// the handlers [`serve`] runs, with no connection's limits (there is none). For embedding
+/// the service behind a server of one's own, and for the fuzz checks.
+pub async fn call(
+    service: &HangarService,
+    request: http::Request<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    use tonic::codegen::Service;
+    match limited(service, Arc::new(Calls::default())).call(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// The generated server of `service`'s RPCs, decoding up to `max_request_body_bytes`,
+/// behind the gate. One service, so no router: tonic's router would pin an older `matchit`
+/// than ours.
+fn limited(
+    service: &HangarService,
+    calls: Arc<Calls>,
+) -> limits::Limited<GrpcInferenceServiceServer<Grpc>> {
+    let max_message = service.options().max_request_body_bytes;
+    let grpc = GrpcInferenceServiceServer::new(Grpc { http: service.clone(), calls })
+        .max_decoding_message_size(max_message);
+    limits::Limited::new(grpc, service.clone())
 }
 
 /// The calls in flight.

@@ -242,3 +242,37 @@ async fn unserved_rpcs_name_the_http_route_to_use() {
     let err = c.system_shared_memory_status(Unserved {}).await.unwrap_err();
     assert_eq!(err.code(), Code::Unimplemented);
 }
+
+#[tokio::test]
+async fn a_message_over_the_body_bound_or_not_protobuf_is_the_callers_error() {
+    let service = server()
+        .settings(json!({ "max_request_body_bytes": 4096 }))
+        .models(json!({ "chat": { "backend": "stub" } }))
+        .build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(hangar_server::grpc::serve(listener, service.clone(), std::future::pending()));
+    let mut client = GrpcInferenceServiceClient::connect(format!("http://{addr}")).await.unwrap();
+    // One byte over the bound, then at it (a name that is no model).
+    let named = |bytes: usize| unload(&"m".repeat(bytes));
+    let over = client.repository_model_unload(named(4094)).await.unwrap_err();
+    let (code, message, hangar) = parts(&over);
+    assert_eq!((code, hangar), (Code::ResourceExhausted, "payload_too_large"), "{message}");
+    assert!(message.contains("4096"), "{message}");
+    let at = client.repository_model_unload(named(4093)).await.unwrap_err();
+    assert_eq!(parts(&at).0, Code::NotFound, "{at:?}");
+
+    // Bytes that are no RepositoryModelUnloadRequest: INVALID_ARGUMENT, not INTERNAL.
+    let frame = [0, 0, 0, 0, 3, 0x12, 9, b'x'];
+    let request = http::Request::post("/inference.GRPCInferenceService/RepositoryModelUnload")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::new(http_body_util::Full::new(bytes::Bytes::copy_from_slice(
+            &frame,
+        ))))
+        .unwrap();
+    let answer = hangar_server::grpc::call(&service, request).await;
+    let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok());
+    assert_eq!(header("grpc-status"), Some("3"), "{:?}", answer.headers());
+    assert_eq!(header("hangar-error-code"), Some("invalid_request"));
+}

@@ -359,7 +359,7 @@ async fn with_kind_stands_in_for_another_backend() {
 
     // A model of another kind is refused.
     let err = backend.load(request(&stub_model(json!({})))).await.err().unwrap();
-    assert!(matches!(err, LoadError::Failed { .. }), "{err:?}");
+    assert!(matches!(err, LoadError::Refused { .. }), "{err:?}");
 }
 
 /// A request that asks for more tokens than the context holds stops when it is full, as an

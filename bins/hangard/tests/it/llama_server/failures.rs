@@ -91,8 +91,16 @@ async fn a_child_that_never_becomes_ready_fails_at_load_timeout() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_child_that_crashes_at_start_fails_with_its_last_lines() {
+    // The tiny GGUF with an architecture llama.cpp does not know: Hangar's check of the file
+    // (header, tensors inside it) passes, llama-server starts and fails on it.
     let garbage = temp_dir("garbage").join("x.gguf");
-    std::fs::write(&garbage, b"this is not a GGUF file\n".repeat(64)).unwrap();
+    let mut bytes = std::fs::read(crate::support::engines::fixture("tiny-llama.gguf")).unwrap();
+    let key = b"general.architecture";
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("the key") + key.len();
+    // After the key: its type (u32) and the string's length (u64), then `llama`.
+    assert_eq!(&bytes[at + 12..at + 17], b"llama");
+    bytes[at + 12..at + 17].copy_from_slice(b"xxxxx");
+    std::fs::write(&garbage, bytes).unwrap();
     let model = llama_server("tiny-llama.gguf", json!({ "model_path": garbage.to_str().unwrap() }));
     let server = Server::start(&config(json!({ "broken": model })), &[]);
     let (status, body) = load(&server, "broken", json!({})).await;

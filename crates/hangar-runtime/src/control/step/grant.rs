@@ -56,6 +56,12 @@ pub(super) fn grant<W, P>(
             m
         })
         .collect();
+    // A retry that failed once after evicting everything evicts nothing more until room
+    // may have been made (`exhaust.rs`).
+    if asked.ask == Ask::Retry && super::exhaust::exhausted(state, model) {
+        effects.push(Effect::Granted { model, waiter, answer: Ok(Default::default()) });
+        return;
+    }
     let limits = &state.rules.limits;
     let (places, host) = (asked.places.as_ref(), asked.host.as_ref());
     let answer = decide(asked.ask, &loaded, &asked.incoming, limits, places, host);

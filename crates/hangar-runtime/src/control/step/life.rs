@@ -27,9 +27,8 @@ use crate::quarantine::FailureKind;
 pub(crate) enum Change {
     /// A load starts (from unloaded or failed).
     StartLoad,
-    /// The load ended: loaded, or failed with its message (`counts`: the model's own
-    /// failure, which the quarantine counts; not a refusal by the grant).
-    LoadDone { failed: Option<(String, bool)> },
+    /// The load ended: loaded, or failed.
+    LoadDone { failed: Option<LoadFailed> },
     /// New runtimes replace a loaded model's (a reload).
     Reload,
     /// New weights go in under the same queue (a weight update): a new generation, the
@@ -53,6 +52,26 @@ pub(crate) enum Change {
     Sleep { level: SleepLevel },
     /// They woke (a sleeping model only).
     Wake,
+}
+
+/// How a load failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LoadFailed {
+    /// What the row's `last_error` says.
+    pub(crate) message: String,
+    /// The model's own failure, which the quarantine counts (not a refusal by the grant).
+    pub(crate) counts: bool,
+    /// Its engine failed after every model that may be evicted on its devices was
+    /// (`exhaust.rs`).
+    pub(crate) exhausted: bool,
+}
+
+impl LoadFailed {
+    /// A failure the quarantine counts, not after evicting everything.
+    #[cfg(test)]
+    pub(crate) fn counted(message: &str) -> Self {
+        Self { message: message.to_owned(), counts: true, exhausted: false }
+    }
 }
 
 /// A move decided.
@@ -124,7 +143,7 @@ pub(super) fn change<W, P>(
     let (event, error, failure) = match &change {
         Change::StartLoad => (Some(LifecycleEvent::StartLoad), None, None),
         Change::LoadDone { failed: None } => (Some(LifecycleEvent::LoadSucceeded), None, None),
-        Change::LoadDone { failed: Some((message, counts)) } => {
+        Change::LoadDone { failed: Some(LoadFailed { message, counts, .. }) } => {
             // An engine can print megabytes into an error: kept bounded.
             let message = crate::journal::bounded(message);
             let failure = counts.then(|| (FailureKind::LoadFailed, message.clone()));
@@ -167,6 +186,12 @@ pub(super) fn change<W, P>(
         },
     };
     let crashed = matches!(change, Change::Crash { .. });
+    let frees = matches!(change, Change::UnloadDone | Change::Crash { .. } | Change::Sleep { .. });
+    let load_done = match &change {
+        Change::LoadDone { failed: None } => Some(Ok(())),
+        Change::LoadDone { failed: Some(f) } => Some(Err(f.exhausted)),
+        _ => None,
+    };
     if matches!(change, Change::LoadDone { failed: None } | Change::Reload | Change::Swap) {
         life.generation += 1;
     }
@@ -192,6 +217,12 @@ pub(super) fn change<W, P>(
     effects.push(Effect::Moved { model, moved, apply, waiter });
     if crashed {
         super::release::tearing(state, model, now);
+    }
+    if frees {
+        super::exhaust::freed(state);
+    }
+    if let Some(done) = load_done {
+        super::exhaust::load_done(state, model, done);
     }
     if let Some((kind, message)) = failure {
         quarantine::failed(state, model, (kind, message, wall_ms), now, effects);

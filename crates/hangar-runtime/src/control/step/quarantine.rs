@@ -6,9 +6,11 @@
 //! - [`Command::Failed`](super::Command::Failed) records a failure, which may begin a
 //!   quarantine (journaled);
 //! - [`Command::MayLoad`](super::Command::MayLoad) asks before a load starts: a load on
-//!   demand (a request's auto-load, a lease) is refused while the model is quarantined; an
-//!   explicit one lifts the quarantine (journaled) and goes ahead. No load of a model that
-//!   left the config starts ([`Command::Retire`](super::Command::Retire)).
+//!   demand (a request's auto-load, a lease) is refused while the model is quarantined, or
+//!   while its last load failed after evicting everything and nothing was freed since
+//!   (`exhaust.rs`; that refusal counts as a failure); an explicit one lifts the quarantine
+//!   (journaled) and goes ahead. No load of a model that left the config starts
+//!   ([`Command::Retire`](super::Command::Retire)).
 //!
 //! Every change of a model's failures is published before any answer of the same step.
 
@@ -38,7 +40,7 @@ pub(super) fn failed<W, P>(
 pub(super) fn may_load<W, P>(
     state: &mut State<W>,
     model: ModelId,
-    explicit: bool,
+    (explicit, wall_ms): (bool, u64),
     waiter: W,
     now: Instant,
     effects: &mut Vec<Effect<W, P>>,
@@ -56,7 +58,14 @@ pub(super) fn may_load<W, P>(
         Ok(())
     } else {
         match log.active(now) {
-            None => Ok(()),
+            None => match super::exhaust::refusal(state, model) {
+                None => Ok(()),
+                Some(refused) => {
+                    let failure = (FailureKind::LoadFailed, EXHAUSTED.to_owned(), wall_ms);
+                    failed(state, model, failure, now, effects);
+                    Err(refused)
+                }
+            },
             Some(quarantine) => {
                 let last_error = log.last_message().unwrap_or_default().to_owned();
                 Err(Refused::Quarantined { quarantine, last_error })
@@ -65,6 +74,9 @@ pub(super) fn may_load<W, P>(
     };
     effects.push(Effect::MayLoad { model, waiter, answer });
 }
+
+/// What the failure log says of a load on demand refused by `exhaust.rs`.
+const EXHAUSTED: &str = "not loaded on demand: its last load failed after every model that may be evicted on its devices was, and nothing was freed since";
 
 fn publish<W, P>(log: &FailureLog, model: ModelId, effects: &mut Vec<Effect<W, P>>) {
     effects.push(Effect::Failures { model, view: log.view() });

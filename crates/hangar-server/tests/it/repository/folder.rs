@@ -2,7 +2,8 @@
 //! KServe's multi-model agent uses them: a model folder that appears after start-up is
 //! indexed and loaded; its folder deleted, its unload still succeeds and it leaves; a folder
 //! without `hangar.json` is served from `model_repository_defaults`; a malformed
-//! `hangar.json` is reported on its model alone (index `reason`, row `last_error`).
+//! `hangar.json` is reported on its model alone (index `reason`, row `last_error`); a folder
+//! whose weights are no GGUF fails its own load and evicts no other model.
 
 use std::path::{Path, PathBuf};
 
@@ -26,6 +27,7 @@ fn service(dir: &Path) -> HangarService {
             "model_repository_defaults": { "backend": "stub", "stub": { "load_delay_ms": 5 } },
         }))
         .models(json!({ "configured": { "backend": "stub" } }))
+        .stub_kinds([hangar_config::BackendKind::LlamaCpp])
         .build()
 }
 
@@ -107,4 +109,23 @@ async fn a_malformed_definition_is_reported_on_its_model_alone() {
     assert!(rows.contains(&row("bad", "UNAVAILABLE", "unloaded")), "{rows:?}");
     let load = "/v2/repository/models/bad/load";
     assert_eq!(call(&s, http::Method::POST, load, json!({})).await.0, 200);
+}
+
+#[tokio::test]
+async fn a_folder_with_broken_weights_fails_its_load_and_evicts_nothing() {
+    let dir = repository("broken-weights");
+    std::fs::create_dir_all(dir.join("broken")).unwrap();
+    let definition = r#"{"backend": "llama_cpp", "model_path": "m.gguf"}"#;
+    std::fs::write(dir.join("broken/hangar.json"), definition).unwrap();
+    // GGUF's magic and version, one tensor announced, then nothing.
+    let header = [&b"GGUF"[..], &3u32.to_le_bytes(), &1u64.to_le_bytes(), &0u64.to_le_bytes()];
+    std::fs::write(dir.join("broken/m.gguf"), header.concat()).unwrap();
+    let s = service(&dir);
+    let load = |name: &str| format!("/v2/repository/models/{name}/load");
+    assert_eq!(call(&s, http::Method::POST, &load("configured"), json!({})).await.0, 200);
+    let (status, failed) = call(&s, http::Method::POST, &load("broken"), json!({})).await;
+    assert!(status >= 400, "{status} {failed}");
+    assert!(failed["error"].as_str().unwrap().contains("not a GGUF file"), "{failed}");
+    let rows = index(&s).await;
+    assert!(rows.contains(&row("configured", "READY", "")), "nothing evicted: {rows:?}");
 }
