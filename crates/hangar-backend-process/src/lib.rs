@@ -112,8 +112,9 @@ impl ProcessBackend {
     }
 
     /// The saved prompt caches of a `llama-server` generation model's replica started by
-    /// `launch`, when the load has a root for them.
-    fn saved_slots(
+    /// `launch`, when the load has a root for them. Opened on a blocking thread: the
+    /// store's identity reads the whole model file the first time.
+    async fn saved_slots(
         &self,
         model: &ModelConfig,
         root: Option<&hangar_backend::PromptCacheRoot>,
@@ -121,9 +122,11 @@ impl ProcessBackend {
     ) -> Option<saved::SavedSlots> {
         let usable = self.kind == BackendKind::LlamaServer
             && model.model_type == hangar_config::ModelType::Llm;
-        let (root, file) = (root.filter(|_| usable)?, model.model_path.as_deref()?);
-        let slots = model.target_inflight.get();
-        saved::SavedSlots::open(root, model.name.as_str(), Path::new(file), launch, slots)
+        let (root, file) = (root.filter(|_| usable)?.clone(), model.model_path.clone()?);
+        let (name, slots, launch) =
+            (model.name.to_string(), model.target_inflight.get(), launch.clone());
+        let open = move || saved::SavedSlots::open(&root, &name, Path::new(&file), &launch, slots);
+        tokio::task::spawn_blocking(open).await.ok().flatten()
     }
 
     /// Whether `model`'s children listen on a private socket (`launch::on_socket`).
@@ -158,7 +161,7 @@ impl ProcessBackend {
         for attempt in 1..=PORT_ATTEMPTS {
             let (mut launch, picked) = self.launch(model, replica, gpus, socket.as_deref())?;
             if saved.is_none() {
-                saved = self.saved_slots(model, prompt_cache, &launch);
+                saved = self.saved_slots(model, prompt_cache, &launch).await;
             }
             if let Some(saved) = &saved {
                 saved.point(&mut launch);

@@ -5,9 +5,10 @@
 //! This crate owns the store: where saved caches live (one folder per model under a root
 //! in `state_dir`), how one is found (Hangar's APIs are stateless, so a conversation is its
 //! token prefix: a cache is keyed by a digest of the tokens it covers and found by the
-//! longest prefix it shares with a new prompt), what ties it to a model ([`Identity`]: the
-//! model file's size and a digest of its head and tail, and the engine's load options; a
-//! cache of another identity is never handed out, and the log says so), the byte bound
+//! longest prefix it shares with a new prompt), what ties it to a model ([`Identity`]: a
+//! digest of the whole model file, remembered by its inode, size and modification time,
+//! and the engine's load options; a cache of another identity is never handed out, and
+//! the log says so), the byte bound
 //! over the whole root (oldest dropped first), and the file rules (`file`: folders 0700,
 //! files 0600, no symlink followed, digests checked before a payload is handed out). What
 //! a payload holds is the engine's business: the store never interprets it.
@@ -54,34 +55,37 @@ pub enum CacheError {
     },
 }
 
-/// What a saved cache is tied to: a SHA-256 over the model file's size, its first and last
-/// MiB (the GGUF header and some weights), and the engine's load options as the engine
-/// writes them. Two loads restore each other's caches only when all of these agree.
+/// What a saved cache is tied to: a SHA-256 over the whole model file and the engine's
+/// load options as the engine writes them. Two loads restore each other's caches only when
+/// both agree: two files of the same size, head and tail that differ anywhere else do not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity([u8; 32]);
 
-/// How much of the model file's head and tail goes into its [`Identity`].
-const IDENTITY_SPAN: u64 = 1 << 20;
+/// A file as its digest is remembered: device, inode, size and modification time. A file
+/// changed in place or replaced changes one of them, and is read again; so is one whose
+/// first or last MiB changed within the clock's resolution (checked at every use).
+type FileKey = (u64, u64, u64, i64, i64);
+
+/// A remembered digest: the file's key, the digest of its first and last MiB, and of it all.
+type Remembered = (FileKey, [u8; 32], [u8; 32]);
+
+/// The digests of the model files read so far in this process.
+static DIGESTS: std::sync::Mutex<Vec<Remembered>> = std::sync::Mutex::new(Vec::new());
+
+/// How much of a file's head and tail is checked again when its digest is reused.
+const EDGE: u64 = 1 << 20;
 
 impl Identity {
-    /// The identity of `model_file` loaded with `options`.
+    /// The identity of `model_file` loaded with `options`. The file is read whole once per
+    /// process (for a model of gigabytes, seconds: call it off the async threads); later
+    /// calls for the same unchanged file reuse its digest.
     ///
     /// # Errors
     /// When the file cannot be read.
     pub fn of(model_file: &Path, options: &str) -> Result<Self, CacheError> {
-        use std::io::{Read, Seek, SeekFrom};
-        let io = |e| file::io_at(model_file, e);
-        let mut f = std::fs::File::open(model_file).map_err(io)?;
-        let size = f.metadata().map_err(io)?.len();
         let mut ctx = Context::new(&SHA256);
-        ctx.update(b"hangar-prompt-cache 1\0");
-        ctx.update(&size.to_le_bytes());
-        let mut buf = vec![0u8; IDENTITY_SPAN.min(size) as usize];
-        f.read_exact(&mut buf).map_err(io)?;
-        ctx.update(&buf);
-        f.seek(SeekFrom::Start(size - buf.len() as u64)).map_err(io)?;
-        f.read_exact(&mut buf).map_err(io)?;
-        ctx.update(&buf);
+        ctx.update(b"hangar-prompt-cache 2\0");
+        ctx.update(&file_digest(model_file)?);
         ctx.update(&(options.len() as u64).to_le_bytes());
         ctx.update(options.as_bytes());
         Ok(Self::from_digest(ctx.finish().as_ref()))
@@ -92,6 +96,45 @@ impl Identity {
         id.copy_from_slice(&bytes[..32]);
         Self(id)
     }
+}
+
+/// The SHA-256 of `path`'s bytes, remembered by [`FileKey`] and its edges.
+fn file_digest(path: &Path) -> Result<[u8; 32], CacheError> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::MetadataExt;
+    let io = |e| file::io_at(path, e);
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let meta = f.metadata().map_err(io)?;
+    let key = (meta.dev(), meta.ino(), meta.size(), meta.mtime(), meta.mtime_nsec());
+    let mut edges = Context::new(&SHA256);
+    let mut buf = vec![0u8; EDGE.min(meta.size()) as usize];
+    f.read_exact(&mut buf).map_err(io)?;
+    edges.update(&buf);
+    f.seek(SeekFrom::Start(meta.size() - buf.len() as u64)).map_err(io)?;
+    f.read_exact(&mut buf).map_err(io)?;
+    edges.update(&buf);
+    let edges: [u8; 32] = edges.finish().as_ref().try_into().unwrap_or_default();
+    let lock = || DIGESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let remembered = lock().iter().find(|(k, e, _)| *k == key && *e == edges).map(|r| r.2);
+    if let Some(digest) = remembered {
+        return Ok(digest);
+    }
+    f.seek(SeekFrom::Start(0)).map_err(io)?;
+    let mut ctx = Context::new(&SHA256);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        ctx.update(&buf[..n]);
+    }
+    let digest: [u8; 32] = ctx.finish().as_ref().try_into().unwrap_or_default();
+    let mut digests = lock();
+    // A file replaced keeps no stale entry for its inode.
+    digests.retain(|((dev, ino, ..), ..)| (*dev, *ino) != (key.0, key.1));
+    digests.push((key, edges, digest));
+    Ok(digest)
 }
 
 /// What [`Store::save_with`] did.

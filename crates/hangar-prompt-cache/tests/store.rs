@@ -125,6 +125,23 @@ fn a_cache_of_another_model_file_or_other_options_is_never_restored() {
 }
 
 #[test]
+fn files_of_one_size_head_and_tail_that_differ_in_the_middle_are_other_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = vec![7u8; 3 * MIB as usize];
+    let a = model_file(dir.path(), "a.gguf", &bytes);
+    let same = model_file(dir.path(), "copy-of-a.gguf", &bytes);
+    bytes[(3 * MIB / 2) as usize] ^= 1;
+    let b = model_file(dir.path(), "b.gguf", &bytes);
+    let id = |file: &std::path::Path| Identity::of(file, "n_ctx=512").unwrap();
+    assert_ne!(id(&a), id(&b), "a byte in the middle tells them apart");
+    assert_eq!(id(&a), id(&same), "the same bytes elsewhere are the same model");
+    assert_eq!(id(&a), id(&a), "asked again (the digest remembered)");
+    // Rewritten in place with other bytes (another size): read again.
+    std::fs::write(&a, &bytes[..2 * MIB as usize]).unwrap();
+    assert_ne!(id(&a), id(&same));
+}
+
+#[test]
 fn the_byte_bound_drops_the_oldest_first_across_models() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("pc");

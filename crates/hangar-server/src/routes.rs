@@ -60,7 +60,8 @@ pub(crate) const INFERENCE: &[ErrorCode] = &[
     R(SlotsPinned),
     // The model failed too often; `retry_after` says when a request may load it again.
     R(ModelQuarantined),
-    // An auto-load that does not fit in the VRAM budget.
+    // An auto-load that does not fit in the memory budget, or whose last load failed with
+    // everything evicted and nothing freed since.
     R(InsufficientVram),
     R(InsufficientMemory),
     // A list longer than `limits` allow (messages, inputs, documents, tools, stop sequences).
@@ -251,7 +252,7 @@ pub(crate) fn all() -> Vec<Route> {
             .admin()
             .doc(
                 "Hold a model loaded for a job",
-                "Takes a lease (`owner`, `ttl_seconds` up to a week), loading the model first if needed (the load's errors come back, and no lease is kept). A model with a live lease is never evicted nor unloaded for idleness; a load that could only proceed by evicting it fails with 409 slots_pinned. Renew before `expires_unix_ms`; expired leases are dropped. An explicit unload still unloads the model and revokes its leases. Leases are listed in the row. A quarantined model is not loaded for a lease: 503 model_quarantined with `retry_after`. A model holds at most `limits.max_leases_per_model` live leases: one more is 429 too_many_leases (retry once one is released or expires); `owner` is at most 256 bytes.",
+                "Takes a lease (`owner`, `ttl_seconds` up to a week), loading the model first if needed (the load's errors come back, and no lease is kept). A model with a live lease is never evicted nor unloaded for idleness; a load that could only proceed by evicting it fails with 409 slots_pinned. Renew before `expires_unix_ms`; expired leases are dropped. An explicit unload still unloads the model and revokes its leases. Leases are listed in the row. A quarantined model is not loaded for a lease: 503 model_quarantined with `retry_after`; nor one whose last load failed with every model that may be evicted on its devices evicted and nothing freed since: 507 insufficient_vram (insufficient_memory off the GPU). A model holds at most `limits.max_leases_per_model` live leases: one more is 429 too_many_leases (retry once one is released or expires); `owner` is at most 256 bytes.",
             )
             .body::<admin::LeaseBody>(false)
             .ok::<admin::LeaseResponse>()

@@ -6,7 +6,7 @@
 //! free slot, which then holds those tokens: the prompt reuse of `batch.rs` does the rest,
 //! and the answer reports them as cached.
 //!
-//! A cache is tied to the GGUF (its size, head and tail) and to every `gguf_*` setting, the
+//! A cache is tied to the GGUF (a digest of the whole file) and to every `gguf_*` setting, the
 //! devices and the Hangar version; llama.cpp also checks a state's shape when it reads it
 //! and refuses one that does not fit (the restore is then logged and the slot starts empty).
 

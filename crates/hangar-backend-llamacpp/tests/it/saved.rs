@@ -105,3 +105,45 @@ async fn a_returning_conversation_gets_its_cache_back_after_an_unload_and_a_slee
     assert_eq!(summary.cached_tokens, 0, "{summary:?}");
     other.unload().await;
 }
+
+/// Issue 59: caches were keyed by the file's size, head and tail, so a GGUF of the same size,
+/// head and tail got another file's cache. Keyed to the whole file now.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cache_is_restored_into_the_same_weights_only_not_a_file_that_differs_in_the_middle() {
+    let Some(trained) = support::trained(MODEL) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("prompt-cache");
+    let path = dir.path().join("model.gguf");
+    let original = std::fs::read(&trained).unwrap();
+    // Replaced as weights are: written aside, renamed over the model's path.
+    let place = |bytes: &[u8]| {
+        let aside = dir.path().join("model.gguf.new");
+        std::fs::write(&aside, bytes).unwrap();
+        std::fs::rename(&aside, &path).unwrap();
+    };
+    place(&original);
+    let path_str = path.to_str().unwrap();
+    let prompt = conversation();
+    let runtime = load(path_str, json!({}), Some(&root)).await;
+    let (_, first) = turn(&*runtime, &prompt).await;
+    runtime.unload().await;
+    assert!(!files(&root).is_empty(), "a cache was saved");
+
+    // One byte of the weights changed in the middle: same size, head and tail. Nothing of
+    // the cache is restored.
+    let mut changed = original.clone();
+    changed[original.len() / 2] ^= 0x10;
+    place(&changed);
+    let other = load(path_str, json!({}), Some(&root)).await;
+    let (_, summary) = turn(&*other, &prompt).await;
+    assert_eq!(summary.cached_tokens, 0, "{summary:?}");
+    other.unload().await;
+
+    // The same weights again: all of it is.
+    place(&original);
+    let same = load(path_str, json!({}), Some(&root)).await;
+    let (_, summary) = turn(&*same, &prompt).await;
+    assert_eq!(summary.prompt_tokens, first.prompt_tokens);
+    assert!(summary.cached_tokens + 1 >= summary.prompt_tokens, "{summary:?}");
+    same.unload().await;
+}
