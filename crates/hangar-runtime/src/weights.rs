@@ -140,6 +140,13 @@ impl Manager {
         let mut config = (*effective).clone();
         let model_path = update.model_path.clone().or_else(|| entry.config.model_path.clone());
         config.model_path.clone_from(&model_path);
+        // `vllm serve` loads `vllm_model` before `model_path`: weights named by path are what
+        // the new child loads, not the hub id it was started with.
+        if update.model_path.is_some()
+            && let hangar_config::BackendSettings::VllmServe { serve, .. } = &mut config.settings
+        {
+            serve.vllm_model = None;
+        }
         let config = Arc::new(config);
         let lane = self.enter_lane(entry).await;
         let creation = {

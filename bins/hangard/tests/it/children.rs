@@ -292,3 +292,31 @@ async fn an_engine_answer_over_the_bound_is_a_typed_error() {
     );
     assert!(answer["error"]["message"].as_str().unwrap().contains("128 bytes"), "{answer}");
 }
+
+/// Issue 59: a weight update of a `vllm_serve` model started from a hub id (`vllm_model`)
+/// reported the new weights and kept serving the old ones: the new child now loads the
+/// path the update names.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_vllm_weight_update_serves_the_weights_it_names() {
+    let dir = crate::support::temp_dir("vllm-update");
+    let weights = dir.join("step-1");
+    std::fs::create_dir_all(&weights).unwrap();
+    std::fs::File::create(weights.join("model.safetensors")).unwrap().set_len(1 << 20).unwrap();
+    let model = json!({ "backend": "vllm_serve", "vllm_binary_path": fake_vllm(), "vllm_model": "org/base" });
+    let server = Server::start(&json!({ "models": { "fake": model } }), &[]);
+    let command =
+        |row: &Value| row["runtime_details"][0]["command"].as_str().unwrap_or("").to_owned();
+    let (status, row) = post(&server, "/v1/admin/models/fake/load", json!({})).await;
+    assert_eq!(status, 200, "{row}");
+    assert!(command(&row).contains("serve org/base"), "{row}");
+    let update = json!({ "model_path": weights, "weight_version": "step-1" });
+    let path = "/v1/admin/models/fake/update-weights-from-disk";
+    let (status, answer) = post(&server, path, update).await;
+    assert_eq!(status, 200, "{answer}");
+    let (_, row) = crate::support::get(&server, "/v1/admin/models/fake").await;
+    assert_eq!(row["weight_version"], "step-1", "{row}");
+    let served = command(&row);
+    assert!(served.contains(&format!("serve {}", weights.display())), "{served}");
+    assert!(!served.contains("org/base"), "{served}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
