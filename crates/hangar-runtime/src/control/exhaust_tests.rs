@@ -93,6 +93,12 @@ fn never_twice_for_nothing_as_a_table() {
     let rows: Vec<(&str, Vec<Command>, Command, &str)> = vec![
         ("a load on demand after it is refused", exhausted(), may_load(FAILING, false), refused),
         ("an explicit load still tries", exhausted(), may_load(FAILING, true), "ok"),
+        (
+            "a second refusal still gives the engine's error",
+            then(vec![may_load(FAILING, false)]),
+            may_load(FAILING, false),
+            refused,
+        ),
         ("its retry evicts nothing", exhausted(), retry(), "evict 0"),
         (
             "a failure with room left to evict marks nothing",

@@ -291,9 +291,9 @@ struct Model<W> {
     figures: ObservedVram,
     /// It left the config: no load of it starts again.
     retired: bool,
-    /// The count of frees when its last load failed after evicting everything
-    /// (`exhaust.rs`).
-    exhausted: Option<u64>,
+    /// The count of frees when its last load failed after evicting everything, and that
+    /// load's error (`exhaust.rs`).
+    exhausted: Option<(u64, String)>,
 }
 
 impl<W> Model<W> {

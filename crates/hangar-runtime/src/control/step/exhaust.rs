@@ -16,7 +16,7 @@
 //! A load that succeeds clears the mark. Memory freed outside Hangar (another process on
 //! the GPU) moves no count: an explicit load, or any unload, tries again.
 
-use super::{ModelId, State};
+use super::{LoadFailed, ModelId, State};
 use crate::quarantine::Refused;
 
 /// Something that may make room happened (an unload ended, a crash, a sleep, the models
@@ -25,23 +25,23 @@ pub(super) fn freed<W>(state: &mut State<W>) {
     state.frees = state.frees.wrapping_add(1);
 }
 
-/// `model`'s load ended: loaded (`Ok`), or failed after every eviction there was
-/// (`Err(true)`) or not (`Err(false)`).
-pub(super) fn load_done<W>(state: &mut State<W>, model: ModelId, failed: Result<(), bool>) {
+/// `model`'s load ended: loaded (`None`), or `failed` (marked when after every eviction
+/// there was, with the engine's error).
+pub(super) fn load_done<W>(state: &mut State<W>, model: ModelId, failed: Option<&LoadFailed>) {
     let frees = state.frees;
-    state.models[model].exhausted = match failed {
-        Err(true) => Some(frees),
-        Ok(()) | Err(false) => None,
-    };
+    state.models[model].exhausted =
+        failed.filter(|f| f.exhausted).map(|f| (frees, crate::journal::bounded(&f.message)));
 }
 
 /// Whether `model` failed after evicting everything and nothing was freed since.
 pub(super) fn exhausted<W>(state: &State<W>, model: ModelId) -> bool {
-    state.models[model].exhausted == Some(state.frees)
+    state.models[model].exhausted.as_ref().is_some_and(|(at, _)| *at == state.frees)
 }
 
-/// The refusal of a load on demand of an exhausted `model`, with its last error.
+/// The refusal of a load on demand of an exhausted `model`, with the error of the load
+/// that exhausted it.
 pub(super) fn refusal<W>(state: &State<W>, model: ModelId) -> Option<Refused> {
-    let last_error = state.models[model].failures.last_message().unwrap_or_default().to_owned();
+    let (_, last_error) = state.models[model].exhausted.as_ref()?;
+    let last_error = last_error.clone();
     exhausted(state, model).then_some(Refused::Exhausted { last_error })
 }

@@ -188,8 +188,7 @@ pub(super) fn change<W, P>(
     let crashed = matches!(change, Change::Crash { .. });
     let frees = matches!(change, Change::UnloadDone | Change::Crash { .. } | Change::Sleep { .. });
     let load_done = match &change {
-        Change::LoadDone { failed: None } => Some(Ok(())),
-        Change::LoadDone { failed: Some(f) } => Some(Err(f.exhausted)),
+        Change::LoadDone { failed } => Some(failed.clone()),
         _ => None,
     };
     if matches!(change, Change::LoadDone { failed: None } | Change::Reload | Change::Swap) {
@@ -221,8 +220,8 @@ pub(super) fn change<W, P>(
     if frees {
         super::exhaust::freed(state);
     }
-    if let Some(done) = load_done {
-        super::exhaust::load_done(state, model, done);
+    if let Some(failed) = load_done {
+        super::exhaust::load_done(state, model, failed.as_ref());
     }
     if let Some((kind, message)) = failure {
         quarantine::failed(state, model, (kind, message, wall_ms), now, effects);
