@@ -287,6 +287,7 @@ mod tests {
             gpus: vec![GpuRoom { index: 0, free_mib: 0 }, GpuRoom { index: 1, free_mib: 0 }],
             holdings: vec![holding("x", 1), holding("y", 0)],
             fit: Fit { needed_mib: 5000, allowed: vec![0], split: 1 },
+            known: true,
         };
         assert_eq!(summary(grant(&loaded, 4, &places)), "sleep y; evict ");
     }

@@ -184,6 +184,20 @@ pub enum ManagerError {
         /// Its last load's error.
         last_error: String,
     },
+    /// A second copy (a reload, a weight update) of a model whose memory nothing tells: it
+    /// was not measured when it loaded (an earlier unload's memory had not shown as
+    /// released, or the GPUs do not list processes) and its files give no estimate.
+    /// Counted as zero, the two copies could run past the budget; nothing was done.
+    #[error(
+        "the {} memory a second copy of model '{model}' takes is not known (it was not measured when the model loaded, and its files give no estimate), so it is not admitted under the budget; unload the model and load it again instead",
+        if *gpu { "GPU" } else { "host" }
+    )]
+    MemoryNotKnown {
+        /// The model.
+        model: String,
+        /// GPU memory (else host memory).
+        gpu: bool,
+    },
     /// A model on the CPU does not fit in the host-memory budget (`ram_budget`) even after
     /// evicting every model that may be evicted; nothing was evicted.
     #[error(
@@ -390,6 +404,8 @@ impl ManagerError {
             Self::InsufficientMemory { .. } => ErrorCode::InsufficientMemory,
             Self::LoadExhausted { gpu: true, .. } => ErrorCode::InsufficientVram,
             Self::LoadExhausted { gpu: false, .. } => ErrorCode::InsufficientMemory,
+            Self::MemoryNotKnown { gpu: true, .. } => ErrorCode::InsufficientVram,
+            Self::MemoryNotKnown { gpu: false, .. } => ErrorCode::InsufficientMemory,
             Self::Quarantined { .. } => ErrorCode::ModelQuarantined,
             Self::WouldPause { .. } => ErrorCode::WouldPause,
             Self::Runtime(e) => match e {

@@ -33,6 +33,9 @@ pub(crate) enum Refusal {
     Vram(VramShortfall),
     /// The model cannot fit in the host-memory budget.
     Host(VramShortfall),
+    /// A second copy whose memory nothing tells (not measured, no estimate): counted as
+    /// zero it could run past the budget, so it is not admitted.
+    Unknown(Place),
 }
 
 impl Refusal {
@@ -47,6 +50,7 @@ impl Refusal {
             Self::Host(short) => {
                 ManagerError::InsufficientMemory { model, shortfall: Box::new(short) }
             }
+            Self::Unknown(on) => ManagerError::MemoryNotKnown { model, gpu: on == Place::Gpus },
         }
     }
 }
@@ -64,6 +68,10 @@ pub(crate) struct Places {
     pub(crate) holdings: Vec<GpuHolding>,
     /// What the new runtimes take, on how many GPUs at once, and which GPUs they may use.
     pub(crate) fit: Fit,
+    /// Whether `fit.needed_mib` is a figure (measured or estimated); false: nothing tells
+    /// what the runtimes take and it reads 0 (a first load is admitted so and measured; a
+    /// second copy is refused, [`Refusal::Unknown`]).
+    pub(crate) known: bool,
 }
 
 impl Places {
@@ -77,7 +85,8 @@ impl Places {
             .map(|m| GpuHolding { model: m.name.clone(), gpu: 0, mib: m.vram_mib })
             .collect();
         let fit = Fit { needed_mib, allowed: Vec::new(), split: 1 };
-        Self { on: Place::Gpus, gpus: vec![GpuRoom { index: 0, free_mib }], holdings, fit }
+        let gpus = vec![GpuRoom { index: 0, free_mib }];
+        Self { on: Place::Gpus, gpus, holdings, fit, known: true }
     }
 }
 
@@ -180,6 +189,7 @@ pub(crate) fn decide_placed(
         (Ask::Load, Some(p)) => {
             Some(plan_placement(loaded, incoming, limits, &p.gpus, &p.holdings, &p.fit))
         }
+        (Ask::SecondCopy, Some(p)) if !p.known => return Err(Refusal::Unknown(p.on)),
         (Ask::SecondCopy, Some(p)) => {
             Some(plan_second_copy_placed(loaded, &incoming.name, &p.gpus, &p.holdings, &p.fit))
         }
@@ -250,6 +260,7 @@ mod tests {
             Refusal::Held(held) => format!("held: {}", held.join(",")),
             Refusal::Vram(short) => format!("vram: {} missing", short.missing_mib),
             Refusal::Host(short) => format!("host: {} missing", short.missing_mib),
+            Refusal::Unknown(on) => format!("not known: {on:?}"),
         }
     }
 
@@ -347,6 +358,41 @@ mod tests {
     }
 
     #[test]
+    fn a_second_copy_is_never_counted_as_zero() {
+        let nz = |n| std::num::NonZeroU32::new(n).unwrap();
+        let limits = MaxLoadedModels { llm: nz(1), embedding: nz(1), reranking: nz(1) };
+        let incoming = Incoming {
+            name: ModelName::new("new").unwrap(),
+            model_type: ModelType::Llm,
+            device: Device::GPU,
+        };
+        // "new" runs with nothing known of its memory; 100 MiB are free.
+        let running = [loaded("new", 1, 0, false)];
+        let other = [loaded("other", 1, 0, false)];
+        let rows = [
+            ("a second copy with no figure is refused", Ask::SecondCopy, None, "not known: Gpus"),
+            ("nor on the host", Ask::SecondCopy, Some(Place::Host), "not known: Host"),
+            ("a first load is admitted and measured", Ask::Load, None, "granted"),
+            ("as is a retry", Ask::Retry, None, "granted"),
+        ];
+        for (what, ask, on, want) in rows {
+            let memory = Places {
+                on: on.unwrap_or(Place::Gpus),
+                known: false,
+                ..Places::one_gpu(100, 0, &running)
+            };
+            let loaded: &[LoadedModel] = if ask == Ask::SecondCopy { &running } else { &other };
+            let got = decide(ask, loaded, &incoming, &limits, Some(&memory), None);
+            let got = got.map_or_else(|r| summary(&r), |_| "granted".into());
+            assert_eq!(got, want, "{what}");
+        }
+        // Known, the same copy is counted: 150 MiB do not fit in 100.
+        let known = Places::one_gpu(100, 150, &running);
+        let got = decide(Ask::SecondCopy, &running, &incoming, &limits, Some(&known), None);
+        assert_eq!(got.map_err(|r| summary(&r)).err().as_deref(), Some("vram: 50 missing"));
+    }
+
+    #[test]
     fn the_place_decides_which_refusal_and_a_granted_load_carries_its_gpus() {
         let nz = |n| std::num::NonZeroU32::new(n).unwrap();
         let limits = MaxLoadedModels { llm: nz(4), embedding: nz(1), reranking: nz(1) };
@@ -401,8 +447,9 @@ mod properties {
             second_copy in any::<bool>(),
             slots in 1..4u32,
             memory in proptest::option::of((-2000..8000i64, 0..8000u64)),
+            known in any::<bool>(),
         ) {
-            check(&models, second_copy, slots, memory)?;
+            check(&models, second_copy, slots, memory, known)?;
         }
     }
 
@@ -414,6 +461,7 @@ mod properties {
         second_copy: bool,
         slots: u32,
         memory: Option<(i64, u64)>,
+        known: bool,
     ) -> Result<(), TestCaseError> {
         static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         let base = *BASE.get_or_init(Instant::now);
@@ -445,8 +493,18 @@ mod properties {
                 .map_or(ModelType::Llm, |m| m.model_type),
             device: Device::GPU,
         };
-        let memory = memory.map(|(free_mib, needed_mib)| Memory { free_mib, needed_mib });
-        let places = memory.map(|m| Places::one_gpu(m.free_mib, m.needed_mib, &loaded));
+        // Unknown, the need reads 0.
+        let memory = memory.map(|(free_mib, needed_mib)| Memory {
+            free_mib,
+            needed_mib: if known { needed_mib } else { 0 },
+        });
+        let places =
+            memory.map(|m| Places { known, ..Places::one_gpu(m.free_mib, m.needed_mib, &loaded) });
+        if ask == Ask::SecondCopy && memory.is_some() && !known {
+            let answer = decide(ask, &loaded, &incoming, &limits, places.as_ref(), None);
+            prop_assert_eq!(answer, Err(Refusal::Unknown(Place::Gpus)), "never counted as 0");
+            return Ok(());
+        }
         let already = loaded.iter().any(|m| m.name == incoming.name);
         let vram = |m: &LoadedModel| i128::from(m.vram_mib);
         match decide(ask, &loaded, &incoming, &limits, places.as_ref(), None) {
@@ -490,6 +548,7 @@ mod properties {
                 prop_assert!(short.missing_mib > 0);
             }
             Err(Refusal::Host(_)) => prop_assert!(false, "GPU places refused as host memory"),
+            Err(Refusal::Unknown(_)) => prop_assert!(false, "refused as unknown: {ask:?}"),
             Err(Refusal::Held(held)) => {
                 prop_assert!(!held.is_empty());
                 for name in &held {

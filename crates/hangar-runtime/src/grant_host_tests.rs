@@ -43,6 +43,7 @@ fn host(free_mib: i64, needed_mib: u64, holds: &[(&str, u64)]) -> Places {
         gpus: vec![GpuRoom { index: 0, free_mib }],
         holdings,
         fit: Fit { needed_mib, allowed: Vec::new(), split: 1 },
+        known: true,
     }
 }
 
@@ -166,6 +167,7 @@ proptest! {
                 prop_assert_eq!(short.free_mib, host_free, "told as the host is now");
             }
             Err(Refusal::Vram(_)) => prop_assert!(gpu.is_some(), "a VRAM refusal needs a budget"),
+            Err(Refusal::Unknown(_)) => prop_assert!(false, "every figure here is known"),
             Err(Refusal::Held(held)) => {
                 for name in &held {
                     prop_assert!(of(name).1, "{name} not held");

@@ -200,9 +200,9 @@ impl Manager {
             i64::try_from(budget).unwrap_or(i64::MAX) - i64::try_from(held).unwrap_or(i64::MAX);
         let slot = entry.lock();
         let needed = figure(entry, &slot, model, replicas, load_override);
-        let mut needed = match needed {
-            Some(figure) => figure.mib,
-            None if on_host(model) => 0,
+        let (mut needed, known) = match needed {
+            Some(figure) => (figure.mib, true),
+            None if on_host(model) => (0, false),
             None => return None,
         };
         if let Some((file, file_mib)) = &entry.artifacts.mapped
@@ -213,6 +213,6 @@ impl Manager {
         }
         let fit = Fit { needed_mib: needed, allowed: Vec::new(), split: 1 };
         let gpus = vec![GpuRoom { index: 0, free_mib }];
-        Some(Places { on: Place::Host, gpus, holdings, fit })
+        Some(Places { on: Place::Host, gpus, holdings, fit, known })
     }
 }

@@ -66,11 +66,11 @@ impl Outcome {
                 "slots_pinned: no room without evicting pinned or leased model(s): {}",
                 held.join(", ")
             )),
-            Self::Refused(refusal @ Refusal::Vram(_)) => {
-                Some(format!("insufficient_vram: {}", refusal.clone().into_error(model)))
-            }
-            Self::Refused(refusal @ Refusal::Host(_)) => {
-                Some(format!("insufficient_memory: {}", refusal.clone().into_error(model)))
+            Self::Refused(
+                refusal @ (Refusal::Vram(_) | Refusal::Host(_) | Refusal::Unknown(_)),
+            ) => {
+                let error = refusal.clone().into_error(model);
+                Some(format!("{}: {error}", error.code().as_str()))
             }
             Self::Failed(failure) => Some(failure.to_string()),
         }

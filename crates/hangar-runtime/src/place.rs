@@ -198,12 +198,14 @@ impl Manager {
             })
             .collect();
         let figure = admission_figure(entry, &entry.lock().vram, model, replicas, load_override);
+        let figure = figure.map(|(mib, _)| mib).or_else(|| running_figure(entry, replicas));
         if figure.is_none() {
-            tracing::warn!(model = %entry.config.name, "no VRAM figure for the model: admitted without one");
+            tracing::info!(model = %entry.config.name, "no VRAM figure for the model: counted as 0 (a load is then measured; a second copy is refused)");
         }
-        let needed_mib = figure.map_or(0, |(mib, _)| mib);
+        let needed_mib = figure.unwrap_or(0);
         let fit = Fit { needed_mib, allowed: model.gpus.clone(), split: model.gpu_split.get() };
-        Some(Places { on: Place::Gpus, gpus, holdings: self.holdings(&readings), fit })
+        let holdings = self.holdings(&readings);
+        Some(Places { on: Place::Gpus, gpus, holdings, fit, known: figure.is_some() })
     }
 
     /// What each loaded GPU model holds on each GPU (see the module docs).
@@ -229,6 +231,20 @@ impl Manager {
         }
         holdings
     }
+}
+
+/// The figure of `entry`'s runtimes in service, scaled to `replicas`: what a second copy (a
+/// reload under another override, a weight update) is counted as when nothing was measured
+/// for its own settings. `None` when the model is not loaded or has no figure either.
+fn running_figure(entry: &ModelEntry, replicas: u32) -> Option<u64> {
+    let slot = entry.lock();
+    if slot.lifecycle.state() != ModelState::Loaded {
+        return None;
+    }
+    let running = slot.phase.loaded_replicas().max(1);
+    let (model, ov) = (&slot.effective, &slot.load_override);
+    let (mib, _) = admission_figure(entry, &slot.vram, model, running, ov)?;
+    Some((mib * u64::from(replicas)).div_ceil(u64::from(running)))
 }
 
 #[cfg(test)]

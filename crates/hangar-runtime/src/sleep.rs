@@ -302,7 +302,7 @@ impl Manager {
         let grant = loop {
             let places = self.places_for(entry, &model, replicas, &load_override).await;
             let places = places.map(|mut places| {
-                places.fit.needed_mib = freed_mib;
+                (places.fit.needed_mib, places.known) = (freed_mib, true);
                 if !on.is_empty() {
                     places.fit.split = u32::try_from(on.len()).unwrap_or(u32::MAX);
                     places.fit.allowed = on.clone();

@@ -50,6 +50,16 @@ fn grant(ask: Ask, pin_a: bool, waiter: u32) -> Command {
     }
 }
 
+/// [`grant`] under a budget with 100 MiB free and nothing known of what "new" takes.
+fn unknown(ask: Ask) -> Command {
+    let Command::Grant { model, ask: mut asked, waiter } = grant(ask, false, 1) else {
+        unreachable!()
+    };
+    let models: Vec<LoadedModel> = asked.loaded.iter().map(|(_, m)| m.clone()).collect();
+    asked.places = Some(Places { known: false, ..Places::one_gpu(100, 0, &models) });
+    Command::Grant { model, ask: asked, waiter }
+}
+
 fn lease(model: ModelId, command: LeaseCommand<u32>) -> Command {
     Command::Lease { model, command }
 }
@@ -69,6 +79,9 @@ fn answer(effects: Vec<Effect>) -> String {
         }
         [Effect::Granted { answer: Err(Refusal::Held(held)), .. }] => {
             format!("refused: held {}", held.join(","))
+        }
+        [Effect::Granted { answer: Err(Refusal::Unknown(on)), .. }] => {
+            format!("refused: {on:?} memory not known")
         }
         other => format!("{other:?}"),
     }
@@ -169,6 +182,20 @@ fn the_grant_with_the_loops_holds_as_a_table() {
             "evict a",
         ),
         ("a second copy needs no slot", vec![], grant(Ask::SecondCopy, false, 1), 0, "evict "),
+        (
+            "a second copy whose memory is not known is refused, not counted as zero",
+            vec![replacing(NEW)],
+            unknown(Ask::SecondCopy),
+            0,
+            "refused: Gpus memory not known",
+        ),
+        (
+            "a first load without a figure is admitted (and then measured)",
+            vec![],
+            unknown(Ask::Load),
+            0,
+            "evict a",
+        ),
     ];
     for (name, before, command, when, expected) in rows {
         assert_eq!(answer(row(4, rules(), before, command, (t0, when))), expected, "{name}");

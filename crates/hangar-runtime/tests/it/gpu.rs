@@ -9,7 +9,9 @@
 //!   (of any type), or is refused with `insufficient_vram` naming what is missing and who
 //!   holds the memory, evicting nothing;
 //! - after an unload, the next GPU load waits (at most `RELEASE_WAIT`) until the memory
-//!   shows as released (paused time).
+//!   shows as released (paused time);
+//! - a weight update's second copy is counted by the model's figure, and refused when
+//!   nothing tells what it takes (never counted as zero).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +19,7 @@ use std::time::Duration;
 use hangar_lifecycle::ModelState;
 use hangar_runtime::{
     Backends, GpuProbe, GpuReading, GpuUnavailable, LoadOptions, Manager, ManagerError,
-    RELEASE_WAIT, VramEstimateSource, VramMethod,
+    RELEASE_WAIT, VramEstimateSource, VramMethod, WeightUpdate,
 };
 use hangar_stub::{StubBackend, StubGpu};
 use serde_json::{Value, json};
@@ -346,6 +348,69 @@ async fn the_wait_for_a_release_is_bounded() {
     assert_eq!(row.vram_estimate_source, VramEstimateSource::Unavailable, "{row:?}");
     assert!(waited >= RELEASE_WAIT - Duration::from_secs(1), "waited {waited:?}");
     assert!(waited <= RELEASE_WAIT + Duration::from_secs(1), "waited {waited:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_copy_is_refused_while_nothing_tells_its_memory_and_counted_once_measured() {
+    let (manager, gpu) = stub(json!({
+        "vram_budget": 8000,
+        "models": {
+            "a": { "backend": "stub", "device": "gpu" },
+            "b": { "backend": "stub", "device": "gpu" }
+        }
+    }));
+    gpu.set_footprint("a", 5000);
+    gpu.set_footprint("b", 3000);
+    manager.load("a", LoadOptions::default()).await.unwrap();
+    gpu.lag_releases(true);
+    manager.unload("a").await.unwrap();
+    // a's memory never shows as released while b loads: b's delta would be wrong, so b has
+    // no figure (and a stub has no file to estimate from).
+    let row = manager.load("b", LoadOptions::default()).await.unwrap();
+    assert_eq!(row.vram_estimate_source, VramEstimateSource::Unavailable, "{row:?}");
+    gpu.lag_releases(false);
+    gpu.release_now();
+    assert_eq!(gpu.used_mib(), 4000);
+
+    // Counted as zero, b's second copy would fit in the 4,000 MiB free; nothing says so.
+    let err = manager.update_weights_from_disk("b", WeightUpdate::default()).await.unwrap_err();
+    assert!(matches!(err, ManagerError::MemoryNotKnown { gpu: true, .. }), "{err:?}");
+    assert_eq!(err.code().as_str(), "insufficient_vram");
+    assert!(err.to_string().contains("unload the model and load it again"), "{err}");
+    assert_eq!(state(&manager, "b"), ModelState::Loaded, "the old weights keep serving");
+    assert_eq!(gpu.used_mib(), 4000, "no second copy was made");
+
+    // Loaded again, b is measured: its second copy is counted (1,000 + 2 × 3,000 fit).
+    manager.unload("b").await.unwrap();
+    manager.load("b", LoadOptions::default()).await.unwrap();
+    manager.update_weights_from_disk("b", WeightUpdate::default()).await.unwrap();
+    // At 3,600 MiB a copy, 1,000 + 2 × 3,600 is past the budget: refused by the figure.
+    gpu.set_footprint("b", 3600);
+    manager.unload("b").await.unwrap();
+    manager.load("b", LoadOptions::default()).await.unwrap();
+    let err = manager.update_weights_from_disk("b", WeightUpdate::default()).await.unwrap_err();
+    let ManagerError::InsufficientVram { shortfall, .. } = &err else { panic!("{err:?}") };
+    let figures = (shortfall.needed_mib, shortfall.free_mib, shortfall.missing_mib);
+    assert_eq!(figures, (3600, 3400, 200), "{shortfall:?}");
+}
+
+#[tokio::test]
+async fn a_reload_under_an_override_never_measured_is_counted_as_the_running_copy() {
+    let settings = json!({
+        "vram_budget": 6500,
+        "models": { "m": { "backend": "llama_cpp", "model_path": "/nonexistent/m.gguf" } }
+    });
+    let (manager, gpu) = setup(settings, hangar_config::BackendKind::LlamaCpp);
+    gpu.set_footprint("m", 3000);
+    manager.load("m", LoadOptions::default()).await.unwrap();
+    // Nothing was measured at 8,192 tokens and there is no file to estimate from: the
+    // running copy's 3,000 MiB stand in, and 1,000 + 3,000 + 3,000 is past 6,500.
+    let mut options = LoadOptions::default();
+    options.overrides.insert("gguf_n_ctx".into(), json!(8192));
+    let err = manager.reload("m", options).await.unwrap_err();
+    let ManagerError::InsufficientVram { shortfall, .. } = &err else { panic!("{err:?}") };
+    assert_eq!((shortfall.needed_mib, shortfall.missing_mib), (3000, 500), "{shortfall:?}");
+    assert_eq!(gpu.used_mib(), 4000, "no second copy was made");
 }
 
 #[tokio::test]

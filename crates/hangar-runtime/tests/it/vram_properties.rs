@@ -4,10 +4,11 @@
 //! Every model's footprint is measured once first, so admission knows every figure
 //! exactly. Invariants:
 //! 1. the memory of loaded (and loading, and unloading) replicas, plus what other
-//!    processes use, never exceeds the budget — checked on every state change;
+//!    processes use, never exceeds the budget — checked on every state change, a weight
+//!    update's second copy included;
 //! 2. a load refused with `insufficient_vram` says the truth: the model's own footprint is
 //!    what it needs, every holder is listed with its own footprint, held ones are models
-//!    that were leased, and the missing amount is the need minus the free budget minus
+//!    that were leased or whose weights were being replaced, and the missing amount is the need minus the free budget minus
 //!    what the unheld holders would free (> 0);
 //! 3. a leased model is never evicted;
 //! 4. every operation ends (no load waits for a release forever): each finishes within a
@@ -17,7 +18,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hangar_runtime::{Backends, EventKind, LeaseChange, LoadOptions, Manager, ManagerError};
+use hangar_runtime::{
+    Backends, EventKind, LeaseChange, LoadOptions, Manager, ManagerError, WeightUpdate,
+};
 use hangar_stub::{StubBackend, StubGpu};
 use proptest::prelude::*;
 use serde_json::json;
@@ -34,6 +37,7 @@ enum Op {
     Lease(usize),
     Release(usize),
     Request(usize),
+    Update(usize),
     Lag(bool),
     ReleaseNow,
     Wait(u64),
@@ -46,6 +50,7 @@ fn op(models: usize) -> impl Strategy<Value = Op> {
         1 => (0..models).prop_map(Op::Lease),
         1 => (0..models).prop_map(Op::Release),
         2 => (0..models).prop_map(Op::Request),
+        1 => (0..models).prop_map(Op::Update),
         1 => any::<bool>().prop_map(Op::Lag),
         1 => Just(Op::ReleaseNow),
         1 => (0u64..3000).prop_map(Op::Wait),
@@ -109,18 +114,24 @@ proptest! {
 
             let leases: Arc<Mutex<Vec<(usize, String)>>> = Arc::default();
             let ever_leased: Arc<Mutex<HashSet<String>>> = Arc::default();
+            // A model whose weights are replaced is held while its second copy loads.
+            let ever_updated: Arc<Mutex<HashSet<String>>> = Arc::default();
             let mut tasks = Vec::new();
             for op in ops {
                 let (m, gpu, leases, names) =
                     (m.clone(), Arc::clone(&gpu), Arc::clone(&leases), names.clone());
                 let footprints = footprints.clone();
                 let target = match &op {
-                    Op::Load(i) | Op::Unload(i) | Op::Lease(i) | Op::Request(i) => {
+                    Op::Load(i) | Op::Unload(i) | Op::Lease(i) | Op::Request(i) | Op::Update(i) => {
                         names[i % names.len()].clone()
                     }
                     _ => String::new(),
                 };
                 let ever_leased = Arc::clone(&ever_leased);
+                let ever_updated = Arc::clone(&ever_updated);
+                if matches!(op, Op::Update(_)) {
+                    ever_updated.lock().unwrap().insert(target.clone());
+                }
                 match op {
                     Op::Lag(on) => gpu.lag_releases(on),
                     Op::ReleaseNow => gpu.release_now(),
@@ -150,8 +161,14 @@ proptest! {
                                 let drain = async { while rx.recv().await.is_some() {} };
                                 tokio::join!(run, drain).0.map(drop)
                             }
+                            Op::Update(_) => {
+                                let update = WeightUpdate { abort_all_requests: true, ..WeightUpdate::default() };
+                                m.update_weights_from_disk(&target, update).await.map(drop)
+                            }
                             _ => unreachable!(),
                         };
+                        let unknown = matches!(result, Err(ManagerError::MemoryNotKnown { .. }));
+                        assert!(!unknown, "every figure is known here: {result:?}");
                         // Invariant 2: a refusal says the truth.
                         if let Err(ManagerError::InsufficientVram { model, shortfall }) = &result {
                             let footprint = |name: &str| {
@@ -162,7 +179,8 @@ proptest! {
                             for (holder, mib, held) in &shortfall.holders {
                                 assert_eq!(*mib, footprint(holder.as_str()), "{shortfall:?}");
                                 if *held {
-                                    assert!(ever_leased.lock().unwrap().contains(holder.as_str()));
+                                    let held_by = |set: &Mutex<HashSet<String>>| set.lock().unwrap().contains(holder.as_str());
+                                    assert!(held_by(&ever_leased) || held_by(&ever_updated), "{holder} held");
                                 } else {
                                     unheld += mib;
                                 }
