@@ -185,8 +185,8 @@ impl Manager {
     /// # Errors
     /// As [`Manager::load`]; [`ManagerError::LoadFailed`] with the old runtimes serving
     /// when the new ones fail to load; [`ManagerError::InsufficientVram`] /
-    /// [`ManagerError::SlotsPinned`] when the grant refuses the new runtimes (nothing
-    /// changes).
+    /// [`ManagerError::SlotsPinned`] / [`ManagerError::MemoryNotKnown`] when the grant
+    /// refuses the new runtimes (nothing changes).
     pub async fn reload(
         &self,
         name: &str,

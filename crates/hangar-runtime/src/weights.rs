@@ -77,8 +77,9 @@ impl Manager {
     /// `unknown_model`; [`ManagerError::Conflict`] for a model that is not loaded;
     /// [`ManagerError::RequestsActive`] while requests run, unless `abort_all_requests` or the
     /// model is paused with `retract`; [`ManagerError::LoadFailed`] with the old weights
-    /// serving; [`ManagerError::InsufficientVram`] / [`ManagerError::SlotsPinned`] when the
-    /// grant refuses the new weights (a second copy), the old ones serving; a
+    /// serving; [`ManagerError::InsufficientVram`] / [`ManagerError::SlotsPinned`] /
+    /// [`ManagerError::MemoryNotKnown`] when the grant refuses the new weights (a second
+    /// copy), the old ones serving; a
     /// [`ManagerError::Conflict`] when the model stopped serving during the update (the new
     /// weights are released); [`ManagerError::AdminBusy`].
     pub async fn update_weights_from_disk(
